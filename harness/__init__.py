@@ -1,0 +1,4 @@
+"""The DLRM training harness: runs one configuration and returns one TrialResult.
+
+Knows no tuner. Layering: kernels <- harness <- cubic.
+"""

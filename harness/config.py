@@ -1,0 +1,202 @@
+"""TrialConfig and TrialResult: the contract between the harness and the tuner.
+
+Every co-design knob lives in `TrialConfig` (flat, so a knob's path is
+YAML key -> TrialConfig field -> harness function -> TrialResult.config).
+`TrialResult` is the one JSON object a trial returns (DESIGN.md "Result schema").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import ConfigError
+from harness.workload import Workload
+
+# Allowed values of every categorical knob: the single source for validation,
+# the CLI's error messages and the search-space loader.
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "kernel": ("fbgemm", "torch", "native", "triton"),
+    "emb_precision": ("fp32", "fp16", "bf16"),
+    "dense_precision": ("fp32", "bf16", "fp8_auto", "fp8_all"),
+    "comm_precision": ("fp32", "bf16", "fp16"),
+    "sharding": (
+        "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel",
+        "size_greedy", "lookup_greedy", "size_lookup_greedy", "auto",
+    ),
+    "sparse_sync": ("grad_allreduce", "weight_avg"),
+    "emb_optimizer": ("rowwise_adagrad", "momentum_scaled_rowwise_adagrad", "sgd"),
+    "pipeline_depth": (0, 1, 2),
+    "device": ("cpu", "cuda"),
+    "inject_fault": ("none", "crash", "hang", "oom"),
+}
+SHARDING_TYPES = CHOICES["sharding"][:5]
+PLANNERS = CHOICES["sharding"][5:]
+
+
+@dataclass
+class TrialConfig:
+    """One configuration to run: the workload plus every knob's value."""
+
+    workload: Workload = field(default_factory=Workload.small)
+    # --- parallelism / sharding
+    world_size: int = 2
+    sharding: str = "table_wise"
+    sharding_group_size: int = 0  # 0 = world_size (plain model parallelism); G < world = 2D
+    sparse_sync: str = "grad_allreduce"
+    ranks_per_node: int = 2  # topology for table_row_wise (row-wise inside a node)
+    column_shard_dim: int = 0  # column-wise shard width; 0 = dim / world (multiple of 4)
+    # --- batch / precision / kernels
+    batch_size: int = 1024  # per rank
+    kernel: str = "fbgemm"
+    emb_precision: str = "fp32"
+    dense_precision: str = "fp32"
+    comm_precision: str = "fp32"
+    emb_optimizer: str = "rowwise_adagrad"
+    emb_lr: float = 0.01
+    dense_lr: float = 0.01
+    pipeline_depth: int = 0
+    # --- execution
+    device: str = "cpu"
+    threads_per_rank: int = 1
+    seed: int = 0
+    warmup_steps: int = 5
+    measure_steps: int = 30
+    windows: int = 3  # measured steps are split into this many windows -> median, cv
+    timeout_s: float = 300.0
+    mem_cap_mb: float = 0.0  # per-rank cap; 0 = none. Plans/trials over it are status=oom.
+    inject_fault: str = "none"  # test-only: make rank 1 crash / hang / allocate past the cap
+
+    # ------------------------------------------------------------------
+    @property
+    def group_size(self) -> int:
+        """Ranks of one model-parallel group (2D sparse parallelism when < world)."""
+        return self.sharding_group_size or self.world_size
+
+    @property
+    def replicas(self) -> int:
+        return self.world_size // self.group_size
+
+    def validate(self, where: str = "config") -> TrialConfig:
+        """Raise ConfigError (one line: where, key, allowed) on any impossible value."""
+        for key, allowed in CHOICES.items():
+            val = getattr(self, key)
+            if val not in allowed:
+                raise ConfigError(f"{where}: {key}={val!r} is not allowed; choose one of {list(allowed)}")
+        for key in ("world_size", "batch_size", "threads_per_rank", "measure_steps", "windows"):
+            if int(getattr(self, key)) < 1:
+                raise ConfigError(f"{where}: {key}={getattr(self, key)!r} must be >= 1")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"{where}: warmup_steps={self.warmup_steps} must be >= 0")
+        if self.measure_steps < self.windows:
+            raise ConfigError(f"{where}: measure_steps={self.measure_steps} must be >= windows={self.windows}")
+        g = self.sharding_group_size
+        if g < 0 or (g and self.world_size % g):
+            raise ConfigError(
+                f"{where}: sharding_group_size={g} must divide world_size={self.world_size} "
+                f"(allowed: {[d for d in range(1, self.world_size + 1) if self.world_size % d == 0]})"
+            )
+        if self.ranks_per_node < 1 or self.group_size % min(self.ranks_per_node, self.group_size):
+            raise ConfigError(
+                f"{where}: ranks_per_node={self.ranks_per_node} must divide the sharding group "
+                f"size {self.group_size}"
+            )
+        if self.emb_optimizer == "momentum_scaled_rowwise_adagrad" and self.replicas == 1:
+            pass  # harmless: the scale is 1 without replicas
+        if self.kernel == "fbgemm" and self.emb_precision == "bf16":
+            raise ConfigError(f"{where}: emb_precision=bf16 is not supported by kernel=fbgemm on CPU; "
+                              "choose fp32 or fp16")
+        self.workload.validate(where)
+        return self
+
+    # ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["workload"] = self.workload.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "config") -> TrialConfig:
+        d = dict(d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed keys: {sorted(known)}")
+        wl = d.pop("workload", None)
+        cfg = cls(**{k: _coerce(k, v, where) for k, v in d.items()})
+        if wl is not None:
+            cfg.workload = wl if isinstance(wl, Workload) else Workload.from_dict(wl, where=f"{where}: workload")
+        return cfg
+
+    def replace(self, **knobs: Any) -> TrialConfig:
+        """A copy with knobs set (values coerced from strings, as `--set` gives them)."""
+        d = self.to_dict()
+        d.update(knobs)
+        return TrialConfig.from_dict(d)
+
+    def key(self) -> str:
+        """Canonical JSON of the whole config: equal configs have equal keys."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(TrialConfig)}
+
+
+def _coerce(key: str, val: Any, where: str) -> Any:
+    """Turn `--set` strings / YAML scalars into the field's type, with a one-line error."""
+    typ = _FIELD_TYPES.get(key)
+    if key == "workload":
+        return val
+    try:
+        if typ == "int":
+            if isinstance(val, float) and not val.is_integer():
+                raise ValueError
+            return int(val)
+        if typ == "float":
+            return float(val)
+        if typ == "str":
+            return str(val)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {key}={val!r} is not a valid {typ}") from None
+    return val
+
+
+@dataclass
+class TrialResult:
+    """What one trial returns (DESIGN.md "Result schema"); serialises to one JSON object."""
+
+    status: str = "ok"  # ok | oom | error | timeout
+    error: str = ""
+    qps: float = 0.0
+    qps_cv: float = 0.0
+    step_ms_p50: float = 0.0
+    step_ms_p90: float = 0.0
+    peak_mem_mb: float = 0.0
+    loss_first: float = float("nan")
+    loss_last: float = float("nan")
+    ne: float = float("nan")
+    breakdown_ms: dict[str, float] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    window_qps: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    plan: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=float)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def failed(cls, status: str, error: str, config: TrialConfig | None = None, **kw: Any) -> TrialResult:
+        one_line = " ".join(str(error).split())[:500]
+        return cls(status=status, error=one_line, config=config.to_dict() if config else {}, **kw)

@@ -1,0 +1,207 @@
+"""Workload spec: the model being trained (tables, dense features, MLPs, interaction).
+
+A workload is the part of a trial the tuner does not change. Presets:
+`tiny` (tests), `small` (the TorchRec anchor's workload-small.json) and
+`criteo-mlperf-mini` (MLPerf DLRM-DCNv2 tables and multi-hot sizes, rows capped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError
+
+ID_DISTRIBUTIONS = ("uniform", "zipf")
+INTERACTIONS = ("dot",)
+
+# MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot) table rows and multi-hot sizes.
+MLPERF_ROWS = [
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
+    11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+]
+MLPERF_POOLING = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+MLPERF_ROW_CAP = 200_000  # fits this 24 GiB / 2-core machine with room for 4 ranks
+
+
+@dataclass
+class TableSpec:
+    """One embedding table: rows x dim, `pooling` ids per bag, and how ids are drawn."""
+
+    name: str
+    rows: int
+    dim: int
+    pooling: int = 1
+    id_dist: str = "uniform"
+    zipf_alpha: float = 1.05
+
+    @property
+    def bytes_fp32(self) -> int:
+        return self.rows * self.dim * 4
+
+
+@dataclass
+class Workload:
+    name: str = "custom"
+    tables: list[TableSpec] = field(default_factory=list)
+    dense_features: int = 13
+    bottom_mlp: list[int] = field(default_factory=lambda: [256, 128, 64])
+    top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
+    interaction: str = "dot"
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def small(cls) -> Workload:
+        return cls.from_anchor_dict(ANCHOR_SMALL)[0]
+
+    @classmethod
+    def tiny(cls) -> Workload:
+        """A few small tables of unequal sizes and pooling: for fast correctness tests."""
+        rows, pool = [4000, 300, 50, 2000, 12, 800], [4, 2, 1, 3, 1, 5]
+        tables = [TableSpec(f"t{i}", r, 16, p) for i, (r, p) in enumerate(zip(rows, pool, strict=True))]
+        return cls("tiny", tables, 8, [32, 16], [32, 16, 1])
+
+    @classmethod
+    def criteo_mlperf_mini(cls) -> Workload:
+        tables = [
+            TableSpec(f"t{i}", min(r, MLPERF_ROW_CAP), 128, p, "zipf", 1.05)
+            for i, (r, p) in enumerate(zip(MLPERF_ROWS, MLPERF_POOLING, strict=True))
+        ]
+        return cls("criteo-mlperf-mini", tables, 13, [512, 256, 128], [1024, 1024, 512, 256, 1])
+
+    @classmethod
+    def preset(cls, name: str, where: str = "workload") -> Workload:
+        presets = {"small": cls.small, "tiny": cls.tiny, "criteo-mlperf-mini": cls.criteo_mlperf_mini}
+        if name not in presets:
+            raise ConfigError(f"{where}: unknown preset {name!r}; choose one of {sorted(presets)}")
+        return presets[name]()
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def num_tables(self) -> int:
+        return len(self.tables)
+
+    @property
+    def dim(self) -> int:
+        return self.tables[0].dim
+
+    def validate(self, where: str = "workload") -> Workload:
+        if not self.tables:
+            raise ConfigError(f"{where}: tables must not be empty")
+        for t in self.tables:
+            if t.rows < 1 or t.dim < 1 or t.pooling < 0:
+                raise ConfigError(f"{where}: table {t.name!r} needs rows>=1, dim>=1, pooling>=0")
+            if t.id_dist not in ID_DISTRIBUTIONS:
+                raise ConfigError(f"{where}: table {t.name!r} id_dist={t.id_dist!r}; "
+                                  f"choose one of {list(ID_DISTRIBUTIONS)}")
+        if len({t.dim for t in self.tables}) != 1:
+            raise ConfigError(f"{where}: dot interaction needs one embedding dim for all tables")
+        if self.interaction not in INTERACTIONS:
+            raise ConfigError(f"{where}: interaction={self.interaction!r}; choose one of {list(INTERACTIONS)}")
+        if not self.bottom_mlp or self.bottom_mlp[-1] != self.dim:
+            raise ConfigError(f"{where}: bottom_mlp must end in the embedding dim {self.dim} "
+                              f"(got {self.bottom_mlp})")
+        if not self.top_mlp or self.top_mlp[-1] != 1:
+            raise ConfigError(f"{where}: top_mlp must end in 1 (got {self.top_mlp})")
+        return self
+
+    # ------------------------------------------------------------------ (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "workload") -> Workload:
+        """Full form (`tables: [{name, rows, dim, ...}]`), `preset: NAME` (+ overrides),
+        or the anchor's compact form (`tables: 8, rows: ..., pooling: ...`)."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: must be a mapping, got {type(d).__name__}")
+        d = dict(d)
+        if "preset" in d:
+            base = cls.preset(d.pop("preset"), where).to_dict()
+            base.update(d)
+            d = base
+        if isinstance(d.get("tables"), int):
+            return cls.from_anchor_dict(d, where)[0]
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {sorted(known)}")
+        tables = []
+        tfields = {f.name for f in dataclasses.fields(TableSpec)}
+        for i, t in enumerate(d.pop("tables", [])):
+            if isinstance(t, TableSpec):
+                tables.append(t)
+                continue
+            bad = sorted(set(t) - tfields)
+            if bad:
+                raise ConfigError(f"{where}: tables[{i}] unknown key {bad[0]!r}; allowed: {sorted(tfields)}")
+            try:
+                tables.append(TableSpec(**{"name": f"t{i}", **t}))
+            except TypeError as e:
+                raise ConfigError(f"{where}: tables[{i}]: {e}") from None
+        try:
+            return cls(tables=tables, **d).validate(where)
+        except TypeError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+    @classmethod
+    def from_anchor_dict(cls, w: dict[str, Any], where: str = "workload") -> tuple[Workload, dict[str, Any]]:
+        """The anchor JSON format -> (workload, trial knobs it fixes)."""
+        required = ["tables", "rows", "dim", "pooling", "dense", "bottom_mlp", "top_mlp"]
+        for k in required:
+            if k not in w:
+                raise ConfigError(f"{where}: missing key {k!r} (required: {required})")
+        allowed = set(required) | {"interaction", "local_batch", "world", "threads_per_rank", "warmup_steps",
+                                   "timed_steps", "emb_dtype", "id_dist", "zipf_alpha", "name"}
+        unknown = sorted(set(w) - allowed)
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
+        n = w["tables"]
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{where}: tables={n!r} must be a positive integer")
+
+        def per_table(key: str) -> list[int]:
+            v = w[key]
+            v = v if isinstance(v, list) else [v] * n
+            if len(v) != n or not all(isinstance(x, int) and x >= 0 for x in v):
+                raise ConfigError(f"{where}: {key} must be a non-negative int or a list of {n} ints")
+            return v
+
+        rows, pool = per_table("rows"), per_table("pooling")
+        tables = [TableSpec(f"t{i}", rows[i], int(w["dim"]), pool[i], w.get("id_dist", "uniform"),
+                            float(w.get("zipf_alpha", 1.05))) for i in range(n)]
+        for key in ("bottom_mlp", "top_mlp"):
+            if not isinstance(w[key], list) or not all(isinstance(x, int) and x > 0 for x in w[key]):
+                raise ConfigError(f"{where}: {key} must be a list of positive ints")
+        wl = cls(w.get("name", "custom"), tables, int(w["dense"]), list(w["bottom_mlp"]), list(w["top_mlp"]),
+                 w.get("interaction", "dot")).validate(where)
+        knobs = {}
+        for src, dst in (("local_batch", "batch_size"), ("world", "world_size"),
+                         ("threads_per_rank", "threads_per_rank"), ("warmup_steps", "warmup_steps"),
+                         ("timed_steps", "measure_steps"), ("emb_dtype", "emb_precision")):
+            if src in w:
+                knobs[dst] = w[src]
+        return wl, knobs
+
+    @classmethod
+    def from_anchor_json(cls, path: str | Path) -> tuple[Workload, dict[str, Any]]:
+        path = Path(path)
+        try:
+            w = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: file not found") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        return cls.from_anchor_dict(w, where=str(path))
+
+
+# The anchor's workload-small.json, embedded so the preset needs no file outside the package.
+ANCHOR_SMALL: dict[str, Any] = {
+    "name": "small", "tables": 8, "rows": 200000, "dim": 64, "pooling": 20, "dense": 13,
+    "bottom_mlp": [256, 128, 64], "top_mlp": [512, 256, 1], "interaction": "dot",
+}
+ANCHOR_SMALL_TRIAL = {"local_batch": 1024, "world": 2, "threads_per_rank": 1, "warmup_steps": 5,
+                      "timed_steps": 30}

@@ -1,0 +1,78 @@
+"""`fbgemm` backend: FBGEMM's table-batched embedding (TBE) with fused optimizer.
+
+`fbgemm-gpu-cpu` on CPU, `fbgemm-gpu` on CUDA (same module). FBGEMM facts that
+shape this file: new TBE tables start all-zero (the harness loads initial
+weights), on CPU only EXACT_SGD / EXACT_*ADAGRAD with FP32/FP16 weights work,
+and the fused backward lives inside TBE's autograd op, so `forward` keeps the
+output's graph and `backward_update` replays it (recomputing only when the
+bags differ from the last forward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.base import EmbeddingBagKernel
+
+
+def available() -> bool:
+    try:
+        import fbgemm_gpu  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class FbgemmEmbeddingBags(EmbeddingBagKernel):
+    name = "fbgemm"
+
+    def __init__(self, rows, dims, **kw) -> None:
+        super().__init__(rows, dims, **kw)
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+
+        if self.weight_dtype not in ("fp32", "fp16"):
+            raise ValueError(f"fbgemm: weight dtype {self.weight_dtype!r} unsupported; choose fp32 or fp16")
+        cuda = self.device.type == "cuda"
+        loc = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
+        cdev = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
+        opt = {"rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "sgd": EmbOptimType.EXACT_SGD}
+        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(r, d, loc, cdev) for r, d in zip(self.rows, self.dims, strict=True)],
+            optimizer=opt[self.optim.kind],
+            learning_rate=self.optim.lr,
+            eps=self.optim.eps,
+            pooling_mode=PoolingMode.SUM,
+            weights_precision=SparseType.FP32 if self.weight_dtype == "fp32" else SparseType.FP16,
+            stochastic_rounding=False,
+            device=self.device,
+        )
+        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def weights(self) -> list[torch.Tensor]:
+        return list(self.tbe.split_embedding_weights())
+
+    def states(self) -> list[torch.Tensor]:
+        if self.optim.kind == "sgd":
+            return [torch.zeros(0) for _ in self.rows]
+        return [s[0] for s in self.tbe.split_optimizer_states()]
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            out = self.tbe(ids, offsets)
+        self._last = (ids, offsets, out)
+        return out.detach()
+
+    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+        last = self._last
+        self._last = None
+        if last is not None and last[0] is ids and last[1] is offsets:
+            out = last[2]
+        else:
+            with torch.enable_grad():
+                out = self.tbe(ids, offsets)
+        out.backward(grad.to(out.dtype))
