@@ -1,0 +1,190 @@
+"""GPU micro-benchmark: embedding-bag kernels vs the device's copy bandwidth, and fp8 vs bf16 MLP layers.
+
+Why: embedding lookups are memory-bound, so the honest yardstick for a kernel is the fraction of the
+measured device copy bandwidth it reaches on tables much larger than L2 (default 8 x 1M x 128 fp32 =
+4 GiB); and fp8 only helps the MLP layers where the probe shows it is both accurate and faster.
+
+    python benchmarks/bench_gpu_kernels.py                      # defaults
+    python benchmarks/bench_gpu_kernels.py --backends triton --rows 4000000 --skew 3
+
+Timing: torch.cuda.Event, warm-up excluded, median of repeats. Byte counts are the useful traffic:
+forward reads each looked-up row once (plus ids) and writes the pooled output; the fused backward
+reads one gradient slice per id and reads+writes each unique row (and its AdaGrad state) once.
+Needs CUDA; exits with a message otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+from collections.abc import Callable
+
+import torch
+
+ELEM = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def fwd_bytes(n_ids: int, n_bags: int, dim: int, wbytes: int) -> int:
+    """Useful forward traffic: rows gathered + int64 ids + fp32 pooled output."""
+    return n_ids * dim * wbytes + n_ids * 8 + n_bags * dim * 4
+
+
+def bwd_bytes(n_ids: int, n_unique: int, dim: int, wbytes: int, adagrad: bool) -> int:
+    """Useful fused backward+update traffic: a grad slice per id, each unique row (and state) r+w."""
+    return n_ids * dim * 4 + n_ids * 8 + 2 * n_unique * dim * wbytes + (2 * n_unique * 4 if adagrad else 0)
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+    """Median ms of `fn` over `repeats` event-timed calls, after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def copy_bandwidth(gib: float, repeats: int) -> float:
+    """Device-to-device copy GB/s (read + write counted), the roofline for gather kernels."""
+    n = int(gib * 2**30) // 4
+    src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda s=src, d=dst: d.copy_(s), repeats)
+    del src, dst
+    return gbps(2 * n * 4, ms)
+
+
+def make_batch(T: int, B: int, pooling: int, rows: int, skew: float, gen: torch.Generator):
+    """Table-major jagged batch: bag lengths uniform in [0, 2*pooling], ids = rows * u**skew."""
+    lens = torch.randint(0, 2 * pooling + 1, (T * B,), device="cuda", generator=gen)
+    offsets = torch.zeros(T * B + 1, dtype=torch.long, device="cuda")
+    offsets[1:] = lens.cumsum(0)
+    n = int(offsets[-1])
+    u = torch.rand(n, device="cuda", generator=gen)
+    ids = (u.pow(skew) * rows).long().clamp_(max=rows - 1)
+    return ids, offsets
+
+
+def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> None:
+    from kernels import OptimSpec, make_kernel
+
+    T, R, D, B = args.tables, args.rows, args.dim, args.batch
+    wb = ELEM[args.dtype]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ids, offsets = make_batch(T, B, args.pooling, R, args.skew, gen)
+    n = ids.numel()
+    table_of_id = torch.repeat_interleave(torch.arange(T, device="cuda"),
+                                          offsets[B::B] - offsets[:-1:B], output_size=n)
+    n_unique = int(torch.unique(table_of_id * R + ids).numel())
+    grad = torch.randn(B, T * D, device="cuda")
+    print(f"\nembeddings: {T} tables x {R:,} rows x {D} {args.dtype} = {T * R * D * wb / 2**30:.2f} GiB, "
+          f"B={B}, ids={n:,} (unique {n_unique:,}), optimizer {args.optim}, skew {args.skew}")
+    print(f"{'backend':8} {'fwd ms':>8} {'fwd GB/s':>9} {'%copy':>6} "
+          f"{'bwd ms':>8} {'bwd GB/s':>9} {'%copy':>6}")
+    for backend in args.backends.split(","):
+        try:
+            k = make_kernel(backend, [R] * T, [D] * T, weight_dtype=args.dtype, device="cuda",
+                            optim=OptimSpec(args.optim, lr=0.01))
+        except Exception as e:  # report and go on with the other backends
+            print(f"{backend:8} unavailable: {type(e).__name__}: {e}")
+            continue
+        for w in k.weights():
+            w.uniform_(-0.01, 0.01)
+        f_ms = time_ms(lambda k=k: k.forward(ids, offsets), args.repeats)
+        b_ms = time_ms(lambda k=k: k.backward_update(ids, offsets, grad), args.repeats)
+        f_bw = gbps(fwd_bytes(n, T * B, D, wb), f_ms)
+        b_bw = gbps(bwd_bytes(n, n_unique, D, wb, args.optim == "rowwise_adagrad"), b_ms)
+        print(f"{backend:8} {f_ms:8.3f} {f_bw:9.1f} {100 * f_bw / copy_gbps:5.0f}% "
+              f"{b_ms:8.3f} {b_bw:9.1f} {100 * b_bw / copy_gbps:5.0f}%")
+        del k
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def mlp_dims(spec: str, d_in: int) -> list[tuple[int, int]]:
+    """'1024,1024,512,256,1' with input width d_in -> [(d_in,1024), (1024,1024), ...]."""
+    outs = [int(x) for x in spec.split(",") if x]
+    ins = [d_in] + outs[:-1]
+    return list(zip(ins, outs, strict=True))
+
+
+def bench_fp8(args: argparse.Namespace) -> None:
+    import torch.nn as nn
+
+    from harness.fp8 import fp8_supported, probe_mlp
+
+    ok, why = fp8_supported("cuda")
+    dims = mlp_dims(args.mlp, args.mlp_in)
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(dims):
+        layers.append(nn.Linear(a, b))
+        if i < len(dims) - 1:
+            layers.append(nn.ReLU())
+    mlp = nn.Sequential(*layers)
+    batches = [torch.randn(args.mlp_batch, args.mlp_in) for _ in range(2)]
+    print(f"\nfp8 probe: top MLP {args.mlp_in}->{args.mlp}, batch {args.mlp_batch} ({why})")
+    probes = probe_mlp(mlp, batches, device="cuda", threshold=args.fp8_threshold, time_it=ok)
+    print(f"{'layer':6} {'shape':>11} {'err bf16':>9} {'err tw':>8} {'err rw':>8} {'bf16 ms':>8} "
+          f"{'fp8 ms':>8} {'speedup':>7} fp8?")
+    for p in probes:
+        sp = f"{p.t_bf16_ms / p.t_fp8_ms:6.2f}x" if p.t_fp8_ms and p.t_bf16_ms else "     -"
+        t_b = f"{p.t_bf16_ms:8.3f}" if p.t_bf16_ms is not None else "       -"
+        t_f = f"{p.t_fp8_ms:8.3f}" if p.t_fp8_ms is not None else "       -"
+        print(f"{p.name:6} {p.in_features:>5}x{p.out_features:<5} {p.err_bf16:9.4f} "
+              f"{p.err_fp8_tensorwise:8.4f} {p.err_fp8_rowwise:8.4f} {t_b} {t_f} {sp:>7} "
+              f"{'yes' if p.use_fp8 else 'no'}")
+        print(f"       {p.reason}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backends", default="torch,triton", help="comma list of kernels.BACKENDS names")
+    ap.add_argument("--tables", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--dtype", choices=sorted(ELEM), default="fp32")
+    ap.add_argument("--optim", choices=["rowwise_adagrad", "sgd"], default="rowwise_adagrad")
+    ap.add_argument("--batch", type=int, default=16384)
+    ap.add_argument("--pooling", type=int, default=20, help="mean ids per bag")
+    ap.add_argument("--skew", type=float, default=1.0, help="ids = rows * u**skew; 1 = uniform, >1 hot rows")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--copy-gib", type=float, default=2.0)
+    ap.add_argument("--mlp", default="1024,1024,512,256,1", help="top MLP widths")
+    ap.add_argument("--mlp-in", type=int, default=1024)
+    ap.add_argument("--mlp-batch", type=int, default=16384)
+    ap.add_argument("--fp8-threshold", type=float, default=0.1)
+    ap.add_argument("--skip-emb", action="store_true")
+    ap.add_argument("--skip-fp8", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_gpu_kernels: CUDA is not available on this machine; this benchmark measures GPU "
+              "kernels only (use tests/test_kernel_triton.py for CPU correctness).", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name()
+    copy = copy_bandwidth(args.copy_gib, args.repeats)
+    print(f"device: {name}; copy bandwidth {copy:.1f} GB/s (read+write, {args.copy_gib} GiB buffer)")
+    if not args.skip_emb:
+        bench_embeddings(args, copy)
+    if not args.skip_fp8:
+        bench_fp8(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""Read a tuning study into pandas, and the small computations the notebook, report and export share.
+
+The trial store (an Optuna study on RDB storage) is the single source of truth;
+everything here only reads it. Importing this module stays cheap (no torch) so
+`cubic.load_study` can be used in a notebook that never trains anything.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pandas as pd
+
+from harness.errors import ConfigError
+
+STUDY_FILE = "study.db"
+BREAKDOWN_KEYS = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
+SCALAR_METRICS = (
+    "qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne",
+)
+# Columns of every load_study frame that are not knobs (so a knob named like one can never shadow it).
+_META = (
+    "number", "state", "status", "reason", "value", "phase", "searcher", "predicted_qps", "predicted_std",
+    "config_key", "datetime_start", "datetime_complete", "duration_s",
+)
+
+
+# ---------------------------------------------------------------------------------------------- storage
+def storage_url(run_dir_or_storage_url: str | Path) -> str:
+    """A run directory (DIR/study.db), a .db file or a SQLAlchemy URL -> a URL that already exists.
+
+    Checked first because SQLite silently creates an empty database for a path that is not there.
+    """
+    s = str(run_dir_or_storage_url)
+    if "://" in s:
+        return s
+    p = Path(s).expanduser()
+    if p.is_dir():
+        db = p / STUDY_FILE
+        if not db.is_file():
+            raise ConfigError(f"{s}: no study in this run directory (expected {db}); run `cubic tune` first")
+        return f"sqlite:///{db.resolve()}"
+    if p.is_file():
+        return f"sqlite:///{p.resolve()}"
+    raise ConfigError(f"{s}: no such run directory or storage URL")
+
+
+def safe_url(url: str) -> str:
+    """The storage URL without a password, for reports and provenance."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unusual URL: still never print credentials
+        return url.split("@")[-1] if "@" in url else url
+
+
+def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> optuna.Study:
+    """Open an existing study; with study=None the storage's only study (the name is the space's name)."""
+    url = storage_url(run_dir_or_storage_url)
+    where = safe_url(url)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_compatibility_check=False)
+        names = [s.study_name for s in storage.get_all_studies()]
+    except Exception as e:  # not a database, not an Optuna schema, server unreachable
+        msg = " ".join(str(e).split())[:200]
+        raise ConfigError(f"{where}: cannot read the trial store ({type(e).__name__}: {msg})") from None
+    if not names:
+        raise ConfigError(f"{where}: the trial store holds no study; run `cubic tune` first")
+    if study is None:
+        if len(names) > 1:
+            raise ConfigError(f"{where}: {len(names)} studies in this store; choose one with --study: "
+                              f"{names}")
+        study = names[0]
+    elif study not in names:
+        raise ConfigError(f"{where}: no study named {study!r}; the store has {names}")
+    return optuna.load_study(study_name=study, storage=storage)
+
+
+# ---------------------------------------------------------------------------------------------- frame
+def _num(v: Any) -> float:
+    """A metric as float (None / missing / junk -> NaN) so columns stay numeric."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _knob_names(study: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> list[str]:
+    """The space's knobs in its own order when the space says so, else every param seen."""
+    names: list[str] = []
+    knobs = (study.user_attrs.get("space") or {}).get("knobs")
+    if isinstance(knobs, dict):
+        names = [str(k) for k in knobs]
+    elif isinstance(knobs, list):
+        names = [str(k["name"]) for k in knobs if isinstance(k, dict) and "name" in k]
+    for t in trials:
+        names += [p for p in t.params if p not in names]
+    return [n for n in names if n not in _META]
+
+
+def _status(t: optuna.trial.FrozenTrial, res: dict[str, Any]) -> str:
+    st = t.user_attrs.get("status") or res.get("status")
+    if st:
+        return str(st)
+    return {"COMPLETE": "ok", "FAIL": "error", "RUNNING": "running", "WAITING": "waiting",
+            "PRUNED": "pruned"}.get(t.state.name, t.state.name.lower())
+
+
+def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
+    ua = t.user_attrs
+    res = ua.get("result") or {}
+    cfg = ua.get("config") or res.get("config") or {}
+    row: dict[str, Any] = {
+        "number": t.number,
+        "state": t.state.name,
+        "status": _status(t, res),
+        "reason": str(ua.get("error") or res.get("error") or ua.get("fail_reason") or ""),
+        "value": _num(t.value) if t.values else math.nan,
+        "phase": ua.get("phase", ""),
+        "searcher": ua.get("searcher", ""),
+        "predicted_qps": _num(ua.get("predicted_qps")),
+        "predicted_std": _num(ua.get("predicted_std")),
+        "config_key": ua.get("config_key", ""),
+        "datetime_start": t.datetime_start,
+        "datetime_complete": t.datetime_complete,
+    }
+    for k in knobs:  # the param; a trial that was enqueued without it (the baseline) has it in its config
+        row[k] = t.params.get(k, cfg.get(k))
+    for m in SCALAR_METRICS:
+        row[m] = _num(ua.get(m, res.get(m)))
+    bd = res.get("breakdown_ms") or {}
+    for k in dict.fromkeys([*BREAKDOWN_KEYS, *bd]):
+        row[f"bd_{k}"] = _num(bd.get(k))
+    row["window_qps"] = list(res.get("window_qps") or [])
+    row["losses"] = list(res.get("losses") or [])
+    for k, v in (res.get("env") or {}).items():
+        if isinstance(v, str | int | float | bool) or v is None:
+            row[f"env_{k}"] = v
+    for k, v in (res.get("extra") or {}).items():
+        if isinstance(v, str | int | float):
+            row[f"extra_{k}"] = v
+    confirm = [_num(x) for x in ua.get("confirm_qps") or []]
+    row["confirm_qps"] = confirm
+    row["confirm_qps_median"] = float(np.median(confirm)) if confirm else math.nan
+    cne = ua.get("confirm_ne")  # a list (one NE per re-measurement); older stores kept one number
+    cne = [_num(x) for x in cne] if isinstance(cne, list) else ([] if cne is None else [_num(cne)])
+    row["confirm_ne"] = cne
+    row["confirm_ne_median"] = float(np.median(cne)) if cne else math.nan
+    row["quality_ok"] = ua.get("quality_ok")
+    row["quality_reason"] = ua.get("quality_reason", "")
+    row["config"] = cfg
+    row["plan"] = res.get("plan") or []
+    return row
+
+
+def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> pd.DataFrame:
+    """One row per trial: knobs, every TrialResult metric (breakdown as `bd_*`), status/reason, timing,
+    searcher, phase and the proxy's prediction at proposal time.
+
+    Also `ok` (a usable measurement), `speedup` (qps / baseline qps) and `is_winner`. `df.attrs` carries
+    study, storage, knobs, baseline_qps, winner (the confirmed one, or the best ok trial) and space.
+    """
+    st = open_study(run_dir_or_storage_url, study)
+    trials = st.get_trials(deepcopy=False)
+    knobs = _knob_names(st, trials)
+    df = pd.DataFrame([_row(t, knobs) for t in trials])
+    if df.empty:
+        df = pd.DataFrame(columns=[*_META, *knobs, *SCALAR_METRICS, *(f"bd_{k}" for k in BREAKDOWN_KEYS)])
+    df = df.sort_values("number", kind="stable").reset_index(drop=True)
+    df["datetime_start"] = pd.to_datetime(df["datetime_start"])
+    df["datetime_complete"] = pd.to_datetime(df["datetime_complete"])
+    df["duration_s"] = (df["datetime_complete"] - df["datetime_start"]).dt.total_seconds()
+    df["ok"] = (df["state"] == "COMPLETE") & (df["status"] == "ok") & (df["qps"] > 0)
+    df.attrs.update(study=st.study_name, storage=safe_url(storage_url(run_dir_or_storage_url)),
+                    knobs=knobs, space=st.user_attrs.get("space") or {})
+    base = baseline_qps(df, st.user_attrs.get("winner"))
+    df["speedup"] = df["qps"] / base if base else math.nan
+    df.attrs["baseline_qps"] = base
+    win = winner_info(df, st.user_attrs.get("winner"))
+    df["is_winner"] = df["number"] == (win["trial"] if win else -1)
+    df.attrs["winner"] = win
+    return df
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def baseline_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The baseline trial(s): phase 'baseline', else trial 0 (the tuner always runs the baseline first)."""
+    rows = df[df["phase"] == "baseline"]
+    return rows if len(rows) else df[df["number"] == 0]
+
+
+def baseline_qps(df: pd.DataFrame, winner: dict[str, Any] | None = None) -> float | None:
+    """The baseline's throughput, the denominator of every speed-up; None when it never measured."""
+    rows = baseline_rows(df)
+    rows = rows[rows["state"].eq("COMPLETE") & (rows["qps"] > 0)] if len(rows) else rows
+    if len(rows):
+        return float(rows["qps"].iloc[0])
+    if winner and _num(winner.get("baseline_qps")) > 0:
+        return float(winner["baseline_qps"])
+    return None
+
+
+def usable(df: pd.DataFrame) -> pd.DataFrame:
+    """Trials with a real measurement, minus those that failed the quality gate."""
+    out = df[df["ok"]]
+    return out[out["quality_ok"].ne(False)] if "quality_ok" in out else out
+
+
+def winner_info(df: pd.DataFrame, stored: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The confirmed winner the tuner stored, else the best usable trial by qps (None if nothing ran)."""
+    if stored and "trial" in stored and (df["number"] == stored["trial"]).any():
+        return dict(stored)
+    ok = usable(df)
+    if ok.empty:
+        return None
+    best = ok.loc[ok["qps"].idxmax()]
+    base = df.attrs.get("baseline_qps") or baseline_qps(df)
+    return {"trial": int(best["number"]), "qps": float(best["qps"]),
+            "qps_spread": [float(min(best["window_qps"] or [best["qps"]])),
+                           float(max(best["window_qps"] or [best["qps"]]))],
+            "speedup": float(best["qps"]) / base if base else math.nan,
+            "baseline_qps": base, "config": best["config"], "confirmed": False}
+
+
+def best_so_far(df: pd.DataFrame) -> pd.DataFrame:
+    """number, qps (NaN for failed trials), best_qps (running max): is the search still improving?"""
+    out = df[["number", "phase", "status"]].copy()
+    out["qps"] = df["qps"].where(df["ok"])
+    out["best_qps"] = out["qps"].cummax().ffill()
+    return out.reset_index(drop=True)
+
+
+def varying_knobs(df: pd.DataFrame) -> list[str]:
+    """Knobs that took more than one value: the only ones worth a column or a plot."""
+    out = []
+    for k in df.attrs.get("knobs", []):
+        if k in df and df[k].astype(str).nunique(dropna=True) > 1:
+            out.append(k)
+    return out
+
+
+def _groups(col: pd.Series, max_levels: int = 6) -> pd.Series:
+    """Categorical knobs as they are; numeric knobs with many values cut into quartiles."""
+    num = pd.to_numeric(col, errors="coerce")
+    if num.notna().all() and num.nunique() > max_levels:
+        return pd.qcut(num.rank(method="first"), 4, labels=False).astype(str)
+    return col.astype(str)
+
+
+def knob_importance(df: pd.DataFrame, knobs: list[str] | None = None) -> pd.Series:
+    """Share of the variance of log(qps) each knob explains on its own (eta squared), normalised to 1.
+
+    A variance decomposition needs no extra library and stays defined for tiny studies: with fewer
+    than 3 usable trials, or no variance, it returns zeros rather than failing.
+    """
+    knobs = varying_knobs(df) if knobs is None else knobs
+    ok = usable(df)
+    scores = dict.fromkeys(knobs, 0.0)
+    if len(ok) >= 3 and knobs:
+        y = np.log(ok["qps"].astype(float))
+        total = float(((y - y.mean()) ** 2).sum())
+        if total > 0:
+            for k in knobs:
+                g = _groups(ok[k])
+                means = y.groupby(g).transform("mean")
+                scores[k] = float(((means - y.mean()) ** 2).sum()) / total
+    s = pd.Series(scores, name="importance", dtype=float)
+    if s.sum() > 0:
+        s = s / s.sum()
+    return s.sort_values(ascending=False)
+
+
+def top_k(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
+    """The k fastest usable trials with what makes them differ, for tables in the notebook and report."""
+    ok = usable(df).sort_values("qps", ascending=False).head(k)
+    cols = ["number", "phase", "searcher", "qps", "speedup", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne",
+            "confirm_qps_median", *varying_knobs(df)]
+    cols = [c for c in cols if c in ok and not (c == "confirm_qps_median" and ok[c].isna().all())]
+    return ok[cols].reset_index(drop=True)
+
+
+def require_completed(df: pd.DataFrame, where: str) -> None:
+    """Raise ConfigError (one line) when the study has nothing to report or export."""
+    name = df.attrs.get("study")
+    if df.empty:
+        raise ConfigError(f"{where}: study {name!r} has no trials yet; run `cubic tune` first")
+    if not usable(df).empty:
+        return
+    bad = df[~df["ok"]]
+    why = next((r for r in bad["reason"] if r), "")
+    why = f"; first failure: {why[:160]}" if why else ""
+    raise ConfigError(f"{where}: study {name!r} has no completed trial ({len(df)} trials, none measured "
+                      f"successfully{why})")
+
+
+def failed(df: pd.DataFrame) -> pd.DataFrame:
+    """Finished trials that did not give a measurement, with why (queued/running ones are not failures)."""
+    done = ~df["ok"] & ~df["state"].isin(["RUNNING", "WAITING"])
+    return df.loc[done, ["number", "state", "status", "reason", "phase", *varying_knobs(df)]]
+
+
+def summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Headline numbers: counts, baseline, winner and its speed-up."""
+    win = df.attrs.get("winner")
+    return {"study": df.attrs.get("study"), "storage": df.attrs.get("storage"), "trials": len(df),
+            "ok": int(df["ok"].sum()), "failed": len(failed(df)),
+            "baseline_qps": df.attrs.get("baseline_qps"),
+            "winner_trial": win["trial"] if win else None, "winner_qps": win["qps"] if win else None,
+            "speedup": win.get("speedup") if win else None,
+            "confirmed": bool(win) and win.get("confirmed", True)}

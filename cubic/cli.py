@@ -1,0 +1,37 @@
+"""The `cubic` command: trial, tune, report, export.
+
+Each command lives in its own module (cubic/cmd_*.py); this file only wires them.
+Bad input anywhere is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="cubic: find the fastest DLRM training configuration with few real trials.")
+
+# command name -> (module, function); modules are imported lazily so `cubic --help` is fast.
+COMMANDS = {
+    "trial": ("cubic.cmd_trial", "trial"),
+    "tune": ("cubic.cmd_tune", "tune"),
+    "report": ("cubic.cmd_report", "report"),
+    "export": ("cubic.cmd_export", "export"),
+}
+
+for _name, (_mod, _fn) in COMMANDS.items():
+    try:
+        app.command(_name)(getattr(importlib.import_module(_mod), _fn))
+    except ModuleNotFoundError as _e:  # a command still being built: leave it out
+        if _e.name != _mod:
+            raise
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""`cubic trial`: run one configuration and print its TrialResult.
+
+Precedence of the sources of a config: the space's baseline < --workload < --config < --set.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+import yaml
+
+from harness.config import CHOICES, TrialConfig
+from harness.errors import ConfigError
+
+DEFAULT_SPACE = Path("search_spaces/dlrm_cpu.yaml")
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def base_config(space: Path | None) -> TrialConfig:
+    if space is None and not DEFAULT_SPACE.exists():
+        return TrialConfig()
+    from cubic.space import load_space
+
+    return load_space(space or DEFAULT_SPACE).baseline
+
+
+def apply_workload_file(cfg: TrialConfig, path: Path) -> TrialConfig:
+    """The anchor JSON format (tables: N, rows, pooling, local_batch, world, ...) or a full workload."""
+    from harness.workload import Workload
+
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: workload file not found") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if isinstance(raw, dict) and isinstance(raw.get("tables"), int):
+        wl, knobs = Workload.from_anchor_dict(raw, where=str(path))
+        return cfg.replace(workload=wl, **knobs)
+    return cfg.replace(workload=Workload.from_dict(raw, where=str(path)))
+
+
+def load_config_file(path: Path) -> TrialConfig:
+    """A full TrialConfig as YAML/JSON (what `cubic export --format yaml` writes)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: malformed YAML") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a mapping of TrialConfig keys")
+    raw = raw.get("config", raw)  # accept the json export too
+    return TrialConfig.from_dict(raw, where=str(path))
+
+
+def apply_sets(cfg: TrialConfig, sets: list[str]) -> TrialConfig:
+    knobs = {}
+    fields = sorted(k for k in cfg.to_dict() if k != "workload")
+    for s in sets:
+        key, eq, val = s.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ConfigError(f"--set {s!r}: expected KNOB=VALUE")
+        if key not in fields:
+            raise ConfigError(f"--set {key}: unknown knob; allowed: {', '.join(fields)}")
+        val = val.strip()
+        if key in CHOICES and isinstance(CHOICES[key][0], int):
+            try:
+                val = int(val)
+            except ValueError:
+                raise ConfigError(f"--set {key}={val!r}: choose one of {list(CHOICES[key])}") from None
+        knobs[key] = val
+    return cfg.replace(**knobs).validate("--set")
+
+
+def trial(
+    space: Path = typer.Option(None, "--space", help="search-space YAML whose baseline is the starting config"),
+    workload: Path = typer.Option(None, "--workload", help="workload JSON (anchor format or full)"),
+    config: Path = typer.Option(None, "--config", help="a full TrialConfig YAML (e.g. from cubic export)"),
+    set_: list[str] = typer.Option([], "--set", help="KNOB=VALUE, repeatable"),
+    as_json: bool = typer.Option(False, "--json", help="print the TrialResult as one JSON line"),
+) -> None:
+    """Run one real training trial and print its result."""
+    try:
+        cfg = load_config_file(config) if config else base_config(space)
+        if workload:
+            cfg = apply_workload_file(cfg, workload)
+        cfg = apply_sets(cfg, set_)
+        from harness.trial import check_config
+
+        check_config(cfg)
+    except ConfigError as e:
+        _fail(str(e))
+    if cfg.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < cfg.world_size:
+            typer.echo(f"warning: {cfg.world_size} ranks on {torch.cuda.device_count()} GPU(s): NCCL refuses two "
+                       "ranks on one device, falling back to gloo", err=True)
+    from harness.trial import run_trial
+
+    if not as_json:
+        typer.echo(f"running {cfg.world_size} ranks x batch {cfg.batch_size}, {cfg.sharding}, kernel={cfg.kernel}, "
+                   f"{cfg.warmup_steps} warm-up + {cfg.measure_steps} measured steps ...", err=True)
+    res = run_trial(cfg)
+    if as_json:
+        sys.stdout.write(res.to_json() + "\n")
+        return
+    print_result(res)
+
+
+def print_result(res) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    if res.status != "ok":
+        con.print(f"[bold red]trial {res.status}[/]: {res.error}")
+        return
+    t = Table(title="trial result", show_header=False)
+    rows = [
+        ("samples/s (median of windows)", f"{res.qps:,.0f}  (cv {res.qps_cv:.1%}, windows "
+                                          f"{', '.join(f'{q:,.0f}' for q in res.window_qps)})"),
+        ("step ms p50 / p90", f"{res.step_ms_p50:.1f} / {res.step_ms_p90:.1f}"),
+        ("peak memory per rank", f"{res.peak_mem_mb:,.0f} MB"),
+        ("loss first -> last", f"{res.loss_first:.4f} -> {res.loss_last:.4f}"),
+        ("normalized entropy", f"{res.ne:.4f}"),
+        ("breakdown ms/step", "  ".join(f"{k} {v:.1f}" for k, v in res.breakdown_ms.items())),
+        ("env", f"torch {res.env.get('torch')}, fbgemm {res.env.get('fbgemm')}, {res.env.get('device_name')}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    con.print(t)
+    if res.plan:
+        from harness.sharding.plan import ShardingPlan
+
+        c = res.config
+        g = c["sharding_group_size"] or c["world_size"]
+        dims = [tb["dim"] for tb in c["workload"]["tables"]]
+        con.print(ShardingPlan.from_list(res.plan, g, c["world_size"], dims).rich_table())

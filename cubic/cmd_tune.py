@@ -1,0 +1,68 @@
+"""`cubic tune`: find the fastest configuration of a search space with few real trials."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from harness.errors import ConfigError
+
+
+def tune(
+    space: Path = typer.Option(Path("search_spaces/dlrm_cpu.yaml"), "--space", help="Search-space YAML file."),
+    run_dir: Path | None = typer.Option(None, "--run-dir",
+                                        help="Run directory: DIR/study.db + per-trial logs; running again "
+                                             "resumes [default: runs/NAME]."),
+    storage: str | None = typer.Option(None, "--storage",
+                                       help="SQLAlchemy URL of the trial store instead of DIR/study.db "
+                                            "(e.g. postgresql://user@host/db)."),
+    trials: int | None = typer.Option(None, "--trials", help="Trial budget of the study (total, resumed "
+                                      "trials included) [default: the space's budget.trials]."),
+    searcher: str = typer.Option("cubic", "--searcher", help="cubic | random | grid | tpe | ds-xgb"),
+    address: str | None = typer.Option(None, "--address",
+                                       help="Ray cluster (HOST:PORT, ray://HOST:PORT or auto) [default: a "
+                                            "local Ray on this machine]."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the searcher."),
+    live: bool | None = typer.Option(None, "--live/--no-live", help="Live table [default: on a terminal]."),
+) -> None:
+    """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
+    from rich.console import Console
+
+    from cubic.runner import RayRunner
+    from cubic.samplers import SEARCHERS
+    from cubic.space import load_space
+    from cubic.store import Store, open_storage, storage_url
+    from cubic.tune import Tuner, print_summary
+
+    console = Console()
+    runner = None
+    try:
+        if searcher not in SEARCHERS:
+            raise ConfigError(f"--searcher {searcher!r}: choose one of {list(SEARCHERS)}")
+        if trials is not None and trials < 1:
+            raise ConfigError(f"--trials {trials}: must be >= 1")
+        sp = load_space(space)
+        if run_dir is None and storage is None:
+            run_dir = Path("runs") / sp.name
+        if run_dir is not None:
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
+        rdb = open_storage(storage_url(run_dir, storage))
+        store = Store(sp, rdb, run_dir)
+        runner = RayRunner(address).start()
+        tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live)
+        summary = tuner.run()
+    except ConfigError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        raise typer.Exit(130) from None
+    finally:
+        if runner is not None:
+            runner.stop()
+    print_summary(console, summary)

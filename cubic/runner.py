@@ -1,0 +1,137 @@
+"""Runs trials as Ray tasks: locally (`ray.init()` on this machine) or on a cluster (`--address`).
+
+Each trial is one task that asks for the CPUs its ranks use (world_size x threads_per_rank, capped
+at the cluster's CPUs so a 4-rank trial still runs on a 2-core machine) and calls
+`harness.trial.run_trial` in a Ray worker, which starts the rank processes. Whatever happens to
+the task - a crash of the worker, an exception, a hang past the trial's own timeout - comes back
+as a TrialResult with a failed status and a one-line reason; the tuner never dies of a trial.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.config import TrialConfig, TrialResult
+from harness.errors import ConfigError
+
+OBJECT_STORE_MB = 200  # results are a few KB; without a cap Ray reserves 30% of RAM
+HARD_TIMEOUT_SLACK_S = 60.0  # run_trial enforces timeout_s itself; this only catches a stuck worker
+
+
+def _run(cfg_dict: dict[str, Any]) -> dict[str, Any]:
+    """The Ray task body (module level, so workers import it by name)."""
+    from harness.trial import run_trial
+
+    return run_trial(TrialConfig.from_dict(cfg_dict)).to_dict()
+
+
+@dataclass
+class Pending:
+    cfg: TrialConfig
+    ref: Any
+    cpus: float
+    tag: Any = None  # the caller's handle (trial, confirm slot)
+    started: float = field(default_factory=time.monotonic)
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on an address nobody listens at (ray.init would retry for a long time)."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3.0):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--address {address}: Ray cluster unreachable ({e.strerror or e})") from None
+
+
+class RayRunner:
+    """Submit TrialConfigs, wait for any to finish; `start()` before use, `stop()` after."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address
+        self.cpus = 1.0
+        self._remote: Any = None
+        self._owns = False
+
+    def start(self) -> RayRunner:
+        import ray
+
+        if self.address:
+            _check_reachable(self.address)
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
+                                  "configure_logging": True}
+        if not self.address:
+            kwargs.update(num_cpus=os.cpu_count() or 1, object_store_memory=OBJECT_STORE_MB * 2**20)
+        try:
+            if not ray.is_initialized():
+                ray.init(address=self.address, **kwargs)
+                self._owns = True
+        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+            where = self.address or "local"
+            raise ConfigError(f"--address {where}: cannot start/connect to Ray: {' '.join(str(e).split())[:200]}") \
+                from None
+        self.cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        self._remote = ray.remote(max_retries=0)(_run)
+        return self
+
+    def stop(self) -> None:
+        import ray
+
+        if self._owns and ray.is_initialized():
+            ray.shutdown()
+        self._owns = False
+
+    def cpus_for(self, cfg: TrialConfig) -> float:
+        return float(min(cfg.world_size * cfg.threads_per_rank, self.cpus))
+
+    def submit(self, cfg: TrialConfig, tag: Any = None) -> Pending:
+        cpus = self.cpus_for(cfg)
+        ref = self._remote.options(num_cpus=cpus).remote(cfg.to_dict())
+        return Pending(cfg, ref, cpus, tag)
+
+    def wait(self, pending: list[Pending], timeout: float = 1.0) -> list[tuple[Pending, TrialResult]]:
+        """The pending trials that finished (or were given up on) within `timeout` seconds."""
+        import ray
+
+        if not pending:
+            return []
+        refs = [p.ref for p in pending]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        ready_set = set(ready)
+        done = []
+        for p in pending:
+            if p.ref in ready_set:
+                done.append((p, self._result(p)))
+            elif time.monotonic() - p.started > p.cfg.timeout_s + HARD_TIMEOUT_SLACK_S:
+                ray.cancel(p.ref, force=True)
+                done.append((p, TrialResult.failed(
+                    "timeout", f"no result {p.cfg.timeout_s + HARD_TIMEOUT_SLACK_S:g}s after submission; "
+                    "the Ray task was cancelled", p.cfg)))
+        return done
+
+    def _result(self, p: Pending) -> TrialResult:
+        import ray
+        from ray import exceptions as rex
+
+        try:
+            return TrialResult.from_dict(ray.get(p.ref))
+        except rex.RayTaskError as e:  # run_trial raised (ConfigError or a bug): the config failed
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            return TrialResult.failed("error", f"{type(cause).__name__}: {cause}", p.cfg)
+        except (rex.WorkerCrashedError, rex.NodeDiedError, rex.LocalRayletDiedError) as e:
+            return TrialResult.failed("error", f"Ray worker died: {type(e).__name__}: {e}", p.cfg)
+        except rex.OutOfMemoryError as e:
+            return TrialResult.failed("oom", f"Ray killed the trial for memory: {e}", p.cfg)
+        except rex.TaskCancelledError:
+            return TrialResult.failed("timeout", "the Ray task was cancelled", p.cfg)
+        except rex.RayError as e:
+            return TrialResult.failed("error", f"{type(e).__name__}: {e}", p.cfg)

@@ -1,0 +1,33 @@
+"""Searchers, each an Optuna sampler over a `SearchSpace` (see `base.SpaceSampler`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cubic.samplers.base import Observations, SpaceSampler, distributions
+from cubic.samplers.cubic import CubicSampler
+from cubic.samplers.dsxgb import DSXGBSearch
+from cubic.samplers.simple import GridSearch, RandomSearch
+from cubic.samplers.tpe import TPESearch
+from cubic.space import SearchSpace
+from harness.errors import ConfigError
+
+SEARCHERS: dict[str, type[SpaceSampler]] = {
+    "cubic": CubicSampler, "random": RandomSearch, "grid": GridSearch, "tpe": TPESearch, "ds-xgb": DSXGBSearch,
+}
+
+
+def make_sampler(name: str, space: SearchSpace, seed: int = 0, budget: int | None = None,
+                 history: Sequence[tuple[dict[str, Any], float | None]] = ()) -> SpaceSampler:
+    """The searcher `name` (ConfigError naming the allowed ones otherwise)."""
+    if name not in SEARCHERS:
+        raise ConfigError(f"--searcher {name!r} is not known; choose one of {list(SEARCHERS)}")
+    if name == "cubic":
+        n_warmup = max(3, min(8, (budget or 25) // 5))
+        return CubicSampler(space, seed=seed, n_warmup=n_warmup, history=history)
+    return SEARCHERS[name](space, seed=seed)
+
+
+__all__ = ["SEARCHERS", "CubicSampler", "DSXGBSearch", "GridSearch", "Observations", "RandomSearch",
+           "SpaceSampler", "TPESearch", "distributions", "make_sampler"]

@@ -1,0 +1,113 @@
+"""Common base of cubic's searchers: Optuna samplers that propose whole configurations.
+
+Every searcher proposes one joint configuration per trial (`sample_relative` over all knobs),
+canonical (meaningless knobs at their defaults), valid (TrialConfig.validate passes) and never
+one already tried or in flight: a real trial costs minutes, so no searcher may spend one twice.
+The baseline configuration is always the first trial. A searcher may declare itself done
+(`should_stop`: space exhausted, or its own early stopping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from cubic.space import SearchSpace
+
+SKIP_STATUSES = ("interrupted", "skipped")  # FAIL trials that say nothing about their config
+
+
+def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+    return {k: CategoricalDistribution(list(kn.choices)) for k, kn in space.knobs.items()}
+
+
+@dataclass
+class Observations:
+    """What the study knows, as canonical configuration tuples."""
+
+    seen: set[tuple] = field(default_factory=set)  # tried, running or queued: never propose again
+    ok: list[tuple] = field(default_factory=list)  # COMPLETE, in trial order
+    qps: list[float] = field(default_factory=list)
+    failed: list[tuple] = field(default_factory=list)  # FAIL for a reason of the config's own
+    order: list[float] = field(default_factory=list)  # objective per finished trial (failed = 0)
+
+    @classmethod
+    def of(cls, study: optuna.Study, space: SearchSpace, exclude: int | None = None) -> Observations:
+        obs = cls()
+        for t in study.get_trials(deepcopy=False):
+            if t.number == exclude:
+                continue
+            params = t.params or t.system_attrs.get("fixed_params") or {}
+            if set(params) != set(space.knobs):
+                continue
+            tup = space.tup(params)
+            if t.state == TrialState.COMPLETE and t.value is not None:
+                obs.ok.append(tup)
+                obs.qps.append(float(t.value))
+                obs.order.append(float(t.value))
+            elif t.state == TrialState.FAIL:
+                if t.user_attrs.get("status") in SKIP_STATUSES:
+                    continue
+                obs.failed.append(tup)
+                obs.order.append(0.0)
+            obs.seen.add(tup)
+        return obs
+
+
+class SpaceSampler(optuna.samplers.BaseSampler):
+    """Base: dedupe, baseline first, user attrs of the proposal; subclasses implement `propose`."""
+
+    name = "base"
+
+    def __init__(self, space: SearchSpace, seed: int = 0) -> None:
+        self.space, self.seed = space, seed
+        self.rng = np.random.default_rng(seed)
+        self.baseline = space.tup(space.baseline_params())
+        self.last_info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ Optuna interface
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return distributions(self.space)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        obs = Observations.of(study, self.space, exclude=trial.number)
+        if self.baseline not in obs.seen:
+            tup, info = self.baseline, {"phase": "baseline"}
+        else:
+            tup, info = self.propose(study, trial, obs)
+            if tup is None:  # nothing left: the loop stops on should_stop(); keep Optuna consistent
+                tup, info = self.baseline, {"phase": "exhausted"}
+        info = {"phase": self.name, "predicted_qps": None, "predicted_std": None, **info}
+        self.last_info = info
+        for k, v in info.items():
+            study._storage.set_trial_user_attr(trial._trial_id, k, v)
+        return self.space.params_of(tup)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        choices = param_distribution.choices  # type: ignore[attr-defined]
+        return choices[int(self.rng.integers(len(choices)))]
+
+    def reseed_rng(self) -> None:
+        self.rng = np.random.default_rng(self.rng.integers(2**31))
+
+    # ------------------------------------------------------------------ searcher interface
+    def propose(self, study: optuna.Study, trial: FrozenTrial, obs: Observations) -> tuple[tuple | None, dict]:
+        """The next configuration (canonical tuple not in obs.seen) and user attrs about it."""
+        raise NotImplementedError
+
+    def should_stop(self, study: optuna.Study) -> bool:
+        """True when the searcher has nothing (useful) left to propose."""
+        n = self.space.size() if self.space.all_tuples is not None else None
+        return n is not None and len(Observations.of(study, self.space).seen) >= n
+
+    def random_unseen(self, obs: Observations) -> tuple | None:
+        return self.space.random_tuple(self.rng, obs.seen)

@@ -1,0 +1,108 @@
+"""CubicSampler: the CubicML searcher (DESIGN.md "CubicSampler").
+
+1. Baseline first (SpaceSampler).
+2. Warm-up: a space-filling design - each warm-up configuration is the random candidate farthest
+   (Hamming distance over knobs) from everything tried, so a few trials touch every knob value.
+3. Proxy: `cubic.proxy.Proxy` (XGBoost rank:pairwise ensemble on log qps with the cost model's
+   derived features, bootstrap spread as uncertainty, feasibility classifier from failed trials),
+   refit on every proposal; trials of earlier studies on the same space (`history`) join the
+   training set, so a second study starts where the first stopped.
+4. Candidates: random untried configurations, every one-knob neighbour and random two-knob
+   mutations of the best trials (an evolutionary local search), and TPE proposals; duplicates and
+   configurations already tried or in flight are dropped.
+5. Acquisition: predicted log qps + kappa * std (optimism under uncertainty), candidates the
+   classifier deems infeasible (p < 0.5) last.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial
+
+from cubic.proxy import FeatureFn, Proxy, cost_model_features
+from cubic.samplers.base import Observations, SpaceSampler, distributions
+from cubic.space import SearchSpace
+
+
+class CubicSampler(SpaceSampler):
+    name = "cubic"
+
+    def __init__(self, space: SearchSpace, seed: int = 0, n_warmup: int = 5, kappa: float = 1.0,
+                 n_random: int = 1000, n_best: int = 5, n_tpe: int = 4,
+                 feature_fn: FeatureFn | None = cost_model_features,
+                 history: Sequence[tuple[dict, float | None]] = ()) -> None:
+        """history: (params, qps or None if the trial failed) of earlier studies on this space."""
+        super().__init__(space, seed)
+        self.n_warmup, self.kappa, self.n_random, self.n_best, self.n_tpe = n_warmup, kappa, n_random, n_best, n_tpe
+        self.proxy = Proxy(space, feature_fn, seed=seed)
+        self.tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, multivariate=True,
+                                              warn_independent_sampling=False)
+        self.hist_ok = [(space.tup(p), q) for p, q in history if q is not None and q > 0]
+        self.hist_failed = [space.tup(p) for p, q in history if q is None or q <= 0]
+
+    def propose(self, study: optuna.Study, trial: FrozenTrial, obs: Observations) -> tuple[tuple | None, dict]:
+        n_known = len(obs.ok) + len(obs.failed) + len(self.hist_ok)
+        if n_known < self.n_warmup or len(obs.ok) + len(self.hist_ok) < 2:
+            return self._space_filling(obs), {"phase": "warmup"}
+        ok = [t for t, _ in self.hist_ok] + obs.ok
+        qps = [q for _, q in self.hist_ok] + obs.qps
+        self.proxy.fit(ok, qps, self.hist_failed + obs.failed)
+        pool = self._pool(study, trial, obs, ok, qps)
+        if not pool:
+            return None, {}
+        mu, sd = self.proxy.predict(pool)
+        acq = mu + self.kappa * sd
+        acq = np.where(self.proxy.p_feasible(pool) < 0.5, acq - 1e3, acq)
+        i = int(np.argmax(acq))
+        pred = math.exp(float(mu[i]))
+        return pool[i], {"phase": "proxy", "predicted_qps": pred, "predicted_std": pred * float(sd[i])}
+
+    # ------------------------------------------------------------------ proposals
+    def _space_filling(self, obs: Observations, n_cand: int = 256) -> tuple | None:
+        seen = list(obs.seen)
+        cands = {self.space.random_tuple(self.rng, obs.seen) for _ in range(n_cand)} - {None}
+        if not cands or not seen:
+            return next(iter(cands), None)
+        cl = sorted(cands, key=str)
+        C = self.space.encode(cl)
+        S = self.space.encode(seen)
+        dist = (C[:, None, :] != S[None, :, :]).sum(axis=2).min(axis=1)
+        best = np.flatnonzero(dist == dist.max())
+        return cl[int(self.rng.choice(best))]
+
+    def _pool(self, study: optuna.Study, trial: FrozenTrial, obs: Observations, ok: list[tuple],
+              qps: list[float]) -> list[tuple]:
+        pool: set[tuple] = set()
+        every = self.space.all_tuples
+        if every is not None and len(every) - len(obs.seen) <= self.n_random:
+            pool.update(every)
+        else:
+            for _ in range(self.n_random):
+                t = self.space.random_tuple(self.rng, obs.seen, tries=20)
+                if t is not None:
+                    pool.add(t)
+        top = [ok[i] for i in np.argsort(qps)[::-1][: self.n_best]]
+        for t in top:  # evolution: all one-knob neighbours, and random two-knob mutations
+            near = list(self.space.neighbours(t))
+            pool.update(near)
+            for _ in range(min(len(near), 20)):
+                u = near[int(self.rng.integers(len(near)))]
+                pool.update(list(self.space.neighbours(u))[:: max(1, len(near) // 4)])
+        pool.update(self._tpe(study, trial))
+        return sorted(pool - obs.seen, key=str)
+
+    def _tpe(self, study: optuna.Study, trial: FrozenTrial) -> list[tuple]:
+        out = []
+        dists = distributions(self.space)
+        for _ in range(self.n_tpe):
+            try:
+                params = self.tpe.sample_relative(study, trial, dists)
+            except Exception:  # TPE is one candidate source among several
+                return out
+            if params and self.space.valid(params):
+                out.append(self.space.tup(params))
+        return out

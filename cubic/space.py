@@ -1,0 +1,490 @@
+"""Search space: a YAML file -> `SearchSpace` (workload, knobs, baseline, objective, constraints, budget).
+
+Every knob is categorical (ranges are expanded to their grid points) so that every
+searcher, the proxy and the store see the same finite set of values. A knob may
+carry a condition (`when`); where it does not hold the knob takes its default
+(the baseline's value), so configurations that differ only in meaningless knobs
+are one configuration ("canonical" params) and are never run twice.
+
+Errors are `harness.errors.ConfigError` with one line: `FILE:LINE: key: what is allowed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import operator
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from harness.config import CHOICES, TrialConfig
+from harness.errors import ConfigError
+from harness.workload import Workload
+
+TOP_KEYS = ("name", "description", "workload", "baseline", "knobs", "objective", "constraints", "trial", "budget")
+KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
+TRIAL_KEYS = ("warmup_steps", "measure_steps", "windows", "timeout_s", "seed", "repeats")
+BUDGET_KEYS = ("trials", "confirm_top_k", "max_concurrent")
+CONSTRAINT_KEYS = ("mem_cap_mb", "quality_tolerance", "quality_knobs")
+OBJECTIVES = {"qps": "maximize"}
+NOT_KNOBS = ("workload", "mem_cap_mb")
+# Knobs whose change alters the training numerics: a config that changes one must pass the
+# quality gate (NE within the tolerance of the baseline's). 2D (group < world) counts too.
+DEFAULT_QUALITY_KNOBS = ("emb_precision", "dense_precision", "comm_precision", "batch_size", "emb_optimizer",
+                         "sparse_sync", "sharding_group_size")
+ENUMERATE_LIMIT = 400_000  # spaces up to this many raw points are enumerated once (grid, pools)
+
+_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+        ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}
+_COND_RE = re.compile(r"^\s*(\w+)\s*(==|!=|<=|>=|<|>|not in|in)\s*(.+?)\s*$")
+_FIELDS = {f.name for f in dataclasses.fields(TrialConfig)}
+
+
+@dataclass(frozen=True)
+class Cond:
+    """`lhs op rhs`: lhs a knob/field name, rhs a literal (YAML scalar or list) or a field name."""
+
+    lhs: str
+    op: str
+    rhs: Any
+    rhs_is_field: bool
+
+    def holds(self, values: dict[str, Any]) -> bool:
+        rhs = values[self.rhs] if self.rhs_is_field else self.rhs
+        try:
+            return bool(_OPS[self.op](values[self.lhs], rhs))
+        except TypeError:
+            return False
+
+    def __str__(self) -> str:
+        return f"{self.lhs} {self.op} {self.rhs}"
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    choices: tuple[Any, ...]
+    default: Any
+    when: tuple[Cond, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"choices": list(self.choices), "default": self.default, "when": " and ".join(map(str, self.when))}
+
+
+@dataclass
+class SearchSpace:
+    name: str
+    path: str
+    workload: Workload
+    knobs: dict[str, Knob]
+    baseline: TrialConfig  # the full baseline TrialConfig (trial settings and mem cap applied)
+    objective: str = "qps"
+    direction: str = "maximize"
+    mem_cap_mb: float = 0.0
+    quality_tolerance: float = 0.02
+    quality_knobs: tuple[str, ...] = DEFAULT_QUALITY_KNOBS
+    repeats: int = 2
+    budget: int = 20
+    confirm_top_k: int = 3
+    max_concurrent: int = 0  # 0 = as many as the Ray cluster's CPUs allow
+    description: str = ""
+    _cache: dict[tuple, TrialConfig | None] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ params <-> configs
+    @property
+    def names(self) -> list[str]:
+        return list(self.knobs)
+
+    def baseline_params(self) -> dict[str, Any]:
+        return {k: getattr(self.baseline, k) for k in self.knobs}
+
+    def canonical(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Params with every knob whose condition fails set to its default (fixpoint over knobs)."""
+        vals = {**{k: getattr(self.baseline, k) for k in _FIELDS if k not in NOT_KNOBS},
+                **{k: params.get(k, kn.default) for k, kn in self.knobs.items()}}
+        for _ in range(len(self.knobs) + 1):
+            changed = False
+            for k, kn in self.knobs.items():
+                if kn.when and vals[k] != kn.default and not all(c.holds(vals) for c in kn.when):
+                    vals[k], changed = kn.default, True
+            if not changed:
+                break
+        return {k: vals[k] for k in self.knobs}
+
+    def tup(self, params: dict[str, Any]) -> tuple:
+        """Hashable canonical identity of params (same tuple <=> same TrialConfig)."""
+        c = self.canonical(params)
+        return tuple(c[k] for k in self.knobs)
+
+    def config(self, params: dict[str, Any]) -> TrialConfig:
+        """The TrialConfig to run for params; raises ConfigError if the combination is invalid."""
+        cfg = self._config_or_none(self.tup(params))
+        if cfg is None:
+            cfg = dataclasses.replace(self.baseline, **self.canonical(params))
+            cfg.validate(f"{self.path}: knobs")  # raises with the reason
+        return cfg
+
+    def valid(self, params: dict[str, Any]) -> bool:
+        return self._config_or_none(self.tup(params)) is not None
+
+    def _config_or_none(self, tup: tuple) -> TrialConfig | None:
+        if tup not in self._cache:
+            cfg = dataclasses.replace(self.baseline, **dict(zip(self.knobs, tup, strict=True)))
+            try:
+                cfg.validate()
+            except ConfigError:
+                cfg = None
+            self._cache[tup] = cfg
+        return self._cache[tup]
+
+    def params_of(self, tup: tuple) -> dict[str, Any]:
+        return dict(zip(self.knobs, tup, strict=True))
+
+    # ------------------------------------------------------------------ enumeration / sampling
+    @property
+    def raw_size(self) -> int:
+        return math.prod(len(k.choices) for k in self.knobs.values())
+
+    @cached_property
+    def all_tuples(self) -> list[tuple] | None:
+        """Every canonical valid configuration, in grid (declaration) order; None if too large."""
+        if self.raw_size > ENUMERATE_LIMIT:
+            return None
+        seen: dict[tuple, None] = {}
+        for combo in itertools.product(*(k.choices for k in self.knobs.values())):
+            t = self.tup(self.params_of(combo))
+            if t not in seen and self._config_or_none(t) is not None:
+                seen[t] = None
+        return list(seen)
+
+    def random_tuple(self, rng: np.random.Generator, exclude: set[tuple] | frozenset = frozenset(),
+                     tries: int = 2000) -> tuple | None:
+        """A uniformly drawn canonical valid configuration not in `exclude` (None if none found)."""
+        pool = self.all_tuples
+        if pool is not None:
+            if len(exclude) >= len(pool):
+                left = [t for t in pool if t not in exclude]
+                return left[int(rng.integers(len(left)))] if left else None
+            for _ in range(tries):
+                t = pool[int(rng.integers(len(pool)))]
+                if t not in exclude:
+                    return t
+            left = [t for t in pool if t not in exclude]
+            return left[int(rng.integers(len(left)))] if left else None
+        for _ in range(tries):
+            t = self.tup({k: kn.choices[int(rng.integers(len(kn.choices)))] for k, kn in self.knobs.items()})
+            if t not in exclude and self._config_or_none(t) is not None:
+                return t
+        return None
+
+    def neighbours(self, tup: tuple) -> Iterator[tuple]:
+        """All canonical valid configurations one knob away from `tup`."""
+        for i, kn in enumerate(self.knobs.values()):
+            for v in kn.choices:
+                if v != tup[i]:
+                    t = self.tup(self.params_of(tup[:i] + (v,) + tup[i + 1:]))
+                    if t != tup and self._config_or_none(t) is not None:
+                        yield t
+
+    def size(self) -> int:
+        """Number of distinct configurations (exact when enumerable, else the raw product)."""
+        return len(self.all_tuples) if self.all_tuples is not None else self.raw_size
+
+    def encode(self, tuples: list[tuple]) -> np.ndarray:
+        """Ordinal index of every knob value (DeepSpeed-style flattened config values)."""
+        index = [{v: i for i, v in enumerate(kn.choices)} for kn in self.knobs.values()]
+        return np.array([[index[i][v] for i, v in enumerate(t)] for t in tuples], dtype=np.float32)
+
+    def differs_in_numerics(self, params: dict[str, Any]) -> list[str]:
+        """The numerics-changing knobs where params differ from the baseline."""
+        cfg = self.config(params)
+        out = [k for k in self.quality_knobs if k != "sharding_group_size"
+               and getattr(cfg, k) != getattr(self.baseline, k)]
+        if "sharding_group_size" in self.quality_knobs and cfg.replicas != self.baseline.replicas:
+            out.append("sharding_group_size")
+        return out
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved space, JSON-able (stored as the study's user attr "space")."""
+        return {
+            "name": self.name, "path": self.path, "description": self.description,
+            "workload": self.workload.to_dict(),
+            "knobs": {k: kn.to_dict() for k, kn in self.knobs.items()},
+            "baseline_config": self.baseline.to_dict(),
+            "objective": {"metric": self.objective, "direction": self.direction},
+            "constraints": {"mem_cap_mb": self.mem_cap_mb, "quality_tolerance": self.quality_tolerance,
+                            "quality_knobs": list(self.quality_knobs)},
+            "trial": {"warmup_steps": self.baseline.warmup_steps, "measure_steps": self.baseline.measure_steps,
+                      "windows": self.baseline.windows, "timeout_s": self.baseline.timeout_s,
+                      "seed": self.baseline.seed, "repeats": self.repeats},
+            "budget": {"trials": self.budget, "confirm_top_k": self.confirm_top_k,
+                       "max_concurrent": self.max_concurrent},
+        }
+
+
+def fingerprint(space_dict: dict[str, Any]) -> str:
+    """Identity of what a trial measures (workload, knobs, baseline, trial settings), not of the budget
+    or name: studies with equal fingerprints can share history (warm start)."""
+    d = {k: space_dict.get(k) for k in ("workload", "knobs", "baseline_config", "objective")}
+    d["trial"] = {k: v for k, v in (space_dict.get("trial") or {}).items() if k != "repeats"}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ====================================================================== loading
+class _Lines:
+    """Line numbers of YAML keys (1-based), by dotted path, for error messages."""
+
+    def __init__(self, text: str) -> None:
+        self.lines: dict[str, int] = {}
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            node = None
+        if node is not None:
+            self._walk(node, "")
+
+    def _walk(self, node: yaml.Node, prefix: str) -> None:
+        self.lines.setdefault(prefix, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                path = f"{prefix}.{k.value}" if prefix else str(k.value)
+                self.lines[path] = k.start_mark.line + 1
+                self._walk(v, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                self._walk(v, f"{prefix}[{i}]")
+
+    def at(self, path: str) -> int | None:
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path.rsplit(".", 1)[0] if "." in path else ""
+        return None
+
+
+class _Loader:
+    def __init__(self, path: Path, text: str) -> None:
+        self.path, self.lines = path, _Lines(text)
+
+    def err(self, key: str, msg: str) -> ConfigError:
+        line = self.lines.at(key)
+        loc = f"{self.path}:{line}" if line else str(self.path)
+        return ConfigError(f"{loc}: {key}: {msg}" if key else f"{loc}: {msg}")
+
+    def mapping(self, d: Any, key: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
+        if d is None:
+            return {}
+        if not isinstance(d, dict):
+            raise self.err(key, f"must be a mapping, got {type(d).__name__}")
+        if allowed is not None:
+            for k in d:
+                if k not in allowed:
+                    raise self.err(f"{key}.{k}" if key else str(k), f"unknown key; allowed: {list(allowed)}")
+        return d
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Parse and validate a search-space YAML file (ConfigError with file:line on any problem)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: search space file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}{line}: malformed YAML: {problem}") from None
+    ld = _Loader(path, text)
+    raw = ld.mapping(raw, "", TOP_KEYS)
+    if not raw:
+        raise ld.err("", "empty search space; needs at least 'knobs'")
+    return _build(ld, raw)
+
+
+def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
+    name = str(raw.get("name") or ld.path.stem)
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        raise ld.err("name", f"{name!r} must be letters, digits, '_', '-' or '.'")
+    wl_raw = raw.get("workload", {"preset": "small"})
+    if isinstance(wl_raw, str):
+        wl_raw = {"preset": wl_raw}
+    try:
+        workload = Workload.from_dict(wl_raw, where="workload")
+    except ConfigError as e:
+        raise ld.err("workload", str(e).removeprefix("workload: ")) from None
+
+    trial = ld.mapping(raw.get("trial"), "trial", TRIAL_KEYS)
+    budget = ld.mapping(raw.get("budget"), "budget", BUDGET_KEYS)
+    cons = ld.mapping(raw.get("constraints"), "constraints", CONSTRAINT_KEYS)
+    obj = ld.mapping(raw.get("objective"), "objective", ("metric", "direction"))
+    metric = obj.get("metric", "qps")
+    if metric not in OBJECTIVES:
+        raise ld.err("objective.metric", f"{metric!r} is not supported; allowed: {list(OBJECTIVES)}")
+    direction = obj.get("direction", OBJECTIVES[metric])
+    if direction not in ("maximize", "max"):
+        raise ld.err("objective.direction", f"{direction!r}: {metric} is maximized; allowed: ['maximize']")
+
+    base_raw = ld.mapping(raw.get("baseline"), "baseline", None)
+    for k in base_raw:
+        if k not in _FIELDS or k in NOT_KNOBS:
+            raise ld.err(f"baseline.{k}", f"unknown key; allowed: {sorted(_FIELDS - set(NOT_KNOBS))}")
+    settings = {k: v for k, v in trial.items() if k != "repeats"}
+    if "mem_cap_mb" in cons:
+        settings["mem_cap_mb"] = cons["mem_cap_mb"]
+    try:
+        baseline = TrialConfig.from_dict({**base_raw, **settings, "workload": workload}, where="baseline")
+    except ConfigError as e:
+        key = next((f"baseline.{k}" for k in base_raw if f"{k}=" in str(e) or repr(k) in str(e)), "baseline")
+        raise ld.err(key, str(e).removeprefix("baseline: ")) from None
+
+    knobs_raw = ld.mapping(raw.get("knobs"), "knobs", None)
+    if not knobs_raw:
+        raise ld.err("knobs", "needs at least one knob")
+    knobs: dict[str, Knob] = {}
+    for k, spec in knobs_raw.items():
+        knobs[k] = _knob(ld, k, spec, baseline)
+    for k, kn in knobs.items():
+        for c in kn.when:
+            for n in (c.lhs, c.rhs if c.rhs_is_field else None):
+                if n is not None and n not in _FIELDS:
+                    raise ld.err(f"knobs.{k}.when", f"unknown name {n!r} in condition '{c}'")
+
+    try:
+        baseline.validate("baseline")
+    except ConfigError as e:
+        raise ld.err("baseline", str(e).removeprefix("baseline: ")) from None
+    for k, kn in knobs.items():
+        v = getattr(baseline, k)
+        if v not in kn.choices:
+            raise ld.err(f"baseline.{k}" if k in base_raw else f"knobs.{k}",
+                         f"baseline value {v!r} is outside the space; knobs.{k} choices: {list(kn.choices)}")
+
+    tol = _num(ld, cons, "quality_tolerance", 0.02, float, 0.0)
+    qknobs = cons.get("quality_knobs", list(DEFAULT_QUALITY_KNOBS))
+    if not isinstance(qknobs, list) or any(q not in _FIELDS for q in qknobs):
+        raise ld.err("constraints.quality_knobs", f"must be a list of config fields; allowed: {sorted(_FIELDS)}")
+    space = SearchSpace(
+        name=name, path=str(ld.path), workload=workload, knobs=knobs, baseline=baseline,
+        objective=metric, direction="maximize", mem_cap_mb=float(baseline.mem_cap_mb),
+        quality_tolerance=tol, quality_knobs=tuple(qknobs),
+        repeats=_num(ld, trial, "repeats", 2, int, 1),
+        budget=_num(ld, budget, "trials", 20, int, 1),
+        confirm_top_k=_num(ld, budget, "confirm_top_k", 3, int, 0),
+        max_concurrent=_num(ld, budget, "max_concurrent", 0, int, 0),
+        description=str(raw.get("description", "")),
+    )
+    if space.tup(space.baseline_params()) != tuple(space.baseline_params().values()):
+        bad = [k for k, v in space.canonical(space.baseline_params()).items() if v != getattr(baseline, k)]
+        raise ld.err(f"knobs.{bad[0]}", "the baseline's value must be the knob's default when its condition "
+                     "does not hold")
+    return space
+
+
+def _num(ld: _Loader, d: dict[str, Any], key: str, default: Any, typ: type, lo: float) -> Any:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or (typ is int and float(v) != int(v)) or v < lo:
+        section = {"repeats": "trial", "quality_tolerance": "constraints"}.get(key, "budget")
+        raise ld.err(f"{section}.{key}", f"{v!r} must be a {typ.__name__} >= {lo}")
+    return typ(v)
+
+
+def _knob(ld: _Loader, name: str, spec: Any, baseline: TrialConfig) -> Knob:
+    key = f"knobs.{name}"
+    if name not in _FIELDS or name in NOT_KNOBS:
+        raise ld.err(key, f"unknown knob {name!r}; allowed: {sorted(_FIELDS - set(NOT_KNOBS))}")
+    if isinstance(spec, list):
+        spec = {"choices": spec}
+    spec = ld.mapping(spec, key, KNOB_KEYS)
+    if "choices" in spec:
+        raw_choices = spec["choices"]
+        if not isinstance(raw_choices, list):
+            raise ld.err(f"{key}.choices", "must be a list")
+    elif "low" in spec and "high" in spec:
+        raw_choices = _range(ld, key, spec)
+    else:
+        raise ld.err(key, "needs 'choices: [...]' or 'low' and 'high' (with optional 'step' or 'log: true')")
+    if not raw_choices:
+        allowed = list(CHOICES.get(name, ())) or "at least one value"
+        raise ld.err(f"{key}.choices", f"choices must not be empty; allowed: {allowed}")
+    choices: list[Any] = []
+    for i, v in enumerate(raw_choices):
+        try:
+            typed = getattr(TrialConfig.from_dict({name: v}), name)
+        except ConfigError as e:
+            raise ld.err(f"{key}.choices[{i}]", str(e).removeprefix("config: ")) from None
+        if name in CHOICES and typed not in CHOICES[name]:
+            raise ld.err(f"{key}.choices[{i}]" if "choices" in spec else key,
+                         f"{typed!r} is not allowed; choose from {list(CHOICES[name])}")
+        if typed not in choices:
+            choices.append(typed)
+    default = getattr(baseline, name)
+    if "default" in spec:
+        try:
+            default = getattr(TrialConfig.from_dict({name: spec["default"]}), name)
+        except ConfigError as e:
+            raise ld.err(f"{key}.default", str(e).removeprefix("config: ")) from None
+    when = _conditions(ld, f"{key}.when", spec.get("when"))
+    if when and default not in choices:
+        raise ld.err(f"{key}.default", f"default {default!r} must be one of the choices {choices}")
+    return Knob(name, tuple(choices), default, when)
+
+
+def _range(ld: _Loader, key: str, spec: dict[str, Any]) -> list[Any]:
+    lo, hi, typ = spec["low"], spec["high"], spec.get("type", "int")
+    if typ not in ("int", "float"):
+        raise ld.err(f"{key}.type", f"{typ!r}; allowed: ['int', 'float']")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) or lo > hi:
+        raise ld.err(key, f"low={lo!r} high={hi!r} must be numbers with low <= high")
+    if spec.get("log"):
+        if lo <= 0:
+            raise ld.err(f"{key}.low", "log ranges need low > 0")
+        vals, v = [], float(lo)
+        while v <= hi * (1 + 1e-9):  # powers of two from low: the natural grid for batch sizes, threads
+            vals.append(v)
+            v *= 2
+    else:
+        step = spec.get("step", 1)
+        if not isinstance(step, int | float) or step <= 0:
+            raise ld.err(f"{key}.step", f"{step!r} must be > 0")
+        n = int(math.floor((hi - lo) / step + 1e-9)) + 1
+        if n > 1000:
+            raise ld.err(key, f"{n} grid points; use a larger step or log: true (at most 1000)")
+        vals = [lo + i * step for i in range(n)]
+    return [int(round(v)) if typ == "int" else float(v) for v in vals]
+
+
+def _conditions(ld: _Loader, key: str, when: Any) -> tuple[Cond, ...]:
+    if when is None or when == "":
+        return ()
+    if not isinstance(when, str):
+        raise ld.err(key, "must be a string like 'sharding_group_size < world_size' (joined with ' and ')")
+    out = []
+    for part in re.split(r"\s+and\s+", when.strip()):
+        m = _COND_RE.match(part)
+        if not m:
+            raise ld.err(key, f"cannot parse '{part}'; write 'NAME OP VALUE' with OP in {list(_OPS)}")
+        lhs, op, rhs_s = m.groups()
+        if rhs_s in _FIELDS:
+            out.append(Cond(lhs, op, rhs_s, True))
+        else:
+            rhs = yaml.safe_load(rhs_s)
+            if op in ("in", "not in") and not isinstance(rhs, list):
+                raise ld.err(key, f"'{part}': '{op}' needs a list like [a, b]")
+            out.append(Cond(lhs, op, tuple(rhs) if isinstance(rhs, list) else rhs, False))
+    return tuple(out)

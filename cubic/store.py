@@ -1,0 +1,189 @@
+"""The trial store: one Optuna study on RDB storage is the single source of truth of a tune.
+
+Schema (analysis and export read exactly this):
+
+- Storage: `--run-dir DIR` -> `sqlite:///DIR/study.db` (and per-trial result logs in
+  `DIR/trials/NNNN.json`); `--storage URL` -> any SQLAlchemy URL (e.g. PostgreSQL).
+- Study name = the space's `name`; direction maximize.
+- Study user_attrs:
+  - "space": the resolved space as a JSON-able dict (`SearchSpace.to_dict()`), including the
+    baseline TrialConfig dict under "baseline_config".
+  - "winner" (after confirm): {"trial": number, "qps": median of the confirm re-measurements,
+    "qps_spread": [min, max], "speedup": x over baseline, "speedup_spread": [min, max],
+    "baseline_qps": median baseline confirm qps, "config": TrialConfig dict, "searcher": name}.
+- Trial params = the knob values (categorical distributions, canonical: a knob whose condition
+  does not hold carries its default).
+- Trial user_attrs: "result" (the whole `TrialResult.to_dict()`, NaN/inf as null), flat copies
+  "status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne", plus "searcher" (name),
+  "phase" ("baseline" | "warmup" | "proxy" | "random" | "grid" | "tpe" | "ds-xgb" | "resume"),
+  "predicted_qps" and "predicted_std" (the proxy's prediction at proposal time, null if none),
+  "config_key" (`TrialConfig.key()`), "config" (TrialConfig dict).
+- State: COMPLETE trials have value = qps. Failed trials are FAIL with "status"
+  (oom | error | timeout) and a one-line "error". Trials found RUNNING when a tune resumes
+  (the tuner died) become FAIL with status "interrupted" and error "interrupted"; their
+  configuration is enqueued again.
+- Confirm re-measurements are not new trials: they are stored on the original trial as user_attrs
+  "confirm_qps" (list of floats), "confirm_ne" (list of floats), "quality_ok" (bool),
+  "quality_reason" (str).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy
+from optuna.storages import RDBStorage
+from optuna.storages._rdb import models
+from optuna.trial import FrozenTrial, TrialState
+
+from cubic.space import SearchSpace, fingerprint
+from harness.config import TrialResult
+from harness.errors import ConfigError
+
+FLAT_KEYS = ("status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne")
+INTERRUPTED = "interrupted"
+NOT_RUN = (INTERRUPTED, "skipped")  # FAIL statuses that did not spend budget
+
+
+def clean(x: Any) -> Any:
+    """Strict-JSON copy: NaN/inf -> None (SQL JSON columns and pandas both read null)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [clean(v) for v in x]
+    return x
+
+
+def storage_url(run_dir: Path | None, storage: str | None) -> str:
+    if storage:
+        return storage
+    assert run_dir is not None
+    return f"sqlite:///{Path(run_dir).resolve() / 'study.db'}"
+
+
+def _redact(url: str) -> str:
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def open_storage(url: str) -> RDBStorage:
+    """Connect (and create the schema); any failure is bad input -> ConfigError, one line."""
+    try:
+        rdb = RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None)
+        with rdb.engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT 1"))
+        return rdb
+    except Exception as e:  # sqlalchemy/driver errors of every kind: one clear line
+        msg = " ".join(str(getattr(e, "orig", None) or e).split())[:300] or type(e).__name__
+        raise ConfigError(f"--storage {_redact(url)}: cannot open the trial store: {msg}") from None
+
+
+class Store:
+    """The study plus the few operations the tuner needs that Optuna does not offer directly."""
+
+    def __init__(self, space: SearchSpace, rdb: RDBStorage, run_dir: Path | None,
+                 sampler: optuna.samplers.BaseSampler | None = None) -> None:
+        self.space, self.rdb, self.run_dir = space, rdb, run_dir
+        self.study = optuna.create_study(study_name=space.name, storage=rdb, sampler=sampler,
+                                         direction="maximize", load_if_exists=True)
+        old = self.study.user_attrs.get("space")
+        new = space.to_dict()
+        if old is not None and fingerprint(old) != fingerprint(new):
+            raise ConfigError(
+                f"study {space.name!r} in {_redact(rdb.url)} was made with a different search space "
+                f"({old.get('path')}); use another --run-dir/--storage or another space name")
+        self.study.set_user_attr("space", new)
+        if run_dir is not None:
+            (run_dir / "trials").mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ reading
+    def trials(self, *states: TrialState) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=states or None)
+
+    def budget_used(self) -> int:
+        """Trials that ran (COMPLETE, or FAIL for a reason of their own)."""
+        return sum(1 for t in self.trials(TrialState.COMPLETE, TrialState.FAIL)
+                   if t.user_attrs.get("status") not in NOT_RUN)
+
+    def completed_keys(self) -> dict[str, int]:
+        return {t.user_attrs["config_key"]: t.number for t in self.trials(TrialState.COMPLETE)
+                if "config_key" in t.user_attrs}
+
+    def history(self) -> list[FrozenTrial]:
+        """Finished trials of other studies in this storage on the same space (warm start)."""
+        fp = fingerprint(self.space.to_dict())
+        out: list[FrozenTrial] = []
+        for s in self.rdb.get_all_studies():
+            if s.study_name == self.space.name or fingerprint(s.user_attrs.get("space") or {}) != fp:
+                continue
+            out += [t for t in self.rdb.get_all_trials(s._study_id, deepcopy=False)
+                    if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+        return out
+
+    # ------------------------------------------------------------------ writing
+    def recover_interrupted(self) -> list[FrozenTrial]:
+        """Mark trials left RUNNING by a dead tuner FAIL(interrupted) and enqueue their configs again
+        (unless an equal config completed meanwhile). Returns the interrupted trials."""
+        done = self.completed_keys()
+        stale = self.trials(TrialState.RUNNING)
+        waiting = {t.user_attrs.get("config_key") for t in self.trials(TrialState.WAITING)}
+        for t in stale:
+            self.study._storage.set_trial_user_attr(t._trial_id, "status", INTERRUPTED)
+            self.study._storage.set_trial_user_attr(t._trial_id, "error", INTERRUPTED)
+            self.study.tell(t.number, state=TrialState.FAIL)
+            key = t.user_attrs.get("config_key")
+            if t.params and key not in done and key not in waiting:
+                self.enqueue(t.params, {"phase": t.user_attrs.get("phase", "resume"), "resumed_from": t.number})
+                waiting.add(key)
+        return stale
+
+    def enqueue(self, params: dict[str, Any], attrs: dict[str, Any]) -> None:
+        key = self.space.config(params).key()
+        self.study.enqueue_trial(params, user_attrs={**attrs, "config_key": key}, skip_if_exists=False)
+
+    def start(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+        for k, v in attrs.items():
+            trial.set_user_attr(k, clean(v))
+
+    def finish(self, trial: optuna.Trial, result: TrialResult) -> FrozenTrial:
+        """Store the whole result, then COMPLETE (value = qps) or FAIL with status and reason."""
+        rd = clean(result.to_dict())
+        trial.set_user_attr("result", rd)
+        for k in FLAT_KEYS:
+            trial.set_user_attr(k, rd.get(k))
+        ok = result.status == "ok" and result.qps > 0 and math.isfinite(result.qps)
+        if result.status == "ok" and not ok:
+            trial.set_user_attr("status", "error")
+            trial.set_user_attr("error", f"trial returned qps={result.qps!r}")
+        self.study.tell(trial, result.qps if ok else None, state=TrialState.COMPLETE if ok else TrialState.FAIL)
+        if self.run_dir is not None:
+            log = {"trial": trial.number, "phase": trial.user_attrs.get("phase"), **rd}
+            (self.run_dir / "trials" / f"{trial.number:04d}.json").write_text(json.dumps(log, indent=1))
+        return self.study._storage.get_trial(trial._trial_id)
+
+    def skip(self, trial: optuna.Trial, reason: str) -> None:
+        trial.set_user_attr("status", "skipped")
+        trial.set_user_attr("error", reason)
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    def set_finished_attrs(self, trial: FrozenTrial, attrs: dict[str, Any]) -> None:
+        """Add user attrs to a finished trial (confirm results). Optuna forbids updating finished
+        trials through its API, so this upserts into its `trial_user_attributes` table directly."""
+        table = models.TrialUserAttributeModel.__table__
+        with self.rdb.engine.begin() as conn:
+            for k, v in attrs.items():
+                conn.execute(table.delete().where(table.c.trial_id == trial._trial_id, table.c.key == k))
+                conn.execute(table.insert().values(trial_id=trial._trial_id, key=k,
+                                                   value_json=json.dumps(clean(v))))
+        trial.user_attrs.update(clean(attrs))
+
+    def set_winner(self, winner: dict[str, Any]) -> None:
+        self.study.set_user_attr("winner", clean(winner))

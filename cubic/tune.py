@@ -1,0 +1,407 @@
+"""The `cubic tune` loop: propose -> run on Ray -> store, then confirm the top-k and pick the winner.
+
+- Resume: the store is the truth. Trials left RUNNING by a dead tuner become FAIL(interrupted) and
+  their configurations are enqueued again; the budget counts trials that ran (COMPLETE, or FAIL
+  for a reason of their own), so a resumed tune finishes with exactly the budget, and a
+  configuration already completed is never launched again (dedupe by `TrialConfig.key()`).
+- Confirm: the top-k and the baseline are re-measured `repeats` times (the first measurement was
+  selected for being high - winner's curse - so only re-measurements count). A configuration whose
+  knobs change the numerics must keep its normalized entropy within the space's tolerance of the
+  baseline's (same seed, so the same samples for the same batch). The fastest confirmed one wins.
+- View: a rich live table on a terminal (one line per trial otherwise), with the proxy's rank
+  correlation (Kendall tau of predicted vs measured qps over finished trials) and an ETA.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from cubic.proxy import kendall_tau
+from cubic.runner import Pending, RayRunner
+from cubic.samplers import distributions, make_sampler
+from cubic.space import SearchSpace
+from cubic.store import Store
+from harness.config import TrialResult
+from harness.errors import ConfigError
+
+MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
+
+# ====================================================================== view
+SHORT = {"sharding": "", "sharding_group_size": "G", "sparse_sync": "sync", "emb_optimizer": "opt",
+         "batch_size": "bs", "kernel": "k", "emb_precision": "emb", "dense_precision": "dense",
+         "comm_precision": "comm", "pipeline_depth": "pipe", "threads_per_rank": "thr", "world_size": "W"}
+
+
+def short_config(space: SearchSpace, params: dict[str, Any]) -> str:
+    """The knobs that differ from the baseline, tersely ('baseline' if none)."""
+    if set(params) != set(space.knobs):
+        return "?"
+    base = space.baseline_params()
+    parts = []
+    for k, v in space.canonical(params).items():
+        if v != base.get(k):
+            s = SHORT.get(k, k)
+            parts.append(f"{s}={v}" if s else str(v))
+    return " ".join(parts) or "baseline"
+
+
+def fmt_s(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class TuneView:
+    """Finished trials + a header (progress, best so far, proxy Kendall tau, ETA)."""
+
+    def __init__(self, space: SearchSpace, budget: int, console: Console, live: bool | None = None) -> None:
+        self.space, self.budget, self.console = space, budget, console
+        self.live_on = console.is_terminal if live is None else live
+        self.rows: list[dict[str, Any]] = []
+        self.durations: list[float] = []
+        self.phase, self.status, self.used = "search", "", 0
+        self.best: tuple[float, int] | None = None
+        self.baseline_qps: float | None = None
+        self.pred: list[tuple[float, float]] = []
+        self.eta_s: float | None = None
+        self._live: Live | None = None
+
+    def __enter__(self) -> TuneView:
+        if self.live_on:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=2)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def seed(self, trials: list[FrozenTrial]) -> None:
+        """Trials of an earlier run of this study (resume): counted, not printed."""
+        for t in trials:
+            self._account(t, None)
+
+    def add(self, t: FrozenTrial, seconds: float | None, confirm: TrialResult | None = None) -> None:
+        """A finished trial, or (confirm=result) one re-measurement of trial t."""
+        ua = t.user_attrs
+        if confirm is None:
+            self._account(t, seconds)
+            ok, status, error = t.state == TrialState.COMPLETE, ua.get("status", ""), ua.get("error") or ""
+            qps, phase, pred = (t.value if ok else None), ua.get("phase", ""), ua.get("predicted_qps")
+        else:
+            self.durations.append(seconds or 0.0)
+            ok, status, error = confirm.status == "ok", confirm.status, confirm.error
+            qps, phase, pred = (confirm.qps if ok else None), "confirm", None
+        row = {"n": t.number, "phase": phase, "cfg": short_config(self.space, t.params), "status": status,
+               "qps": qps, "pred": pred, "best": self.best[0] if self.best else None, "error": error}
+        self.rows.append(row)
+        if not self.live_on:
+            self.console.print(self._line(row), highlight=False, soft_wrap=True)
+        self.refresh()
+
+    def _account(self, t: FrozenTrial, seconds: float | None) -> None:
+        if seconds is not None:
+            self.durations.append(seconds)
+        if t.state != TrialState.COMPLETE or not t.value:
+            return
+        if t.user_attrs.get("phase") == "baseline" and self.baseline_qps is None:
+            self.baseline_qps = t.value
+        if self.best is None or t.value > self.best[0]:
+            self.best = (t.value, t.number)
+        if t.user_attrs.get("predicted_qps"):
+            self.pred.append((t.user_attrs["predicted_qps"], t.value))
+
+    def note(self, msg: str) -> None:
+        self.status = msg
+        if self.live_on:
+            self.refresh()
+        else:
+            self.console.print(msg, highlight=False, soft_wrap=True)
+
+    def refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def set_eta(self, remaining_runs: int, parallel: float) -> None:
+        if self.durations:
+            recent = self.durations[-10:]
+            self.eta_s = sum(recent) / len(recent) * remaining_runs / max(1.0, parallel)
+
+    @property
+    def tau(self) -> float | None:
+        return kendall_tau([p for p, _ in self.pred], [q for _, q in self.pred])
+
+    def header(self) -> str:
+        best = "-"
+        if self.best:
+            sp = f", {self.best[0] / self.baseline_qps:.2f}x baseline" if self.baseline_qps else ""
+            best = f"{self.best[0]:,.0f} qps (#{self.best[1]}{sp})"
+        tau = f"{self.tau:+.2f}" if self.tau is not None else "-"
+        return (f"{self.phase}: {self.used}/{self.budget} trials | best {best} | proxy tau {tau} "
+                f"(n={len(self.pred)}) | ETA {fmt_s(self.eta_s)}")
+
+    def _line(self, r: dict[str, Any]) -> str:
+        qps = f"{r['qps']:,.0f} qps" if r["qps"] else r["status"].upper()
+        pred = f" (pred {r['pred']:,.0f})" if r["pred"] else ""
+        err = f" - {r['error'][:120]}" if r["status"] != "ok" and r["error"] else ""
+        best = f"{r['best']:,.0f}" if r["best"] else "-"
+        return f"#{r['n']:<3} {r['phase']:<9} {r['cfg'][:56]:<56} {qps:>14}{pred}  best {best}{err}"
+
+    def _render(self) -> Group:
+        t = Table(box=None, pad_edge=False, header_style="bold")
+        for col, just in (("#", "right"), ("phase", "left"), ("config (vs baseline)", "left"),
+                          ("qps", "right"), ("predicted", "right"), ("best", "right")):
+            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        for r in self.rows[-16:]:
+            qps = Text(f"{r['qps']:,.0f}") if r["qps"] else Text(f"{r['status']} {r['error'][:40]}", style="red")
+            t.add_row(str(r["n"]), r["phase"], r["cfg"][:64], qps, f"{r['pred']:,.0f}" if r["pred"] else "",
+                      f"{r['best']:,.0f}" if r["best"] else "")
+        return Group(Text(self.header(), style="bold"), t, Text(self.status, style="dim"))
+
+
+# ====================================================================== loop
+class Tuner:
+    """One `cubic tune`: `run()` searches until the budget is spent, confirms, returns the summary."""
+
+    def __init__(self, space: SearchSpace, store: Store, runner: RayRunner, searcher: str = "cubic",
+                 budget: int | None = None, seed: int = 0, console: Console | None = None,
+                 live: bool | None = None) -> None:
+        self.space, self.store, self.runner, self.searcher = space, store, runner, searcher
+        self.study: optuna.Study = store.study
+        self.budget = budget or space.budget
+        self.console = console or Console()
+        self.view = TuneView(space, self.budget, self.console, live)
+        history = []
+        if searcher == "cubic":
+            history = [(t.params, t.value if t.state == TrialState.COMPLETE else None)
+                       for t in store.history() if set(t.params) == set(space.knobs)
+                       and t.user_attrs.get("status") not in ("interrupted", "skipped")]
+        self.sampler = make_sampler(searcher, space, seed=seed, budget=self.budget, history=history)
+        self.n_history = len(history)
+        self.study.sampler = self.sampler
+        self.dists = distributions(space)
+        self.base_key = space.config(space.baseline_params()).key()
+
+    # ------------------------------------------------------------------ entry
+    def run(self) -> dict[str, Any]:
+        interrupted = self.store.recover_interrupted()
+        self._queue_baseline()
+        self.view.seed(self.store.trials(TrialState.COMPLETE, TrialState.FAIL))
+        if interrupted:
+            self.view.note(f"resumed: {len(interrupted)} interrupted trial(s) "
+                           f"{[t.number for t in interrupted]} marked failed and re-queued")
+        if self.n_history:
+            self.view.note(f"warm start: {self.n_history} trials of earlier studies on this space")
+        with self.view:
+            self._search()
+            self.view.phase = "confirm"
+            confirmed = self._confirm() if self.space.confirm_top_k > 0 else []
+        return self._summary(confirmed)
+
+    def _queue_baseline(self) -> None:
+        for t in self.store.trials(TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING, TrialState.RUNNING):
+            if t.user_attrs.get("config_key") == self.base_key and t.user_attrs.get("status") not in (
+                    "interrupted", "skipped"):
+                return
+        self.store.enqueue(self.space.baseline_params(), {"phase": "baseline"})
+
+    # ------------------------------------------------------------------ search
+    def _search(self) -> None:
+        pending: list[Pending] = []
+        stop, skips = False, 0
+        while True:
+            used = self.store.budget_used()
+            self.view.used = used
+            room = used + len(pending) < self.budget and not stop
+            free = sum(p.cpus for p in pending) < self.runner.cpus and (
+                not self.space.max_concurrent or len(pending) < self.space.max_concurrent)
+            if room and free:
+                waiting = bool(self.store.trials(TrialState.WAITING))
+                if not waiting and self.sampler.should_stop(self.study):
+                    stop = True
+                    self.view.note(f"{self.searcher}: nothing more worth trying; stopping at {used} trials")
+                    continue
+                p = self._launch(self.study.ask(self.dists), pending)
+                if p is None:
+                    skips += 1
+                    stop = skips > MAX_SKIPS or self.sampler.last_info.get("phase") == "exhausted"
+                else:
+                    pending.append(p)
+                    skips = 0
+                continue
+            if not pending:
+                return
+            for p, res in self.runner.wait(pending, timeout=0.5):
+                pending.remove(p)
+                frozen = self.store.finish(p.tag, res)
+                self.view.add(frozen, time.monotonic() - p.started)
+            self._eta(pending, self.budget - self.store.budget_used())
+
+    def _launch(self, trial: optuna.Trial, pending: list[Pending]) -> Pending | None:
+        ua = trial.user_attrs
+        if ua.get("phase") == "exhausted":
+            self.store.skip(trial, "the searcher had no untried configuration left")
+            return None
+        try:
+            cfg = self.space.config(trial.params)
+        except ConfigError as e:  # samplers only propose valid configs; never spend budget on this
+            self.store.skip(trial, str(e))
+            return None
+        key = cfg.key()
+        twin = self.store.completed_keys().get(key)
+        if twin is None and any(p.cfg.key() == key for p in pending):
+            twin = -1
+        if twin is not None:
+            self.store.skip(trial, f"same configuration as trial {twin}" if twin >= 0 else "already running")
+            return None
+        self.store.start(trial, {
+            "searcher": self.searcher, "phase": ua.get("phase") or self.sampler.name,
+            "predicted_qps": ua.get("predicted_qps"), "predicted_std": ua.get("predicted_std"),
+            "config_key": key, "config": cfg.to_dict(),
+        })
+        return self.runner.submit(cfg, tag=trial)
+
+    def _eta(self, pending: list[Pending], remaining: int) -> None:
+        per = max(1.0, self.runner.cpus / max(1.0, min((p.cpus for p in pending), default=self.runner.cpus)))
+        confirm_runs = (self.space.confirm_top_k + 1) * self.space.repeats if self.space.confirm_top_k else 0
+        self.view.set_eta(max(0, remaining) + confirm_runs, per)
+        self.view.refresh()
+
+    # ------------------------------------------------------------------ confirm + quality gate
+    def _confirm(self) -> list[FrozenTrial]:
+        ok = sorted(self.store.trials(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
+        base = next((t for t in ok if t.user_attrs.get("config_key") == self.base_key), None)
+        targets = ([base] if base else []) + [t for t in ok[: self.space.confirm_top_k] if t is not base]
+        todo = [(t, i) for t in targets for i in range(self.space.repeats - len(t.user_attrs.get("confirm_qps") or []))]
+        self.view.note(f"confirm: re-measuring {len(targets)} configurations x {self.space.repeats} "
+                       f"({len(todo)} runs)")
+        pending: list[Pending] = []
+        left = list(todo)
+        while left or pending:
+            while left and (not pending or sum(p.cpus for p in pending) < self.runner.cpus):
+                t, _ = left.pop(0)
+                pending.append(self.runner.submit(self.space.config(t.params), tag=t))
+            for p, res in self.runner.wait(pending, timeout=0.5):
+                pending.remove(p)
+                self._record_confirm(p.tag, res)
+                self.view.add(p.tag, time.monotonic() - p.started, confirm=res)
+            self.view.set_eta(len(left) + len(pending), max(1.0, self.runner.cpus / 2))
+            self.view.refresh()
+        for t in targets:
+            ok_, why = self._quality(t, base)
+            self.store.set_finished_attrs(t, {"quality_ok": ok_, "quality_reason": why})
+        return targets
+
+    def _record_confirm(self, t: FrozenTrial, res: TrialResult) -> None:
+        ua = t.user_attrs
+        if res.status == "ok" and res.qps > 0:
+            attrs = {"confirm_qps": list(ua.get("confirm_qps") or []) + [res.qps],
+                     "confirm_ne": list(ua.get("confirm_ne") or []) + [res.ne]}
+        else:
+            attrs = {"confirm_failed": list(ua.get("confirm_failed") or []) + [f"{res.status}: {res.error}"]}
+        self.store.set_finished_attrs(t, attrs)
+
+    def _quality(self, t: FrozenTrial, base: FrozenTrial | None) -> tuple[bool, str]:
+        ua = t.user_attrs
+        if ua.get("confirm_failed"):
+            return False, f"re-measurement failed: {ua['confirm_failed'][0]}"[:300]
+        if not ua.get("confirm_qps"):
+            return False, "not re-measured"
+        if base is not None and t.number == base.number:
+            return True, "baseline"
+        changed = self.space.differs_in_numerics(t.params)
+        if not changed:
+            return True, "numerics unchanged (only layout/kernel/pipelining knobs differ)"
+        ne_t = _median_finite(ua.get("confirm_ne"))
+        ne_b = _median_finite(base.user_attrs.get("confirm_ne")) if base is not None else None
+        if ne_t is None or ne_b is None or ne_b <= 0:
+            return False, f"changes {changed} but NE is unavailable (trial {ne_t}, baseline {ne_b})"
+        rel = abs(ne_t - ne_b) / ne_b
+        tol = self.space.quality_tolerance
+        ok = rel <= tol
+        return ok, (f"NE {ne_t:.4f} vs baseline {ne_b:.4f}: {rel:.2%} {'<=' if ok else '>'} {tol:.2%} "
+                    f"(changes {', '.join(changed)})")
+
+    # ------------------------------------------------------------------ summary
+    def _summary(self, confirmed: list[FrozenTrial]) -> dict[str, Any]:
+        trials = self.store.trials(TrialState.COMPLETE, TrialState.FAIL)
+        ran = [t for t in trials if t.user_attrs.get("status") not in ("interrupted", "skipped")]
+        base = next((t for t in confirmed if t.user_attrs.get("quality_reason") == "baseline"), None)
+        base_q = _median_finite(base.user_attrs.get("confirm_qps") if base else None)
+        if base_q is None and base is not None:
+            base_q = base.value
+        winner = None
+        ok = [t for t in confirmed if t.user_attrs.get("quality_ok") and t.user_attrs.get("confirm_qps")]
+        if ok:
+            w = max(ok, key=lambda t: statistics.median(t.user_attrs["confirm_qps"]))
+            cq = w.user_attrs["confirm_qps"]
+            bq = base.user_attrs.get("confirm_qps") if base else None
+            med = statistics.median(cq)
+            winner = {
+                "trial": w.number, "qps": med, "qps_spread": [min(cq), max(cq)],
+                "baseline_qps": base_q, "speedup": med / base_q if base_q else None,
+                "speedup_spread": [min(cq) / max(bq), max(cq) / min(bq)] if bq else None,
+                "config": w.user_attrs.get("config"), "config_key": w.user_attrs.get("config_key"),
+                "searcher": self.searcher, "quality_reason": w.user_attrs.get("quality_reason"),
+                "confirm_qps": cq, "short_config": short_config(self.space, w.params),
+            }
+            self.store.set_winner(winner)
+        return {
+            "study": self.space.name, "storage": self.store.rdb.url,
+            "run_dir": str(self.store.run_dir) if self.store.run_dir else None, "searcher": self.searcher,
+            "budget": self.budget, "trials": len(ran),
+            "ok": sum(t.state == TrialState.COMPLETE for t in ran),
+            "failed": sum(t.state == TrialState.FAIL for t in ran),
+            "proxy_tau": self.view.tau, "winner": winner,
+            "confirmed": [{"trial": t.number, "short_config": short_config(self.space, t.params),
+                           "qps": t.value, "confirm_qps": t.user_attrs.get("confirm_qps"),
+                           "quality_ok": t.user_attrs.get("quality_ok"),
+                           "quality_reason": t.user_attrs.get("quality_reason")} for t in confirmed],
+        }
+
+
+def _median_finite(xs: Any) -> float | None:
+    vals = [float(x) for x in (xs or []) if x is not None and math.isfinite(float(x))]
+    return statistics.median(vals) if vals else None
+
+
+def print_summary(console: Console, s: dict[str, Any]) -> None:
+    """The final word: winner, speed-up over the baseline with its spread, where the study lives."""
+    console.print(f"[bold]cubic tune[/] {s['study']}: {s['trials']} trials ({s['ok']} ok, {s['failed']} failed) "
+                  f"with searcher {s['searcher']}" + (f", proxy Kendall tau {s['proxy_tau']:+.2f}"
+                                                       if s.get("proxy_tau") is not None else ""))
+    if s["confirmed"]:
+        t = Table(title="confirmed (re-measured) configurations", box=None, header_style="bold")
+        for col in ("#", "config (vs baseline)", "first qps", "re-measured qps", "quality"):
+            t.add_column(col)
+        for c in s["confirmed"]:
+            cq = c["confirm_qps"] or []
+            t.add_row(str(c["trial"]), c["short_config"], f"{c['qps']:,.0f}",
+                      ", ".join(f"{q:,.0f}" for q in cq) or "-",
+                      ("ok" if c["quality_ok"] else "REJECTED") + f": {c['quality_reason']}")
+        console.print(t)
+    w = s["winner"]
+    if w:
+        sp = ""
+        if w.get("speedup"):
+            lo_hi = w.get("speedup_spread") or [w["speedup"], w["speedup"]]
+            sp = f" = [bold green]{w['speedup']:.2f}x[/] the baseline ({lo_hi[0]:.2f}-{lo_hi[1]:.2f}x)"
+        console.print(f"[bold]winner[/]: trial #{w['trial']} ({w['short_config']}): {w['qps']:,.0f} qps "
+                      f"(re-measured {w['qps_spread'][0]:,.0f}-{w['qps_spread'][1]:,.0f}){sp}")
+    else:
+        console.print("[bold]winner[/]: none confirmed (no configuration passed the re-measurement and quality gate)")
+    where = s["run_dir"] or s["storage"]
+    console.print(f"study [bold]{s['study']}[/] in {s['storage']}" + (f"; run dir {where}" if s["run_dir"] else ""))

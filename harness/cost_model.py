@@ -1,0 +1,244 @@
+"""Analytic cost model: a config's step time, memory and communication on given hardware.
+
+One model, three users: the `auto` sharding planner (per-table choices), the
+tuner's proxy (derived features) and cubic's simulator (predicted TrialResult
+for clusters we do not have). It lives in the harness so that the harness
+never imports the tuner.
+
+The model is bytes / bandwidth (TorchRec's planner style: backward ~ 2x
+forward for embeddings), ring / all-to-all collective formulas, MLP FLOPs /
+rate, and the per-rank load of the sharding plan (the step waits for the
+slowest rank). Kernel efficiency factors say how far each backend is from its
+byte floor on CPU (FBGEMM's CPU TBE backward is ~20x off, see issue 6).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+from harness.config import TrialConfig
+from harness.workload import TableSpec
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Bandwidths in GB/s, compute in GFLOP/s (per rank, one thread), latencies in ms."""
+
+    name: str = "cpu-gloo"
+    mem_bw: float = 8.0  # random-row gather/scatter bandwidth per thread
+    intra_bw: float = 2.0  # rank-to-rank bandwidth inside a node (gloo over loopback here)
+    cross_bw: float = 2.0  # across nodes
+    ranks_per_node: int = 64
+    flops: float = 40.0  # dense fp32 GFLOP/s per thread
+    bf16_speed: float = 0.7  # dense bf16 rate relative to fp32 (CPUs without AMX are slower)
+    coll_latency_ms: float = 0.08  # per collective call
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    kernel_fwd: dict = field(default_factory=lambda: {"fbgemm": 2.0, "torch": 3.0, "native": 1.3, "triton": 1.5})
+    kernel_bwd: dict = field(default_factory=lambda: {"fbgemm": 22.0, "torch": 12.0, "native": 3.0, "triton": 2.0})
+
+    @classmethod
+    def preset(cls, name: str) -> Hardware:
+        if name == "cpu-gloo":
+            return cls()
+        if name == "h100-nvlink":  # ZionEX-like node: NVLink inside, RDMA across
+            return cls(name, mem_bw=2500.0, intra_bw=300.0, cross_bw=25.0, ranks_per_node=8, flops=400_000.0,
+                       bf16_speed=2.0, coll_latency_ms=0.02, cores=10_000,
+                       kernel_fwd={"fbgemm": 1.3, "torch": 3.0, "native": 99.0, "triton": 1.5},
+                       kernel_bwd={"fbgemm": 1.6, "torch": 6.0, "native": 99.0, "triton": 2.0})
+        raise ValueError(f"unknown hardware preset {name!r}; choose cpu-gloo or h100-nvlink")
+
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_auto": 2, "fp8_all": 1}
+
+
+def table_lookup_bytes(t: TableSpec, samples: int, dim: int, wbytes: int, row_frac: float = 1.0) -> float:
+    """Bytes of rows read for `samples` bags of table t (a row shard sees row_frac of the ids)."""
+    return samples * t.pooling * row_frac * dim * wbytes
+
+
+def a2a_ms(bytes_per_rank: float, ranks: int, hw: Hardware) -> float:
+    """All-to-all: each rank sends (ranks-1)/ranks of its buffer; one latency term."""
+    if ranks <= 1:
+        return 0.0
+    bw = hw.intra_bw if ranks <= hw.ranks_per_node else hw.cross_bw
+    return bytes_per_rank * (ranks - 1) / ranks / (bw * 1e6) + hw.coll_latency_ms
+
+
+def allreduce_ms(nbytes: float, ranks: int, hw: Hardware) -> float:
+    """Ring all-reduce: 2 (n-1)/n of the buffer crosses each link."""
+    if ranks <= 1:
+        return 0.0
+    bw = hw.intra_bw if ranks <= hw.ranks_per_node else hw.cross_bw
+    return 2 * nbytes * (ranks - 1) / ranks / (bw * 1e6) + 2 * hw.coll_latency_ms * math.log2(ranks)
+
+
+def mlp_flops(sizes: list[int], n_in: int) -> int:
+    f = 0
+    for s in sizes:
+        f += 2 * n_in * s
+        n_in = s
+    return f
+
+
+@dataclass
+class CostEstimate:
+    step_ms: float
+    qps: float
+    breakdown_ms: dict[str, float]
+    mem_mb_per_rank: list[float]
+    features: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEstimate:
+    """Predict one training step of `cfg` (ms), throughput and per-rank memory."""
+    from harness.sharding.planner import make_plan  # planner uses this module's table costs
+
+    hw = hw or Hardware()
+    wl, W, G, B = cfg.workload, cfg.world_size, cfg.group_size, cfg.batch_size
+    R = W // G
+    plan = plan or make_plan(cfg, check_memory=False)
+    wb = DTYPE_BYTES[cfg.emb_precision]
+    cb = DTYPE_BYTES[cfg.comm_precision]
+    threads = cfg.threads_per_rank
+    # Oversubscribed cores slow every rank down; extra threads help sub-linearly.
+    contention = max(1.0, W * threads / max(1, hw.cores))
+    speed = threads ** 0.7 / contention
+    kf, kb = hw.kernel_fwd.get(cfg.kernel, 3.0), hw.kernel_bwd.get(cfg.kernel, 10.0)
+
+    fwd_bytes, upd_bytes = [0.0] * G, [0.0] * G
+    recv_cols = 0  # pooled columns each rank receives per sample (RW partials count once per shard)
+    ids_sent = 0.0
+    for tp in plan.tables:
+        t = wl.tables[tp.table]
+        if tp.kind == "data_parallel":
+            continue
+        ids_sent += B * t.pooling * 8
+        for s in tp.shards:
+            frac = s.rows / t.rows
+            fwd_bytes[s.rank] += table_lookup_bytes(t, G * B, s.dim, wb, frac)
+            # 2D grad_allreduce updates with the union of the replicas' bags
+            upd = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
+            upd_bytes[s.rank] += table_lookup_bytes(t, G * B * upd, s.dim, wb, frac) + G * B * upd * s.dim * 4
+            recv_cols += s.dim
+    dp_rows_bytes = sum(wl.tables[i].rows * wl.tables[i].dim * 4 for i in plan.dp_tables())
+    dp_lookup = sum(table_lookup_bytes(wl.tables[i], B, wl.tables[i].dim, 4) for i in plan.dp_tables())
+
+    to_ms = 1.0 / (hw.mem_bw * 1e6 * speed)
+    emb_fwd_rank = [b * kf * to_ms for b in fwd_bytes]
+    emb_bwd_rank = [b * kb * to_ms for b in upd_bytes]
+    emb_fwd = max(emb_fwd_rank) + dp_lookup * 2 * to_ms
+    emb_bwd = max(emb_bwd_rank) + dp_rows_bytes * 3 * to_ms  # dense adagrad over DP tables
+    mean_load = sum(emb_fwd_rank) / G + sum(emb_bwd_rank) / G
+    imbalance = (max(emb_fwd_rank) + max(emb_bwd_rank)) / mean_load if mean_load > 0 else 1.0
+
+    # communication
+    pooled_bytes = B * recv_cols * cb
+    comm_out = 2 * a2a_ms(pooled_bytes, G, hw)  # forward outputs + backward gradients
+    comm_in = a2a_ms(ids_sent, G, hw) + (a2a_ms(B * wl.num_tables * 8, G, hw) if G > 1 else 0.0)
+    if cfg.pipeline_depth > 0:  # input distribution overlaps the previous batch's compute
+        comm_in *= 0.15
+    dense_params = sum(p for p in _dense_param_counts(cfg))
+    comm_ddp = allreduce_ms(dense_params * 4, W, hw)
+    comm_dp = allreduce_ms(dp_rows_bytes, W, hw)
+    local_shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb)
+    comm_2d = 0.0
+    if R > 1:
+        if cfg.sparse_sync == "grad_allreduce":
+            comm_2d = a2a_ms(sum(upd_bytes) / G * 0.5, R, hw) * 2
+        else:
+            comm_2d = allreduce_ms(max(local_shard_bytes), R, hw)
+    comm = comm_out + comm_in + comm_ddp + comm_dp + comm_2d
+
+    # dense compute: bottom + interaction + top, fwd + 2x bwd
+    n_feat = wl.num_tables + 1
+    flops = B * (mlp_flops(wl.bottom_mlp, wl.dense_features) + 2 * n_feat * n_feat * wl.dim
+                 + mlp_flops(wl.top_mlp, wl.dim + n_feat * (n_feat - 1) // 2)) * 3
+    rate = hw.flops * 1e6 * speed * (hw.bf16_speed if cfg.dense_precision != "fp32" else 1.0)
+    dense = flops / rate
+    optim = dense_params * 16 / (hw.mem_bw * 1e6 * speed)
+
+    step = emb_fwd + emb_bwd + comm + dense + optim
+    qps = W * B / step * 1e3
+    act_mb = B * (sum(wl.bottom_mlp) + sum(wl.top_mlp) + n_feat * wl.dim * 3 + n_feat * n_feat) * 4 * 3 / 2**20
+    base_mb = 350.0  # a torch + gloo process
+    mem = [base_mb + b / 2**20 + act_mb + dense_params * 16 / 2**20 + _batch_mb(cfg) for b in local_shard_bytes]
+    bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm, "dense": dense, "optim": optim}
+    features = {
+        "bytes_lookup_per_rank": max(fwd_bytes),
+        "a2a_bytes": pooled_bytes * 2 + ids_sent,
+        "allreduce_bytes": dense_params * 4 + dp_rows_bytes,
+        "mlp_gflops": flops / 1e9,
+        "mem_mb_per_rank": max(mem),
+        "load_imbalance": imbalance,
+        "est_step_ms": step,
+        "est_qps": qps,
+        **{f"est_{k}_ms": v for k, v in bd.items()},
+    }
+    return CostEstimate(step, qps, bd, mem, features)
+
+
+def features(cfg: TrialConfig, hw: Hardware | None = None) -> dict[str, float]:
+    """Derived features for the tuner's proxy (all floats; infeasible plans get NaNs)."""
+    try:
+        return estimate(cfg, hw).features
+    except ValueError:
+        return dict.fromkeys(("bytes_lookup_per_rank", "a2a_bytes", "allreduce_bytes", "mlp_gflops",
+                              "mem_mb_per_rank", "load_imbalance", "est_step_ms", "est_qps"), float("nan"))
+
+
+def _dense_param_counts(cfg: TrialConfig) -> list[int]:
+    wl = cfg.workload
+    n_feat = wl.num_tables + 1
+    counts, n_in = [], wl.dense_features
+    for s in wl.bottom_mlp:
+        counts.append(n_in * s + s)
+        n_in = s
+    n_in = wl.dim + n_feat * (n_feat - 1) // 2
+    for s in wl.top_mlp:
+        counts.append(n_in * s + s)
+        n_in = s
+    return counts
+
+
+def _batch_mb(cfg: TrialConfig) -> float:
+    """Pre-generated input batches held by one rank (data.NUM_DISTINCT_BATCHES of them)."""
+    from harness.data import NUM_DISTINCT_BATCHES
+
+    wl = cfg.workload
+    per = cfg.batch_size * (sum(t.pooling for t in wl.tables) * 8 + wl.dense_features * 4 + 4)
+    return per * min(NUM_DISTINCT_BATCHES, cfg.warmup_steps + cfg.measure_steps) / 2**20
+
+
+def table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:
+    """Per-step ms one table costs the rank holding it table-wise (for the planners)."""
+    hw = hw or Hardware()
+    G, B = cfg.group_size, cfg.batch_size
+    wb = DTYPE_BYTES[cfg.emb_precision]
+    kf, kb = hw.kernel_fwd.get(cfg.kernel, 3.0), hw.kernel_bwd.get(cfg.kernel, 10.0)
+    b = table_lookup_bytes(t, G * B, t.dim, wb)
+    return b * (kf + kb) / (hw.mem_bw * 1e6)
+
+
+def dp_table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:
+    """Per-step ms of a data-parallel table: local lookup + dense-gradient all-reduce + update."""
+    hw = hw or Hardware()
+    B = cfg.batch_size
+    rows_bytes = t.rows * t.dim * 4
+    W = cfg.world_size
+    # bandwidth only: the DP gradients of all tables share one flat all-reduce (no per-table latency)
+    ar = 2 * rows_bytes * (W - 1) / W / (hw.intra_bw * 1e6) if W > 1 else 0.0
+    return (table_lookup_bytes(t, B, t.dim, 4) * 2 + rows_bytes * 3) / (hw.mem_bw * 1e6) + ar
+
+
+def tw_comm_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:
+    """Per-step ms of one table's pooled all-to-all (fwd + bwd) when model-parallel."""
+    hw = hw or Hardware()
+    cb = DTYPE_BYTES[cfg.comm_precision]
+    G = cfg.group_size
+    # bandwidth only: all tables share the same all-to-all calls
+    return 2 * cfg.batch_size * t.dim * cb * (G - 1) / G / (hw.intra_bw * 1e6) if G > 1 else 0.0

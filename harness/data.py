@@ -1,0 +1,108 @@
+"""Synthetic DLRM batches: deterministic, counter-based, with teacher labels.
+
+Every value is a hash of (seed, step, global sample index, field), so a
+sample does not depend on how the global batch is split across ranks: rank r
+of W with local batch B sees global samples [r*B, (r+1)*B), and one process
+training batch W*B sees exactly the same samples. That makes the single-
+process reference of the sharding tests exact, and lets 2D / N-rank trials be
+compared on the same samples seen.
+
+Labels come from a fixed random "teacher" (a linear function of the dense
+features plus a hashed per-id weight of every looked-up row), so the loss
+really falls and normalized entropy measures quality.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.workload import TableSpec, Workload
+
+NUM_DISTINCT_BATCHES = 32  # steps cycle over this many batches (generated before the timed loop)
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a fast, well-mixed counter-based hash (uint64 -> uint64)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _uniform(*keys: np.ndarray | int) -> np.ndarray:
+    """Uniform [0,1) floats from a tuple of integer keys (broadcast)."""
+    h = np.uint64(0x243F6A8885A308D3)
+    for k in keys:
+        h = _splitmix(np.asarray(k, dtype=np.uint64) ^ h)
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _draw_ids(t: TableSpec, u: np.ndarray) -> np.ndarray:
+    if t.id_dist == "uniform":
+        return np.minimum((u * t.rows).astype(np.int64), t.rows - 1)
+    # Zipf(alpha) over ranks 1..rows by inverting the continuous power-law CDF,
+    # then scattering ranks over rows so hot rows are not all at the front.
+    a, n = t.zipf_alpha, float(t.rows)
+    if abs(a - 1.0) < 1e-9:
+        rank = np.exp(u * np.log(n + 1.0))
+    else:
+        rank = ((n + 1.0) ** (1.0 - a) - 1.0) * u + 1.0
+        rank = rank ** (1.0 / (1.0 - a))
+    rank = np.clip(rank.astype(np.int64) - 1, 0, t.rows - 1)
+    return (rank * 2654435761 + 12345) % t.rows
+
+
+@dataclass
+class Batch:
+    """One rank's local batch. ids/offsets use the kernel layout (table-major, T*B+1)."""
+
+    dense: torch.Tensor  # [B, dense_features] fp32
+    ids: torch.Tensor  # [sum of lengths] int64
+    offsets: torch.Tensor  # [T*B + 1] int64
+    labels: torch.Tensor  # [B] fp32
+
+    @property
+    def batch_size(self) -> int:
+        return self.dense.shape[0]
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(x.to(device, non_blocking=True) for x in (self.dense, self.ids, self.offsets, self.labels)))
+
+
+def make_batch(wl: Workload, seed: int, step: int, first_sample: int, batch_size: int) -> Batch:
+    """Samples [first_sample, first_sample + batch_size) of global step `step`."""
+    s = np.arange(first_sample, first_sample + batch_size, dtype=np.uint64)[:, None]
+    step_key = step % NUM_DISTINCT_BATCHES
+    dense = _uniform(seed, step_key, s, 1_000 + np.arange(wl.dense_features, dtype=np.uint64))
+    teacher_w = _uniform(seed, 7, np.arange(wl.dense_features, dtype=np.uint64)) * 2 - 1
+    logit = (dense - 0.5) @ teacher_w * (6.0 / np.sqrt(wl.dense_features))
+    ids_per_table, lengths = [], []
+    scale = 3.0 / np.sqrt(wl.num_tables)
+    for ti, t in enumerate(wl.tables):
+        pos = np.arange(t.pooling, dtype=np.uint64)[None, :]
+        u = _uniform(seed, step_key, s, 10_000 + ti, pos)
+        ids = _draw_ids(t, u)  # [B, pooling]
+        ids_per_table.append(ids.reshape(-1))
+        lengths.append(np.full(batch_size, t.pooling, dtype=np.int64))
+        if t.pooling:
+            row_w = _uniform(seed, 99 + ti, ids.astype(np.uint64)) * 2 - 1
+            logit += row_w.mean(axis=1) * scale
+    noise = _uniform(seed, step_key, s[:, 0], 5)
+    labels = (noise < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
+    return Batch(
+        dense=torch.from_numpy(dense.astype(np.float32)),
+        ids=torch.from_numpy(np.concatenate(ids_per_table).astype(np.int64)),
+        offsets=torch.from_numpy(offsets.astype(np.int64)),
+        labels=torch.from_numpy(labels),
+    )
+
+
+def rank_batches(wl: Workload, seed: int, rank: int, batch_size: int, n: int) -> list[Batch]:
+    """The first min(n, NUM_DISTINCT_BATCHES) local batches of `rank` (steps cycle over them)."""
+    return [make_batch(wl, seed, i, rank * batch_size, batch_size) for i in range(min(n, NUM_DISTINCT_BATCHES))]

@@ -1,0 +1,266 @@
+"""The sharded embedding collection: every sharding type, 2D sparse parallelism, one code path.
+
+Every model-parallel sharding type is a set of shards (table, rows, columns) on
+positions of a sharding group of G ranks:
+
+1. input_dist: each rank sends, to every position q, the ids of its local bags
+   for q's shards (a row shard only gets ids in its row range, re-based), as
+   two all_to_all_single calls (lengths, then ids). Position q then looks up
+   G*B bags per shard in ONE kernel call (bags ordered by source rank).
+2. lookup: the kernel's pooled output [G*B, local cols]; row block s goes back
+   to source rank s (all-to-all of pooled sums / partial sums, cast to
+   comm_precision).
+3. assembly: every received column block is index-added into the [B, T*D]
+   pooled output: column shards land side by side, row shards' partial sums add
+   up (the all-to-all-of-partials form of row-wise).
+4. backward: the reverse all-to-all brings the pooled gradients; the kernel's
+   fused backward+optimizer updates the rows in place.
+
+Gradient scale: every rank's loss is the mean over its B samples; the
+single-process reference's loss is the mean over W*B, so embedding gradients
+are scaled by 1/W (DDP averages the dense ones the same way).
+
+2D sparse parallelism (G < W, R = W/G replicas of the group):
+  grad_allreduce: replicas all-gather their bags' ids and pooled gradients and
+      apply ONE fused update with the union of the bags: exactly the full
+      model-parallel step (row-wise AdaGrad sums a row's gradients before
+      squaring, so the union - not a sum of separate updates - is what matches).
+  weight_avg: each replica updates with its own bags, then replicas average
+      weights and optimizer state. With plain row-wise AdaGrad that shrinks the
+      effective step by R. `momentum_scaled_rowwise_adagrad` fixes it:
+          state_r += R * mean(g_r^2);   w_r -= R * lr * g_r / (sqrt(state_r) + eps)
+      i.e. the accumulator ("momentum") increment and the step are scaled by the
+      replica count, so that after averaging, a row touched by one replica in a
+      step gets exactly the full model-parallel update (state + mean(g^2),
+      lr * g / (sqrt(state') + eps)); rows touched by several replicas in one
+      step are approximated. It is applied by feeding the kernel sqrt(R) * g and
+      sqrt(R) * lr, which every backend computes exactly. Under grad_allreduce
+      the update is already exact and no scaling is applied.
+
+Data-parallel tables are replicated fp32 parameters with dense gradients,
+all-reduced (averaged) over the world and updated by the same row-wise rule
+(rows with zero gradient do not change), as TorchRec's DP sharding does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from harness.config import TrialConfig
+from harness.model import init_table
+from harness.sharding.comm import COMM_DTYPES, Groups, PooledAllToAll, all_gather_varlen, all_to_all
+from harness.sharding.plan import ShardingPlan
+from harness.timers import TIMERS
+from kernels import OptimSpec, make_kernel
+
+
+@dataclass
+class KernelInput:
+    """One batch after input distribution: the local kernel's bags plus local DP bags."""
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    lengths: torch.Tensor  # [n_local_shards * G * B]
+    batch_size: int
+    dp: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _segment_counts(mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    cm = torch.zeros(mask.numel() + 1, dtype=torch.int64, device=mask.device)
+    torch.cumsum(mask, 0, out=cm[1:])
+    return cm[offsets[1:]] - cm[offsets[:-1]]
+
+
+class ShardedEmbeddingCollection:
+    def __init__(self, cfg: TrialConfig, plan: ShardingPlan, groups: Groups, device: torch.device):
+        wl = cfg.workload
+        self.cfg, self.plan, self.g, self.device = cfg, plan, groups, device
+        self.G, self.W, self.R = groups.group_size, groups.world, groups.replicas
+        self.T, self.D = wl.num_tables, wl.dim
+        self.rows = [t.rows for t in wl.tables]
+        self.per_pos = [plan.shards_on(q) for q in range(self.G)]
+        self.local = self.per_pos[groups.pos]
+        self.has_mp = any(self.per_pos)
+        self.comm_dtype = COMM_DTYPES[cfg.comm_precision]
+        scaled = (cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and self.R > 1
+                  and cfg.sparse_sync == "weight_avg")
+        root = math.sqrt(self.R) if scaled else 1.0
+        self.grad_scale = root / self.W
+        kind = "sgd" if cfg.emb_optimizer == "sgd" else "rowwise_adagrad"
+        self.optim = OptimSpec(kind, cfg.emb_lr)
+        self.kernel = None
+        if self.local:
+            self.kernel = make_kernel(cfg.kernel, [s.rows for s in self.local], [s.dim for s in self.local],
+                                      weight_dtype=cfg.emb_precision, optim=OptimSpec(kind, cfg.emb_lr * root),
+                                      device=device)
+            self.kernel.load([init_table(cfg.seed, s.table, self.rows[s.table], self.D, s.row_start, s.row_end,
+                                         s.col_start, s.col_end) for s in self.local])
+        self.dp_tables = plan.dp_tables()
+        self.dp_weights = [torch.nn.Parameter(init_table(cfg.seed, t, self.rows[t], self.D).to(device))
+                           for t in self.dp_tables]
+        self.dp_states = [torch.zeros(self.rows[t], device=device) for t in self.dp_tables]
+        cols: list[int] = []
+        for q in range(self.G):
+            for s in self.per_pos[q]:
+                cols.extend(range(s.table * self.D + s.col_start, s.table * self.D + s.col_end))
+        for t in self.dp_tables:
+            cols.extend(range(t * self.D, (t + 1) * self.D))
+        self.col_index = torch.tensor(cols, dtype=torch.int64, device=device)
+        self.recv_dims = [sum(s.dim for s in self.per_pos[q]) for q in range(self.G)]
+        self.local_dim = self.recv_dims[groups.pos]
+        self._dummy = torch.zeros(0, device=device, requires_grad=True)
+
+    # ------------------------------------------------------------------ input distribution
+    def input_dist(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> KernelInput:
+        """Route every local bag's ids to the positions holding its shards (runs on mp_input)."""
+        G, n_me = self.G, len(self.local)
+        bounds = offsets[:: B].tolist() if B else [0] * (self.T + 1)
+        send_len, send_ids, send_counts = [], [], []
+        for q in range(G):
+            cnt = 0
+            for s in self.per_pos[q]:
+                lo, hi = bounds[s.table], bounds[s.table + 1]
+                tid = ids[lo:hi]
+                toff = offsets[s.table * B: (s.table + 1) * B + 1] - lo
+                if s.rows < self.rows[s.table]:
+                    mask = (tid >= s.row_start) & (tid < s.row_end)
+                    lens = _segment_counts(mask, toff)
+                    tid = tid[mask] - s.row_start
+                else:
+                    lens = toff[1:] - toff[:-1]
+                send_len.append(lens)
+                send_ids.append(tid)
+                cnt += tid.numel()
+            send_counts.append(cnt)
+        empty = torch.zeros(0, dtype=torch.int64, device=ids.device)
+        len_send = torch.cat(send_len) if send_len else empty
+        len_recv = torch.empty(G * n_me * B, dtype=torch.int64, device=ids.device)
+        all_to_all(len_recv, len_send, [n_me * B] * G, [len(self.per_pos[q]) * B for q in range(G)],
+                   self.g.mp_input, G)
+        L = len_recv.view(G, n_me, B)
+        seg = L.sum(2)
+        recv_counts = seg.sum(1).tolist()
+        ids_recv = torch.empty(sum(recv_counts), dtype=torch.int64, device=ids.device)
+        all_to_all(ids_recv, torch.cat(send_ids) if send_ids else empty, recv_counts, send_counts,
+                   self.g.mp_input, G)
+        pieces = ids_recv.split(seg.flatten().tolist())
+        kids = torch.cat([pieces[src * n_me + sh] for sh in range(n_me) for src in range(G)]) if n_me else empty
+        lengths = L.permute(1, 0, 2).reshape(-1)
+        koff = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
+        torch.cumsum(lengths, 0, out=koff[1:])
+        dp = [(ids[bounds[t]:bounds[t + 1]], offsets[t * B:(t + 1) * B + 1] - bounds[t]) for t in self.dp_tables]
+        return KernelInput(kids, koff, lengths, B, dp)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, kin: KernelInput) -> torch.Tensor:
+        """Pooled embeddings [B, T*D] (differentiable; backward updates the tables)."""
+        B, G = kin.batch_size, self.G
+        blocks = []
+        if self.has_mp:
+            local = _Lookup.apply(self._dummy, self, kin)
+            recv_splits = [B * d for d in self.recv_dims]
+            recv = PooledAllToAll.apply(local, [B * self.local_dim] * G, recv_splits, self.g.mp, G,
+                                        self.comm_dtype)
+            blocks = [r.view(B, d) for r, d in zip(recv.split(recv_splits), self.recv_dims, strict=True)]
+        for (ids, off), w in zip(kin.dp, self.dp_weights, strict=True):
+            with TIMERS.phase("emb_fwd"):
+                blocks.append(F.embedding_bag(ids, w, off, mode="sum", include_last_offset=True))
+        cat = torch.cat(blocks, dim=1)
+        return torch.zeros(B, self.T * self.D, device=cat.device, dtype=cat.dtype).index_add(1, self.col_index, cat)
+
+    # ------------------------------------------------------------------ backward / update
+    def _update(self, kin: KernelInput, grad: torch.Tensor) -> None:
+        grad = grad * self.grad_scale
+        ids, offsets = kin.ids, kin.offsets
+        if self.R > 1 and self.cfg.sparse_sync == "grad_allreduce":
+            ids, offsets, grad = self._union_with_replicas(kin, grad)
+        if self.kernel is not None:
+            with TIMERS.phase("emb_bwd"):
+                self.kernel.backward_update(ids, offsets, grad)
+
+    def _union_with_replicas(self, kin: KernelInput, grad: torch.Tensor):
+        """All-gather the replicas' bags and gradients into one union batch (exact 2D step)."""
+        R, n = self.R, len(self.local)
+        t0 = time.perf_counter()
+        lens = [torch.empty_like(kin.lengths) for _ in range(R)]
+        dist.all_gather(lens, kin.lengths, group=self.g.replica)
+        ids_all = all_gather_varlen(kin.ids, self.g.replica, R)
+        grads = [torch.empty_like(grad) for _ in range(R)]
+        dist.all_gather(grads, grad.contiguous(), group=self.g.replica)
+        TIMERS.add("comm", time.perf_counter() - t0)
+        if n == 0:
+            return kin.ids, kin.offsets, grad
+        GB = kin.lengths.numel() // n
+        pieces = [i.split(lv.view(n, GB).sum(1).tolist()) for i, lv in zip(ids_all, lens, strict=True)]
+        ids = torch.cat([pieces[r][sh] for sh in range(n) for r in range(R)])
+        lengths = torch.stack(lens).view(R, n, GB).permute(1, 0, 2).reshape(-1)
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        return ids, offsets, torch.cat(grads, dim=0)
+
+    @torch.no_grad()
+    def after_backward(self) -> None:
+        """Data-parallel tables: average dense gradients, then the row-wise update; 2D weight averaging."""
+        if self.dp_weights:
+            grads = [w.grad if w.grad is not None else torch.zeros_like(w) for w in self.dp_weights]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if self.W > 1:
+                t0 = time.perf_counter()
+                dist.all_reduce(flat, group=self.g.world_pg)
+                TIMERS.add("comm", time.perf_counter() - t0)
+            flat /= self.W
+            with TIMERS.phase("emb_bwd"):
+                for w, s, g in zip(self.dp_weights, self.dp_states, flat.split([w.numel() for w in self.dp_weights]),
+                                   strict=True):
+                    g = g.view_as(w)
+                    if self.optim.kind == "sgd":
+                        w.sub_(self.optim.lr * g)
+                    else:
+                        s.add_((g * g).mean(dim=1))
+                        w.sub_(self.optim.lr * g / (s.sqrt() + self.optim.eps).unsqueeze(1))
+                    w.grad = None
+        if self.R > 1 and self.cfg.sparse_sync == "weight_avg" and self.kernel is not None:
+            t0 = time.perf_counter()
+            for tensor in [*self.kernel.weights(), *self.kernel.states()]:
+                if tensor.numel() == 0:
+                    continue
+                buf = tensor.float()
+                dist.all_reduce(buf, group=self.g.replica)
+                tensor.copy_((buf / self.R).to(tensor.dtype))
+            TIMERS.add("comm", time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ inspection (tests)
+    def full_tables(self) -> dict[int, torch.Tensor]:
+        """This rank's view of table slices: {table: weights with NaN where another rank holds them}."""
+        out = {}
+        if self.kernel is not None:
+            for s, w in zip(self.local, self.kernel.weights(), strict=True):
+                full = out.setdefault(s.table, torch.full((self.rows[s.table], self.D), float("nan")))
+                full[s.row_start:s.row_end, s.col_start:s.col_end] = w.float().cpu()
+        for t, w in zip(self.dp_tables, self.dp_weights, strict=True):
+            out[t] = w.detach().float().cpu()
+        return out
+
+
+class _Lookup(torch.autograd.Function):
+    """Kernel forward; its backward is the fused update (no gradient is returned)."""
+
+    @staticmethod
+    def forward(ctx, dummy: torch.Tensor, coll: ShardedEmbeddingCollection, kin: KernelInput):
+        ctx.coll, ctx.kin = coll, kin
+        if coll.kernel is None:
+            return dummy.new_zeros(kin.batch_size * coll.G, 0)
+        with TIMERS.phase("emb_fwd"):
+            return coll.kernel.forward(kin.ids, kin.offsets)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.coll._update(ctx.kin, grad)
+        ctx.coll = ctx.kin = None
+        return None, None, None

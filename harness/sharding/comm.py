@@ -1,0 +1,107 @@
+"""Process groups of a trial and the embedding all-to-all (with communication precision).
+
+Each kind of traffic has its own process group so that collectives issued in
+different orders (DDP's bucketed all-reduce inside backward, the embedding
+all-to-all, 2D replica sync, the pipelined input distribution running on a
+background thread) never interleave on one group.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from harness.timers import TIMERS
+
+COMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Groups:
+    rank: int
+    world: int
+    group_size: int
+    mp: object | None  # model-parallel group of this rank (G ranks)
+    mp_input: object | None  # same ranks, for the input distribution (may run on a thread)
+    replica: object | None  # ranks at the same position in every group (2D sync)
+    world_pg: object | None  # data-parallel tables' gradient all-reduce
+
+    @property
+    def pos(self) -> int:
+        return self.rank % self.group_size
+
+    @property
+    def replicas(self) -> int:
+        return self.world // self.group_size
+
+
+def make_groups(rank: int, world: int, group_size: int) -> Groups:
+    """Create every sub-group on every rank (torch.distributed requires all ranks to call new_group)."""
+    G = group_size
+    mine = {}
+    for kind in ("mp", "mp_input"):
+        for g in range(world // G):
+            ranks = list(range(g * G, (g + 1) * G))
+            pg = dist.new_group(ranks) if world > 1 else None
+            if rank in ranks:
+                mine[kind] = pg
+    for p in range(G):
+        ranks = list(range(p, world, G))
+        pg = dist.new_group(ranks) if world > 1 else None
+        if rank in ranks:
+            mine["replica"] = pg
+    world_pg = dist.new_group(list(range(world))) if world > 1 else None
+    return Groups(rank, world, G, mine["mp"], mine["mp_input"], mine["replica"], world_pg)
+
+
+def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
+               group, n: int) -> None:
+    """all_to_all_single that degrades to a copy in a group of one."""
+    if n == 1:
+        out.copy_(inp)
+        return
+    t0 = time.perf_counter()
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+    TIMERS.add("comm", time.perf_counter() - t0)
+
+
+class PooledAllToAll(torch.autograd.Function):
+    """Send row blocks of pooled embeddings; gradients come back the same way.
+
+    Values are cast to the communication dtype before sending and restored
+    after, in both directions, so bf16/fp16 really quantize the traffic.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], group, n: int, dtype: torch.dtype):
+        ctx.meta = (send, recv, group, n, dtype, x.dtype, x.shape)
+        src = x.reshape(-1).to(dtype)
+        out = torch.empty(sum(recv), dtype=dtype, device=x.device)
+        all_to_all(out, src, recv, send, group, n)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        send, recv, group, n, dtype, xdtype, xshape = ctx.meta
+        src = grad.contiguous().to(dtype)
+        out = torch.empty(sum(send), dtype=dtype, device=grad.device)
+        all_to_all(out, src, send, recv, group, n)
+        return out.to(xdtype).view(xshape), None, None, None, None, None
+
+
+def all_gather_varlen(x: torch.Tensor, group, n: int) -> list[torch.Tensor]:
+    """All-gather 1-D tensors of different lengths (gloo's all_gather needs equal sizes)."""
+    if n == 1:
+        return [x]
+    size = torch.tensor([x.numel()], dtype=torch.int64, device=x.device)
+    sizes = [torch.empty_like(size) for _ in range(n)]
+    dist.all_gather(sizes, size, group=group)
+    m = int(max(int(s) for s in sizes))
+    padded = torch.zeros(m, dtype=x.dtype, device=x.device)
+    padded[: x.numel()] = x
+    outs = [torch.empty_like(padded) for _ in range(n)]
+    dist.all_gather(outs, padded, group=group)
+    return [o[: int(s)] for o, s in zip(outs, sizes, strict=True)]

@@ -1,0 +1,91 @@
+"""ShardingPlan: where every table (shard) lives inside one model-parallel group.
+
+Ranks in a plan are positions 0..G-1 inside a sharding group of G ranks; with
+2D sparse parallelism the same plan is replicated in world/G groups. A
+`data_parallel` table is replicated on every rank of the world.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+SHARD_KINDS = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
+
+
+@dataclass(frozen=True)
+class Shard:
+    table: int
+    rank: int  # position inside the sharding group
+    row_start: int
+    row_end: int
+    col_start: int
+    col_end: int
+
+    @property
+    def rows(self) -> int:
+        return self.row_end - self.row_start
+
+    @property
+    def dim(self) -> int:
+        return self.col_end - self.col_start
+
+
+@dataclass
+class TablePlan:
+    table: int
+    name: str
+    kind: str
+    shards: list[Shard] = field(default_factory=list)  # empty for data_parallel
+
+
+@dataclass
+class ShardingPlan:
+    group_size: int
+    world_size: int
+    tables: list[TablePlan]
+    dims: list[int] = field(default_factory=list)  # full dim of every table
+
+    def shards_on(self, pos: int) -> list[Shard]:
+        """Model-parallel shards held by group position `pos`, in plan order."""
+        return [s for tp in self.tables for s in tp.shards if s.rank == pos]
+
+    def dp_tables(self) -> list[int]:
+        return [tp.table for tp in self.tables if tp.kind == "data_parallel"]
+
+    def bytes_per_rank(self, rows: list[int], weight_bytes: int = 4, state_bytes_per_row: int = 4) -> list[int]:
+        """Weight + row-wise optimizer state bytes held by each group position."""
+        out = [0] * self.group_size
+        for tp in self.tables:
+            if tp.kind == "data_parallel":
+                full = rows[tp.table] * (self.dims[tp.table] * weight_bytes + state_bytes_per_row)
+                out = [b + full for b in out]
+            for s in tp.shards:
+                out[s.rank] += s.rows * (s.dim * weight_bytes + state_bytes_per_row)
+        return out
+
+    def to_list(self) -> list[dict]:
+        return [{"table": tp.table, "name": tp.name, "kind": tp.kind, "shards": [asdict(s) for s in tp.shards]}
+                for tp in self.tables]
+
+    def to_json(self) -> str:
+        return json.dumps({"group_size": self.group_size, "world_size": self.world_size,
+                           "tables": self.to_list()})
+
+    @classmethod
+    def from_list(cls, tables: list[dict], group_size: int, world_size: int, dims: list[int]) -> ShardingPlan:
+        return cls(group_size, world_size, [TablePlan(t["table"], t["name"], t["kind"],
+                                                      [Shard(**s) for s in t["shards"]]) for t in tables], dims)
+
+    def rich_table(self):
+        """A rich Table: one row per table, its kind and where its shards live."""
+        from rich.table import Table
+
+        tab = Table(title=f"sharding plan (group {self.group_size} of world {self.world_size})")
+        for col in ("table", "kind", "shards (rank: rows x cols)"):
+            tab.add_column(col)
+        for tp in self.tables:
+            where = "all ranks" if tp.kind == "data_parallel" else ", ".join(
+                f"{s.rank}: [{s.row_start}:{s.row_end}]x[{s.col_start}:{s.col_end}]" for s in tp.shards)
+            tab.add_row(tp.name, tp.kind, where)
+        return tab

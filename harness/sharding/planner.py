@@ -1,0 +1,151 @@
+"""Planners: a TrialConfig -> a ShardingPlan.
+
+TorchRec-style decomposition: enumerate the options per table, estimate each
+with the cost model, then partition onto ranks under the memory cap.
+`sharding` is either one type for all tables or a planner:
+  size_greedy / lookup_greedy / size_lookup_greedy  NeuroShard's baselines: table-wise, greedy
+      bin-packing by rows*dim, by dim*pooling, by dim*pooling*log10(rows)
+  auto   the cost model chooses per table: data-parallel where the dense-gradient all-reduce is
+      cheaper than the table's all-to-all, row-wise for a table hotter than a rank's fair share,
+      table-wise otherwise (placed greedily by estimated cost)
+"""
+
+from __future__ import annotations
+
+import math
+
+from harness import cost_model
+from harness.config import TrialConfig
+from harness.errors import ConfigError
+from harness.sharding.plan import Shard, ShardingPlan, TablePlan
+
+
+class PlanError(ConfigError):
+    """No legal plan (e.g. over the memory cap, illegal column split): the config is infeasible."""
+
+
+def _greedy_positions(costs: dict[int, float], sizes: dict[int, int], G: int, cap: float | None,
+                      load: list[float] | None = None, used: list[float] | None = None) -> dict[int, int]:
+    """Place items (largest cost first) on the least-loaded position that still fits the cap."""
+    load = load if load is not None else [0.0] * G
+    used = used if used is not None else [0.0] * G
+    out = {}
+    for t in sorted(costs, key=lambda t: (-costs[t], t)):
+        fits = [p for p in range(G) if cap is None or used[p] + sizes[t] <= cap]
+        if not fits:
+            raise PlanError(f"sharding plan cannot fit mem_cap_mb={cap / 2**20:.0f} per rank: table t{t} needs "
+                            f"{sizes[t] / 2**20:.1f} MB and the ranks already hold "
+                            f"{[round(u / 2**20, 1) for u in used]} MB")
+        p = min(fits, key=lambda p: (load[p], p))
+        out[t] = p
+        load[p] += costs[t]
+        used[p] += sizes[t]
+    return out
+
+
+def _column_width(cfg: TrialConfig, dim: int, name: str) -> int:
+    w = cfg.column_shard_dim or max(4, (dim // cfg.group_size) // 4 * 4)
+    if w % 4 or dim % w or dim % 4:
+        raise PlanError(f"column_wise: table {name} dim {dim} cannot be split into FBGEMM-legal shards of "
+                        f"width {w} (widths must be multiples of 4 that divide the dim)")
+    return w
+
+
+def make_plan(cfg: TrialConfig, check_memory: bool = True) -> ShardingPlan:
+    """Build the plan for one sharding group; raises PlanError when no legal plan exists."""
+    wl, G = cfg.workload, cfg.group_size
+    wbytes = cost_model.DTYPE_BYTES[cfg.emb_precision]
+    sizes = {i: t.rows * (t.dim * wbytes + 4) for i, t in enumerate(wl.tables)}
+    cap = cfg.mem_cap_mb * 2**20 if (check_memory and cfg.mem_cap_mb > 0) else None
+    kinds = _choose_kinds(cfg)
+    tables = {i: TablePlan(i, t.name, kinds[i]) for i, t in enumerate(wl.tables)}
+    load, used = [0.0] * G, [0.0] * G
+    dp_bytes = sum(sizes[i] for i, k in kinds.items() if k == "data_parallel")
+    used = [dp_bytes] * G
+
+    # row-wise: every position gets a block of rows
+    for i, t in enumerate(wl.tables):
+        if kinds[i] == "row_wise":
+            _split_rows(tables[i], t.rows, t.dim, list(range(G)))
+            for s in tables[i].shards:
+                used[s.rank] += s.rows * (t.dim * wbytes + 4)
+                load[s.rank] += cost_model.table_cost(t, cfg) * s.rows / t.rows
+
+    # column-wise: shards of width w placed greedily
+    for i, t in enumerate(wl.tables):
+        if kinds[i] == "column_wise":
+            w = _column_width(cfg, t.dim, t.name)
+            n = t.dim // w
+            c = cost_model.table_cost(t, cfg) / n
+            for k in range(n):
+                pos = _greedy_positions({0: c}, {0: t.rows * (w * wbytes + 4)}, G, cap, load, used)[0]
+                tables[i].shards.append(Shard(i, pos, 0, t.rows, k * w, (k + 1) * w))
+
+    # table-row-wise: tables to nodes, rows across the node's ranks
+    rpn = min(cfg.ranks_per_node, G)
+    nodes = [list(range(n * rpn, (n + 1) * rpn)) for n in range(G // rpn)]
+    twrw = [i for i in range(wl.num_tables) if kinds[i] == "table_row_wise"]
+    if twrw:
+        node_load = [0.0] * len(nodes)
+        for i in sorted(twrw, key=lambda i: (-cost_model.table_cost(wl.tables[i], cfg), i)):
+            n = min(range(len(nodes)), key=lambda n: (node_load[n], n))
+            node_load[n] += cost_model.table_cost(wl.tables[i], cfg)
+            _split_rows(tables[i], wl.tables[i].rows, wl.tables[i].dim, nodes[n])
+            for s in tables[i].shards:
+                used[s.rank] += s.rows * (wl.tables[i].dim * wbytes + 4)
+
+    # table-wise (incl. the greedy planners): bin-packing by the planner's cost
+    tw = [i for i in range(wl.num_tables) if kinds[i] == "table_wise"]
+    if tw:
+        costs = {i: _tw_cost(cfg, i) for i in tw}
+        pos = _greedy_positions(costs, {i: sizes[i] for i in tw}, G, cap, load, used)
+        for i, p in pos.items():
+            tables[i].shards.append(Shard(i, p, 0, wl.tables[i].rows, 0, wl.tables[i].dim))
+
+    plan = ShardingPlan(G, cfg.world_size, [tables[i] for i in range(wl.num_tables)], [t.dim for t in wl.tables])
+    if cap is not None:
+        per = plan.bytes_per_rank([t.rows for t in wl.tables], wbytes)
+        worst = max(range(G), key=lambda p: per[p])
+        if per[worst] > cap:
+            raise PlanError(f"sharding plan cannot fit mem_cap_mb={cfg.mem_cap_mb:.0f}: rank {worst} needs "
+                            f"{per[worst] / 2**20:.1f} MB of tables and optimizer state")
+    return plan
+
+
+def _split_rows(tp: TablePlan, rows: int, dim: int, positions: list[int]) -> None:
+    block = math.ceil(rows / len(positions))
+    for k, p in enumerate(positions):
+        lo, hi = k * block, min(rows, (k + 1) * block)
+        if hi > lo:
+            tp.shards.append(Shard(tp.table, p, lo, hi, 0, dim))
+
+
+def _tw_cost(cfg: TrialConfig, i: int) -> float:
+    t = cfg.workload.tables[i]
+    if cfg.sharding == "size_greedy":
+        return float(t.rows * t.dim)
+    if cfg.sharding == "lookup_greedy":
+        return float(t.dim * t.pooling)
+    if cfg.sharding == "size_lookup_greedy":
+        return t.dim * t.pooling * math.log10(max(t.rows, 2))
+    return cost_model.table_cost(t, cfg) + cost_model.tw_comm_cost(t, cfg)
+
+
+def _choose_kinds(cfg: TrialConfig) -> dict[int, str]:
+    wl = cfg.workload
+    if cfg.sharding in ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"):
+        return dict.fromkeys(range(wl.num_tables), cfg.sharding)
+    if cfg.sharding != "auto":
+        return dict.fromkeys(range(wl.num_tables), "table_wise")
+    G = cfg.group_size
+    costs = {i: cost_model.table_cost(t, cfg) for i, t in enumerate(wl.tables)}
+    fair = sum(costs.values()) / G
+    kinds = {}
+    for i, t in enumerate(wl.tables):
+        if cost_model.dp_table_cost(t, cfg) < costs[i] / G + cost_model.tw_comm_cost(t, cfg):
+            kinds[i] = "data_parallel"
+        elif G > 1 and costs[i] > fair:
+            kinds[i] = "row_wise"
+        else:
+            kinds[i] = "table_wise"
+    return kinds

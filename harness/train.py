@@ -1,0 +1,176 @@
+"""One rank's training loop: build the model from a TrialConfig, train, measure.
+
+Parallelism is applied by functions: the sharded embedding collection
+(harness/sharding) owns the tables, DDP wraps the dense arch, and the
+pipeline keeps `pipeline_depth` batches' input distribution in flight on a
+background thread (its own process group) while the current batch computes.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from harness.config import TrialConfig
+from harness.data import rank_batches
+from harness.model import build_dense_arch
+from harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
+from harness.sharding.comm import make_groups
+from harness.sharding.plan import ShardingPlan
+from harness.timers import TIMERS
+
+PHASES = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
+
+
+class InputPipeline:
+    """Keeps the input distribution of the next `depth` batches running ahead (depth 0: inline)."""
+
+    def __init__(self, coll: ShardedEmbeddingCollection, batches, depth: int):
+        self.coll, self.batches, self.depth = coll, batches, depth
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="input-dist") if depth else None
+        self.inflight: deque[tuple[int, Future]] = deque()
+        self.next_step = 0
+
+    def _dist(self, step: int) -> KernelInput:
+        b = self.batches[step % len(self.batches)]
+        return self.coll.input_dist(b.ids, b.offsets, b.batch_size)
+
+    def get(self, step: int) -> KernelInput:
+        if not self.pool:
+            return self._dist(step)
+        while self.next_step <= step + self.depth:
+            self.inflight.append((self.next_step, self.pool.submit(self._dist, self.next_step)))
+            self.next_step += 1
+        s, fut = self.inflight.popleft()
+        assert s == step
+        t0 = time.perf_counter()
+        kin = fut.result()
+        TIMERS.add("comm", time.perf_counter() - t0)
+        return kin
+
+    def close(self, total_steps: int) -> None:
+        """Drain what is in flight (every rank issued the same input collectives) and stop."""
+        if self.pool:
+            for _, fut in self.inflight:
+                fut.result()
+            self.pool.shutdown()
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.device,
+               collect_tables: bool = False) -> dict:
+    """Run warm-up + measured steps on this rank; return its measurements (rank 0's are the trial's)."""
+    wl, W, B = cfg.workload, cfg.world_size, cfg.batch_size
+    groups = make_groups(rank, W, cfg.group_size)
+    coll = ShardedEmbeddingCollection(cfg, plan, groups, device)
+    dense = build_dense_arch(wl, cfg.seed).to(device)
+    if W > 1:
+        dense = DDP(dense, device_ids=[device.index] if device.type == "cuda" else None,
+                    process_group=groups.world_pg)
+    if cfg.dense_precision in ("fp8_auto", "fp8_all"):
+        from harness.fp8 import prepare_fp8
+
+        fp8_report = prepare_fp8(dense.module if W > 1 else dense, cfg, device)
+    else:
+        fp8_report = None
+    opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.dense_lr)
+    total = cfg.warmup_steps + cfg.measure_steps
+    batches = [b.to(device) for b in rank_batches(wl, cfg.seed, rank, B, total)]
+    pipe = InputPipeline(coll, batches, cfg.pipeline_depth)
+    lossf = torch.nn.BCEWithLogitsLoss(reduction="sum")
+    autocast = cfg.dense_precision != "fp32"
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    TIMERS.sync = sync
+    mem_cap = cfg.mem_cap_mb
+    losses, step_s = [], []
+    bce_sum = torch.zeros(3, dtype=torch.float64)  # sum BCE, sum labels, count over measured steps
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    for step in range(total):
+        measuring = step >= cfg.warmup_steps
+        TIMERS.enabled = measuring
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        b = batches[step % len(batches)]
+        kin = pipe.get(step)
+        pooled = coll.forward(kin)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = dense(b.dense, pooled)
+        loss_sum = lossf(logits.float(), b.labels)
+        (loss_sum / B).backward()
+        coll.after_backward()
+        with TIMERS.phase("optim"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if sync:
+            sync()
+        dt = time.perf_counter() - t0
+        losses.append(loss_sum.item() / B)
+        if measuring:
+            step_s.append(dt)
+            bce_sum += torch.tensor([loss_sum.item(), b.labels.sum().item(), B], dtype=torch.float64)
+        _maybe_fault(cfg, rank, step)
+        if mem_cap and rss_mb() > mem_cap and device.type == "cpu":
+            raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={mem_cap:.0f}")
+    pipe.close(total)
+
+    # Global loss per step (mean of the ranks' means = global mean) and NE over the measured samples.
+    loss_t = torch.tensor(losses, dtype=torch.float64)
+    peak = torch.tensor([rss_mb() if device.type == "cpu" else torch.cuda.max_memory_allocated(device) / 2**20],
+                        dtype=torch.float64)
+    bd = torch.tensor([TIMERS.totals.get(p, 0.0) for p in PHASES], dtype=torch.float64)
+    if W > 1:
+        dist.all_reduce(loss_t, group=groups.world_pg)
+        loss_t /= W
+        dist.all_reduce(bce_sum, group=groups.world_pg)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=groups.world_pg)
+        dist.all_reduce(bd, group=groups.world_pg)
+        bd /= W
+    bce, pos, n = bce_sum.tolist()
+    p = min(max(pos / n, 1e-12), 1 - 1e-12)
+    ne = (bce / n) / -(p * math.log(p) + (1 - p) * math.log(1 - p))
+    meas = sum(step_s)
+    bd_ms = {k: v * 1e3 / cfg.measure_steps for k, v in zip(PHASES, bd.tolist(), strict=True)}
+    # "dense" is what the other phases do not account for: the MLPs fwd+bwd and the interaction.
+    bd_ms["dense"] = max(0.0, meas * 1e3 / cfg.measure_steps - sum(v for k, v in bd_ms.items() if k != "dense"))
+    out = {
+        "step_s": step_s,
+        "losses": loss_t.tolist(),
+        "ne": ne,
+        "peak_mem_mb": float(peak.item()),
+        "breakdown_ms": bd_ms,
+        "plan_json": plan.to_json(),
+    }
+    if fp8_report is not None:
+        out["fp8_probe"] = fp8_report
+    if collect_tables:
+        out["tables"] = {t: w.numpy() for t, w in coll.full_tables().items()}  # by value across processes
+    return out
+
+
+def _maybe_fault(cfg: TrialConfig, rank: int, step: int) -> None:
+    """Test-only fault injection in rank 1 (or 0 when alone) after the first warm-up step."""
+    if cfg.inject_fault == "none" or rank != min(1, cfg.world_size - 1) or step != 1:
+        return
+    if cfg.inject_fault == "crash":
+        raise RuntimeError("injected crash (inject_fault=crash)")
+    if cfg.inject_fault == "hang":
+        time.sleep(1e6)
+    if cfg.inject_fault == "oom":
+        hog = []
+        cap = cfg.mem_cap_mb or 1024
+        while rss_mb() <= cap:
+            hog.append(torch.ones(64 * 2**20 // 4))
+        raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={cap:.0f}")

@@ -1,0 +1,213 @@
+"""run_trial: one configuration -> one TrialResult, in a fresh set of rank processes.
+
+The parent owns the rendezvous (a TCPStore on an OS-chosen free port, so
+concurrent trials never collide), starts `world_size` spawned rank processes,
+and watches them: a rank that raises reports its reason; a rank that dies, runs
+out of memory or hangs past the timeout ends the trial with status
+error / oom / timeout, and every process the trial started is killed. A rank
+also exits by itself if its parent disappears, so a killed tuner leaves no
+orphans. run_trial never raises for a failing trial.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import queue
+import signal
+import statistics
+import threading
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from harness.config import TrialConfig, TrialResult
+from harness.errors import ConfigError
+
+
+def _is_oom(msg: str) -> bool:
+    m = msg.lower()
+    return "out of memory" in m or "memoryerror" in m or "exceeds mem_cap" in m or "cannot allocate" in m
+
+
+def _watch_parent(ppid: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != ppid:
+            os._exit(17)
+
+
+def _rank_entry(cfg_dict: dict, rank: int, port: int, q, collect_tables: bool, ppid: int) -> None:
+    """Process entry of one rank (module-level so spawn can import it)."""
+    threading.Thread(target=_watch_parent, args=(ppid,), daemon=True).start()
+    cfg = TrialConfig.from_dict(cfg_dict)
+    try:
+        torch.set_num_threads(cfg.threads_per_rank)
+        device = _rank_device(cfg, rank)
+        backend = "nccl" if device.type == "cuda" and _nccl_ok(cfg) else "gloo"
+        store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=cfg.timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
+                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        from harness.sharding.planner import make_plan
+        from harness.train import train_rank
+
+        out = train_rank(cfg, make_plan(cfg), rank, device, collect_tables)
+        q.put((rank, "ok", "", out))
+        dist.destroy_process_group()
+    except BaseException as e:  # report every failure as one line, then die
+        msg = f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())}"[:400]
+        if os.environ.get("CUBIC_DEBUG"):
+            traceback.print_exc()
+        q.put((rank, "oom" if isinstance(e, MemoryError) or _is_oom(msg) else "error", msg, None))
+        time.sleep(0.2)
+        os._exit(1)
+
+
+def _rank_device(cfg: TrialConfig, rank: int) -> torch.device:
+    if cfg.device == "cpu":
+        return torch.device("cpu")
+    n = torch.cuda.device_count()
+    return torch.device("cuda", rank % n)
+
+
+def _nccl_ok(cfg: TrialConfig) -> bool:
+    """NCCL refuses two ranks on one GPU: then we fall back to gloo (the parent warns)."""
+    return torch.cuda.device_count() >= cfg.world_size
+
+
+def check_config(cfg: TrialConfig) -> None:
+    """Everything that makes a config bad input (raises ConfigError with one line)."""
+    cfg.validate()
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda: no CUDA device is available here; use device=cpu")
+    if cfg.kernel == "fbgemm":
+        from kernels.fbgemm_backend import available
+
+        if not available():
+            raise ConfigError("kernel=fbgemm needs fbgemm_gpu (pip extra 'cpu' or 'cuda'); or use kernel=torch")
+    if cfg.kernel == "native" and cfg.device == "cuda":
+        raise ConfigError("kernel=native is a CPU kernel; with device=cuda use torch or triton")
+    if cfg.kernel == "triton" and cfg.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
+        raise ConfigError("kernel=triton needs device=cuda (or TRITON_INTERPRET=1 for tests)")
+    from harness.sharding.planner import make_plan
+
+    make_plan(cfg)
+
+
+def env_info(cfg: TrialConfig) -> dict[str, Any]:
+    try:
+        import fbgemm_gpu
+
+        fb = fbgemm_gpu.__version__
+    except Exception:
+        fb = None
+    dev = torch.cuda.get_device_name(0) if cfg.device == "cuda" and torch.cuda.is_available() else platform.processor()
+    return {"torch": torch.__version__, "fbgemm": fb, "device": cfg.device, "device_name": dev or "cpu",
+            "world_size": cfg.world_size, "hostname": platform.node(), "cpus": os.cpu_count(),
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+def run_ranks(cfg: TrialConfig, collect_tables: bool = False) -> tuple[str, str, dict[int, dict]]:
+    """Start the rank processes and wait: (status, one-line error, {rank: output})."""
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=cfg.timeout_s),
+                          wait_for_workers=False)
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank_entry, args=(cfg.to_dict(), r, store.port, q, collect_tables, os.getpid()),
+                         daemon=True) for r in range(cfg.world_size)]
+    outs: dict[int, dict] = {}
+    status, error = "ok", ""
+    deadline = time.monotonic() + cfg.timeout_s
+    try:
+        for p in procs:
+            p.start()
+        while len(outs) < cfg.world_size:
+            try:
+                rank, st, msg, out = q.get(timeout=0.2)
+                if st != "ok":
+                    status, error = st, msg
+                    break
+                outs[rank] = out
+                continue
+            except queue.Empty:
+                pass
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outs]
+            if dead:
+                time.sleep(0.3)  # its own report may still be in the queue
+                try:
+                    rank, st, msg, out = q.get(timeout=0.5)
+                    if st != "ok":
+                        status, error = st, msg
+                        break
+                    outs[rank] = out
+                    continue
+                except queue.Empty:
+                    r, code = dead[0]
+                    status = "oom" if code == -signal.SIGKILL else "error"
+                    why = (f"killed by signal {-code}" + (" (likely the OOM killer)" if code == -9 else "")
+                           if code < 0 else f"exited with code {code}")
+                    error = f"rank {r} {why} without a report"
+                    break
+            if time.monotonic() > deadline:
+                status, error = "timeout", f"trial exceeded timeout_s={cfg.timeout_s:g} ({len(outs)} of " \
+                                           f"{cfg.world_size} ranks finished)"
+                break
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        q.close()
+        del store
+    return status, error, outs
+
+
+def run_trial(cfg: TrialConfig) -> TrialResult:
+    """Run one configuration; never raises for a failing trial (status says what happened)."""
+    env = env_info(cfg)
+    try:
+        check_config(cfg)
+    except ConfigError as e:
+        from harness.sharding.planner import PlanError
+
+        return TrialResult.failed("oom" if isinstance(e, PlanError) and "mem_cap" in str(e) else "error", str(e),
+                                  cfg, env=env)
+    t0 = time.perf_counter()
+    try:
+        status, error, outs = run_ranks(cfg)
+    except Exception as e:  # could not even start the processes
+        return TrialResult.failed("error", f"{type(e).__name__}: {e}", cfg, env=env)
+    env["wall_s"] = round(time.perf_counter() - t0, 2)
+    if status != "ok":
+        return TrialResult.failed(status, error, cfg, env=env)
+    return summarize(cfg, outs[0], env)
+
+
+def summarize(cfg: TrialConfig, r0: dict, env: dict) -> TrialResult:
+    """Rank 0's measurements -> TrialResult (qps = median over windows; warm-up excluded)."""
+    import json
+
+    step_s = r0["step_s"]
+    n = len(step_s)
+    bounds = [round(i * n / cfg.windows) for i in range(cfg.windows + 1)]
+    samples = cfg.world_size * cfg.batch_size
+    window_qps = [samples * (hi - lo) / sum(step_s[lo:hi]) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    med = statistics.median(window_qps)
+    cv = statistics.pstdev(window_qps) / statistics.mean(window_qps) if len(window_qps) > 1 else 0.0
+    ms = sorted(s * 1e3 for s in step_s)
+    res = TrialResult(
+        status="ok", qps=med, qps_cv=cv, step_ms_p50=statistics.median(ms),
+        step_ms_p90=ms[min(n - 1, int(round(0.9 * (n - 1))))], peak_mem_mb=r0["peak_mem_mb"],
+        loss_first=r0["losses"][0], loss_last=r0["losses"][-1], ne=r0["ne"], breakdown_ms=r0["breakdown_ms"],
+        config=cfg.to_dict(), env=env, window_qps=window_qps, losses=r0["losses"],
+        plan=json.loads(r0["plan_json"])["tables"],
+    )
+    if "fp8_probe" in r0:
+        res.extra["fp8_probe"] = r0["fp8_probe"]
+    return res

@@ -1,0 +1,257 @@
+"""`triton` backend: our own Triton TBE-style kernels (GPU; CPU through Triton's interpreter).
+
+Layout. All tables live in ONE flat weight buffer (one dtype for all tables) with a per-table element
+offset, and the row-wise AdaGrad state in one flat fp32 buffer; `weights()`/`states()` are live
+per-table views into them. One flat buffer is what lets a single launch serve every table.
+
+Forward: one launch, grid `(B, T)`; program `(b, t)` gathers `BLOCK_N` ids x `BLOCK_D` columns at a
+time (masked: tables may have different dims, `BLOCK_D` = next power of two >= max dim) and sums in
+fp32.
+
+Backward fused with the optimizer (exact: one update per unique row, as FBGEMM's EXACT_* modes):
+host-side preparation sorts the `(table, row)` keys and cuts them into runs of equal rows; runs of
+at most `split_len` ids are reduced and updated by one program each. Longer runs (hot rows of a
+Zipf distribution) are cut into `split_len` chunks whose partial sums are computed in parallel by a
+first kernel, so a hot row does not serialise the batch on one program; the update kernel then adds
+the run's partials. Both branches are expressed as (possibly empty) loop ranges, so the update
+kernel has no data-dependent `if`.
+
+CPU: Triton compiles for GPUs only; on CPU the kernels run under Triton's interpreter, which must be
+chosen before `triton.language` is first imported (its own `tl.sum`/`tl.zeros` are jit functions
+decorated at import). So on a machine without CUDA, importing this module first sets
+TRITON_INTERPRET=1 unless the variable is already set or triton is already imported. `INTERPRETED`
+says which mode this process got; a CPU-device kernel without it raises a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from kernels.base import DTYPES, EmbeddingBagKernel, bag_ids  # noqa: E402
+
+#: True when Triton's stdlib (and so our kernels) run under the interpreter in this process.
+INTERPRETED: bool = isinstance(tl.sum, InterpretedFunction)
+
+
+def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_off_ptr, B, out_stride,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1)
+    bag = t.to(tl.int64) * B + b
+    start = tl.load(offsets_ptr + bag).to(tl.int64)
+    end = tl.load(offsets_ptr + bag + 1).to(tl.int64)
+    D = tl.load(dims_ptr + t).to(tl.int64)
+    w_base = tl.load(w_off_ptr + t)
+    c0 = tl.load(col_off_ptr + t).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(start, end, BLOCK_N):
+        pos = i + tl.arange(0, BLOCK_N)
+        m = pos < end
+        rows = tl.load(ids_ptr + pos, mask=m, other=0).to(tl.int64)
+        ptrs = w_ptr + w_base + rows[:, None] * D + cols[None, :]
+        vals = tl.load(ptrs, mask=m[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(vals, axis=0)
+    tl.store(out_ptr + b * out_stride + c0 + cols, acc, mask=cmask)
+
+
+def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, chunk_start_ptr, chunk_end_ptr,
+                        chunk_table_ptr, dims_ptr, col_off_ptr, part_ptr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Partial gradient sum of one chunk of a long run -> `part[c, :BLOCK_D]` (fp32)."""
+    c = tl.program_id(0).to(tl.int64)
+    s = tl.load(chunk_start_ptr + c)
+    e = tl.load(chunk_end_ptr + c)
+    t = tl.load(chunk_table_ptr + c)
+    D = tl.load(dims_ptr + t).to(tl.int64)
+    c0 = tl.load(col_off_ptr + t).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(s, e, BLOCK_N):
+        pos = i + tl.arange(0, BLOCK_N)
+        m = pos < e
+        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0)
+        g = tl.load(grad_ptr + bb[:, None] * grad_stride + c0 + cols[None, :],
+                    mask=m[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(g, axis=0)
+    tl.store(part_ptr + c * BLOCK_D + cols, acc)
+
+
+def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_table_ptr,
+                       dstart_ptr, dend_ptr, pstart_ptr, pend_ptr, part_ptr,
+                       dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, lr, eps,
+                       ADAGRAD: tl.constexpr, BF16: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
+    """One program per unique row: reduce its gradient (ids directly, or chunk partials), update."""
+    u = tl.program_id(0).to(tl.int64)
+    row = tl.load(run_row_ptr + u)
+    t = tl.load(run_table_ptr + u)
+    D = tl.load(dims_ptr + t).to(tl.int64)
+    c0 = tl.load(col_off_ptr + t).to(tl.int64)
+    ds = tl.load(dstart_ptr + u)
+    de = tl.load(dend_ptr + u)
+    ps = tl.load(pstart_ptr + u)
+    pe = tl.load(pend_ptr + u)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    g = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(ds, de, BLOCK_N):  # short run: empty for long runs
+        pos = i + tl.arange(0, BLOCK_N)
+        m = pos < de
+        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0)
+        gv = tl.load(grad_ptr + bb[:, None] * grad_stride + c0 + cols[None, :],
+                     mask=m[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        g += tl.sum(gv, axis=0)
+    for p in range(ps, pe):  # long run: its chunk partials; empty for short runs
+        g += tl.load(part_ptr + p * BLOCK_D + cols)
+    w_ptrs = w_ptr + tl.load(w_off_ptr + t) + row * D + cols
+    w = tl.load(w_ptrs, mask=cmask, other=0.0).to(tl.float32)
+    if ADAGRAD:
+        s_p = s_ptr + tl.load(s_off_ptr + t) + row
+        st = tl.load(s_p) + tl.div_rn(tl.sum(g * g, axis=0), D.to(tl.float32))
+        tl.store(s_p, st)
+        w = w - tl.div_rn(lr * g, tl.sqrt_rn(st) + eps)
+    else:
+        w = w - lr * g
+    if BF16:
+        # explicit round-to-nearest-even on the bits: the interpreter's fp32->bf16 cast truncates,
+        # the GPU's rounds; doing it by hand gives torch's `.to(bfloat16)` on both
+        bits = w.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        tl.store(w_ptrs, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=cmask)
+    else:
+        tl.store(w_ptrs, w.to(w_ptr.dtype.element_ty), mask=cmask)
+
+
+_FWD = triton.jit(_fwd_kernel)
+_BWD_PARTIAL = triton.jit(_bwd_partial_kernel)
+_BWD_UPDATE = triton.jit(_bwd_update_kernel)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class TritonEmbeddingBags(EmbeddingBagKernel):
+    """All tables in one flat buffer; one forward launch; sorted, split-run fused backward."""
+
+    name = "triton"
+
+    def __init__(self, rows, dims, *, split_len: int = 64, **kw) -> None:
+        super().__init__(rows, dims, **kw)
+        if self.device.type != "cuda" and not INTERPRETED:
+            raise RuntimeError("triton backend on a non-CUDA device needs Triton's interpreter: set "
+                               "TRITON_INTERPRET=1 before triton is first imported in this process")
+        if split_len < 1:
+            raise ValueError("split_len must be >= 1")
+        self.split_len = int(split_len)
+        dt = DTYPES[self.weight_dtype]
+        sizes = [r * d for r, d in zip(self.rows, self.dims, strict=True)]
+        w_off = [0]
+        for s in sizes:
+            w_off.append(w_off[-1] + s)
+        row_base = [0]
+        for r in self.rows:
+            row_base.append(row_base[-1] + r)
+        self._flat_w = torch.zeros(w_off[-1], dtype=dt, device=self.device)
+        adagrad = self.optim.kind == "rowwise_adagrad"
+        self._flat_s = torch.zeros(row_base[-1] if adagrad else 0, dtype=torch.float32, device=self.device)
+        self._w = [self._flat_w[w_off[t]: w_off[t + 1]].view(r, d)
+                   for t, (r, d) in enumerate(zip(self.rows, self.dims, strict=True))]
+        self._s = ([self._flat_s[row_base[t]: row_base[t + 1]] for t in range(self.num_tables)]
+                   if adagrad else [self._flat_s[:0] for _ in self.rows])
+        i64 = dict(dtype=torch.int64, device=self.device)
+        self._w_off = torch.tensor(w_off[:-1], **i64)
+        self._s_off = torch.tensor(row_base[:-1], **i64)
+        self._row_base = torch.tensor(row_base, **i64)
+        self._dims_t = torch.tensor(self.dims, dtype=torch.int32, device=self.device)
+        self._col_off = torch.tensor(self.dim_offsets[:-1], dtype=torch.int32, device=self.device)
+        self._block_d = _pow2_at_least(max(self.dims))
+
+    def weights(self) -> list[torch.Tensor]:
+        return self._w
+
+    def states(self) -> list[torch.Tensor]:
+        return self._s
+
+    def _batch(self, offsets: torch.Tensor) -> int:
+        return (offsets.numel() - 1) // self.num_tables
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        T, B = self.num_tables, self._batch(offsets)
+        out = torch.empty(B, self.total_dim, dtype=torch.float32, device=self.device)
+        if B == 0:
+            return out
+        # ids per bag on average picks the gather width; few distinct values -> few compilations
+        mean_len = -(-ids.numel() // (T * B))
+        block_n = min(32, max(4, _pow2_at_least(mean_len)))
+        _FWD[(B, T)](
+            ids.contiguous(), offsets.contiguous(), self._flat_w, out, self._w_off, self._dims_t,
+            self._col_off, B, out.stride(0), BLOCK_N=block_n, BLOCK_D=self._block_d,
+            enable_fp_fusion=False)
+        return out
+
+    def _plan(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> dict[str, torch.Tensor]:
+        """Host-side preparation: sort `(table, row)` keys, find runs, split long runs into chunks."""
+        n = ids.numel()
+        L = self.split_len
+        bag = bag_ids(offsets, n)
+        t_of = torch.div(bag, B, rounding_mode="floor")
+        key = self._row_base[t_of] + ids.long()
+        sorted_key, perm = torch.sort(key, stable=True)
+        sorted_b = (bag - t_of * B)[perm]
+        uniq, counts = torch.unique_consecutive(sorted_key, return_counts=True)
+        run_end = torch.cumsum(counts, 0)
+        run_start = run_end - counts
+        run_table = t_of[perm][run_start]
+        run_row = uniq - self._row_base[run_table]
+        long = counts > L
+        n_chunks = torch.where(long, (counts + L - 1) // L, torch.zeros_like(counts))
+        pend = torch.cumsum(n_chunks, 0)
+        pstart = pend - n_chunks
+        total = int(pend[-1].item())
+        plan = dict(sorted_b=sorted_b, run_row=run_row, run_table=run_table, dstart=run_start,
+                    dend=torch.where(long, run_start, run_end), pstart=pstart, pend=pend)
+        if total:
+            chunk_run = torch.repeat_interleave(torch.arange(uniq.numel(), device=ids.device), n_chunks,
+                                                output_size=total)
+            k = torch.arange(total, device=ids.device) - pstart[chunk_run]
+            cs = run_start[chunk_run] + k * L
+            plan.update(chunk_start=cs, chunk_end=torch.minimum(cs + L, run_end[chunk_run]),
+                        chunk_table=run_table[chunk_run])
+        return plan
+
+    @torch.no_grad()
+    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+        B = self._batch(offsets)
+        if B == 0 or ids.numel() == 0:
+            return
+        grad = grad.contiguous()
+        p = self._plan(ids, offsets, B)
+        BD, BN = self._block_d, 16
+        n_chunks = p["chunk_start"].numel() if "chunk_start" in p else 0
+        part = torch.empty(max(n_chunks, 1), BD, dtype=torch.float32, device=self.device)
+        if n_chunks:
+            _BWD_PARTIAL[(n_chunks,)](
+                p["sorted_b"], grad, grad.stride(0), p["chunk_start"], p["chunk_end"], p["chunk_table"],
+                self._dims_t, self._col_off, part, BLOCK_N=BN, BLOCK_D=BD, enable_fp_fusion=False)
+        _BWD_UPDATE[(p["run_row"].numel(),)](
+            p["sorted_b"], grad, grad.stride(0), p["run_row"], p["run_table"], p["dstart"], p["dend"],
+            p["pstart"], p["pend"], part, self._dims_t, self._col_off, self._w_off, self._s_off,
+            self._flat_w, self._flat_s if self._flat_s.numel() else part, float(self.optim.lr),
+            float(self.optim.eps), ADAGRAD=self.optim.kind == "rowwise_adagrad",
+            BF16=self._flat_w.dtype == torch.bfloat16, BLOCK_N=BN, BLOCK_D=BD,
+            enable_fp_fusion=False)  # no FMA contraction: same roundings as the reference

@@ -1,0 +1,168 @@
+"""cubic.load_study, the analysis helpers, the plots and the notebook, on a study from a real tiny tune."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from cubic import analysis, plots
+from harness.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+TUNE_TRIALS = 4
+
+
+def cubic_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real `cubic` command (from the repo root, as a user would)."""
+    return subprocess.run([sys.executable, "-m", "cubic.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def tiny_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run directory of one real `cubic tune` on search_spaces/tiny.yaml, shared by this session's modules
+    (the tune is the slow part, so it runs once and later modules reuse it)."""
+    run = tmp_path_factory.getbasetemp() / "tiny_tune"
+    done = run / ".tune_done"
+    if not done.exists():
+        r = cubic_cli("tune", "--space", "search_spaces/tiny.yaml", "--run-dir", str(run),
+                      "--trials", str(TUNE_TRIALS))
+        assert r.returncode == 0, f"cubic tune failed ({r.returncode}):\n{r.stdout[-3000:]}\n" \
+                                  f"{r.stderr[-3000:]}"
+        done.write_text("ok")
+    return run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_tune(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def df(run_dir: Path) -> pd.DataFrame:
+    return analysis.load_study(run_dir)
+
+
+# ---------------------------------------------------------------------------------------------- load_study
+def test_load_study_one_row_per_trial_with_every_metric(df: pd.DataFrame, run_dir: Path) -> None:
+    assert len(df) >= TUNE_TRIALS
+    assert df["number"].is_unique and df["number"].is_monotonic_increasing
+    knobs = ["sharding", "batch_size", "emb_precision", "pipeline_depth"]  # search_spaces/tiny.yaml
+    assert df.attrs["knobs"] == knobs
+    for col in [*knobs, *analysis.SCALAR_METRICS, *(f"bd_{k}" for k in analysis.BREAKDOWN_KEYS),
+                "state", "status", "reason", "datetime_start", "datetime_complete", "duration_s", "searcher",
+                "phase", "predicted_qps", "predicted_std", "speedup", "ok", "is_winner", "config", "plan"]:
+        assert col in df, col
+    assert pd.api.types.is_datetime64_any_dtype(df["datetime_start"])
+    ok = df[df["ok"]]
+    assert len(ok) >= 1
+    assert (ok["qps"] > 0).all() and (ok["bd_comm"].notna()).all() and (ok["duration_s"] >= 0).all()
+    # the baseline runs first; every speed-up is relative to it
+    base = df[df["phase"] == "baseline"]
+    assert len(base) >= 1 and base["number"].min() == 0
+    if base["ok"].iloc[0]:
+        assert base["speedup"].iloc[0] == pytest.approx(1.0)
+    # every trial's knob columns equal the config it ran
+    for r in df.itertuples():
+        if r.config:
+            assert all(getattr(r, k) == r.config[k] for k in knobs), r.number
+    # one study in the store: found without a name, by name, by .db path and by URL alike
+    db = run_dir / "study.db"
+    for src, name in ((str(db), None), (f"sqlite:///{db}", df.attrs["study"]), (run_dir, "tiny")):
+        other = analysis.load_study(src, name)
+        assert other["number"].tolist() == df["number"].tolist()
+        assert other["qps"].fillna(-1).tolist() == df["qps"].fillna(-1).tolist()
+
+
+def test_winner_and_summary(df: pd.DataFrame) -> None:
+    win = df.attrs["winner"]
+    assert win is not None and df["is_winner"].sum() == 1
+    row = df[df["is_winner"]].iloc[0]
+    assert row["ok"] and win["trial"] == row["number"]
+    s = analysis.summary(df)
+    assert s["trials"] == len(df) and s["winner_trial"] == win["trial"] and s["ok"] >= 1
+    assert s["speedup"] is None or s["speedup"] > 0
+
+
+def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
+    bsf = analysis.best_so_far(df)
+    assert len(bsf) == len(df)
+    best = bsf["best_qps"].dropna()
+    assert best.is_monotonic_increasing and best.iloc[-1] == pytest.approx(df.loc[df["ok"], "qps"].max())
+    imp = analysis.knob_importance(df)
+    assert set(imp.index) == set(analysis.varying_knobs(df))
+    assert (imp >= 0).all() and (imp.sum() == pytest.approx(1.0) or imp.sum() == 0)
+    top = analysis.top_k(df, k=3)
+    assert 1 <= len(top) <= 3 and top["qps"].is_monotonic_decreasing
+    assert top["number"].iloc[0] == analysis.usable(df).loc[analysis.usable(df)["qps"].idxmax(), "number"]
+    # tiny inputs are normal early in a tune: no exception, just nothing to rank
+    one = df[df["number"] == 0]
+    assert (analysis.knob_importance(one) == 0).all()
+    assert analysis.knob_importance(df.iloc[0:0]).empty
+
+
+def test_every_plot_is_a_figure_even_for_tiny_frames(df: pd.DataFrame) -> None:
+    for frame in (df, df[df["number"] == 0], df[~df["ok"]], df.iloc[0:0]):
+        for name, fn in plots.FIGURES.items():
+            fig = fn(frame)
+            assert isinstance(fig, Figure), name
+            assert fig.axes, name
+
+
+def test_bad_inputs_are_one_line_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such run directory"):
+        analysis.load_study(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="no study in this run directory"):
+        analysis.load_study(tmp_path)
+    assert not (tmp_path / "study.db").exists()  # looking must not create an empty store
+    (tmp_path / "study.db").write_text("not a database")
+    with pytest.raises(ConfigError, match="cannot read the trial store") as e:
+        analysis.load_study(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_wrong_study_name(run_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="no study named 'nope'"):
+        analysis.load_study(run_dir, "nope")
+
+
+def test_analysis_imports_without_torch() -> None:
+    code = "import sys, cubic.analysis, cubic.export; print(json.dumps('torch' in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", "import json; " + code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) is False
+
+
+# ---------------------------------------------------------------------------------------------- notebook
+def test_notebook_runs_clean_on_a_real_study(run_dir: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executed by a real Jupyter kernel: the `python3` kernelspec is installed into a temp dir pointing at
+    this interpreter (the venv), so no other Python on the machine can answer."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from ipykernel.kernelspec import install
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    install(prefix=str(tmp_path / "jp"), kernel_name="python3")
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jp" / "share" / "jupyter"))
+    monkeypatch.setenv("CUBIC_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    assert KernelSpecManager().get_kernel_spec("python3").argv[0] == sys.executable
+
+    nb = nbformat.read(ROOT / "notebooks" / "analysis.ipynb", as_version=4)
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=180,
+                                     resources={"metadata": {"path": str(ROOT)}})
+    client.execute()  # raises CellExecutionError on the first failing cell
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    pngs = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(pngs) >= len(plots.FIGURES)
+    html = "".join(o["data"].get("text/html", "") for o in outputs if "data" in o)
+    assert "qps" in html  # the top-k / trials tables rendered

@@ -1,0 +1,239 @@
+"""`cubic report` and `cubic export` end to end on a real tiny tune, plus their bad-input behaviour."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from cubic import analysis, export
+from harness.config import SHARDING_TYPES, TrialConfig, TrialResult
+from harness.sharding.planner import make_plan
+from harness.workload import Workload
+from tests.test_analysis import cubic_cli, tiny_tune
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_tune(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def failed_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store in the tuner's schema whose trials all failed (real harness failures: a plan over the
+    memory cap is refused before any process starts)."""
+    from harness.trial import run_trial
+
+    run = tmp_path_factory.mktemp("failed_only")
+    study = optuna.create_study(study_name="tiny", storage=f"sqlite:///{run / 'study.db'}",
+                                direction="maximize")
+    dist = {"sharding": optuna.distributions.CategoricalDistribution(list(SHARDING_TYPES))}
+    for i, sharding in enumerate(("table_wise", "row_wise")):
+        cfg = TrialConfig(workload=Workload.tiny(), kernel="torch", sharding=sharding, mem_cap_mb=0.01)
+        res = run_trial(cfg)
+        assert res.status == "oom", res
+        attrs = {"result": res.to_dict(), "status": res.status, "error": res.error, "qps": 0.0,
+                 "phase": "baseline" if i == 0 else "warmup", "searcher": "cubic", "config": cfg.to_dict(),
+                 "config_key": cfg.key()}
+        study.add_trial(optuna.trial.create_trial(params={"sharding": sharding}, distributions=dist,
+                                                  user_attrs=attrs, state=optuna.trial.TrialState.FAIL))
+    return run
+
+
+def one_line_error(r) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    err = r.stderr.strip()
+    assert err and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+# ---------------------------------------------------------------------------------------------- report
+def test_report_writes_self_contained_html(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r" / "report.html"
+    r = cubic_cli("report", str(run_dir), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "speed-up" in r.stdout and "winner: trial #" in r.stdout
+    html = out.read_text()
+    assert html.count('src="data:image/png;base64,') >= 5
+    srcs = re.findall(r'(?:src|href)\s*=\s*["\']([^"\']*)', html, flags=re.I)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs), [s[:40] for s in srcs]
+    assert not re.search(r"https?://|file:", html.replace("sqlite:///", ""))
+    assert "<script" not in html.lower()
+    # the default output lands in the run directory
+    r = cubic_cli("report", str(run_dir))
+    assert r.returncode == 0 and (run_dir / "report.html").exists()
+
+
+# ---------------------------------------------------------------------------------------------- export
+def test_export_yaml_then_cubic_trial_reproduces_the_winner(run_dir: Path, tmp_path: Path) -> None:
+    f = tmp_path / "winner.yaml"
+    r = cubic_cli("export", str(run_dir), "--format", "yaml", "-o", str(f))
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(f.read_text())
+    df = analysis.load_study(run_dir)
+    assert cfg == df.attrs["winner"]["config"]
+    assert TrialConfig.from_dict(cfg).to_dict() == cfg  # the full config, nothing defaulted
+    r = cubic_cli("trial", "--config", str(f), "--json", timeout=300)
+    assert r.returncode == 0, f"cubic trial --config failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    res = _last_json(r.stdout)
+    assert res["status"] == "ok", res.get("error")
+    assert res["config"] == cfg
+
+
+def _last_json(text: str) -> dict:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(next(line for line in reversed(text.splitlines()) if line.startswith("{")))
+
+
+def test_export_json_has_metrics_spread_speedup_provenance(run_dir: Path) -> None:
+    r = cubic_cli("export", str(run_dir), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    win = analysis.load_study(run_dir).attrs["winner"]
+    assert d["config"] == win["config"] and d["qps"] == pytest.approx(win["qps"])
+    assert d["metrics"]["qps"] > 0 and set(analysis.BREAKDOWN_KEYS) <= set(d["metrics"]["breakdown_ms"])
+    lo, hi = d["spread"]["qps_min_max"]
+    assert lo <= hi
+    assert d["speedup"] is None or d["speedup"] > 0
+    prov = d["provenance"]
+    assert prov["study"] == "tiny" and prov["trial"] == win["trial"]
+    assert prov["versions"]["trial"]["torch"] and prov["versions"]["export"]["cubic"]
+    assert prov["machine"]["hostname"] and prov["machine"]["world_size"] == d["config"]["world_size"]
+
+
+def test_export_torchrec_from_the_tune(run_dir: Path, tmp_path: Path) -> None:
+    f = tmp_path / "tr.json"
+    r = cubic_cli("export", str(run_dir), "--format", "torchrec", "-o", str(f))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(f.read_text())
+    cfg = TrialConfig.from_dict(analysis.load_study(run_dir).attrs["winner"]["config"])
+    _check_torchrec_dict(d, cfg)
+
+
+def _check_torchrec_dict(d: dict, cfg: TrialConfig, plan: list | None = None) -> None:
+    """Structure of the torchrec export against the config it came from (and its plan, if given)."""
+    names = [t.name for t in cfg.workload.tables]
+    assert [t["name"] for t in d["tables"]] == names
+    assert set(d["parameter_constraints"]) == set(names)
+    assert d["world_size"] == cfg.world_size and d["sharding_group_size"] == cfg.group_size
+    two_d = cfg.group_size < cfg.world_size
+    assert d["model_parallel"] == ("DMPCollection" if two_d else "DistributedModelParallel")
+    assert d["train_pipeline"]["class"] == export.TRAIN_PIPELINES[cfg.pipeline_depth]
+    prec = cfg.comm_precision.upper()
+    assert d["qcomms_config"] == {"forward_precision": prec, "backward_precision": prec}
+    for t in d["tables"]:
+        assert t["data_type"] == cfg.emb_precision.upper()
+    for tp in plan or []:
+        c = d["parameter_constraints"][tp["name"]]
+        assert c["sharding_types"] == [tp["kind"]]
+        assert c["compute_kernels"] == ["dense" if tp["kind"] == "data_parallel" else "fused"]
+
+
+# configs covering every sharding type, a planner, 2D and each pipeline depth / comm precision
+TORCHREC_CASES = [
+    dict(sharding="table_wise", pipeline_depth=0, comm_precision="fp32"),
+    dict(sharding="row_wise", pipeline_depth=1, comm_precision="bf16", emb_precision="fp16"),
+    dict(sharding="column_wise", pipeline_depth=2, comm_precision="fp16"),
+    dict(sharding="table_row_wise", world_size=4, ranks_per_node=2),
+    dict(sharding="data_parallel"),
+    dict(sharding="size_lookup_greedy", world_size=4, sharding_group_size=2, sparse_sync="weight_avg"),
+    dict(sharding="auto", world_size=4),
+]
+
+
+def _rec(cfg: TrialConfig) -> dict:
+    """A winner record as export.winner_record builds it, with the harness's real plan for cfg."""
+    res = TrialResult(qps=1000.0, config=cfg.to_dict(), plan=make_plan(cfg).to_list())
+    return {"study": "t", "storage": "sqlite://", "trial": 3, "attrs": {}, "result": res.to_dict(),
+            "winner": {"trial": 3, "qps": 1000.0, "speedup": 1.5}, "config": cfg.to_dict(),
+            "baseline_qps": 666.0, "baseline_trial": 0, "confirmed": True}
+
+
+@pytest.mark.parametrize("knobs", TORCHREC_CASES, ids=lambda k: k["sharding"])
+def test_torchrec_export_matches_the_plan(knobs: dict) -> None:
+    cfg = TrialConfig(workload=Workload.tiny(), kernel="torch").replace(**knobs).validate()
+    rec = _rec(cfg)
+    d = export.to_torchrec_dict(rec)
+    json.dumps(d, allow_nan=False)
+    _check_torchrec_dict(d, cfg, rec["result"]["plan"])
+
+
+@pytest.mark.parametrize("knobs", TORCHREC_CASES, ids=lambda k: k["sharding"])
+def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
+    """Feed the export to TorchRec itself: ParameterConstraints, its planner, construct_module_sharding_plan,
+    QCommsConfig and the named train pipeline (skipped without torchrec; see README for its env)."""
+    pytest.importorskip("torchrec")
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed import sharding_plan as sp
+    from torchrec.distributed import train_pipeline
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.types import DataType
+
+    cfg = TrialConfig(workload=Workload.tiny(), kernel="torch").replace(**knobs).validate()
+    d = export.to_torchrec_dict(_rec(cfg))
+    ebc = EmbeddingBagCollection(device=torch.device("meta"), tables=[
+        EmbeddingBagConfig(name=t["name"], num_embeddings=t["num_embeddings"],
+                           embedding_dim=t["embedding_dim"], feature_names=t["feature_names"],
+                           data_type=DataType[t["data_type"]])
+        for t in d["tables"]])
+    cons = {name: ParameterConstraints(**{**c, "output_dtype": DataType[c["output_dtype"]]})
+            for name, c in d["parameter_constraints"].items()}
+    # TorchRec plans row-wise kinds only for CUDA; the constraint check is the same on either topology
+    needs_cuda = any(c.sharding_types[0] in ("row_wise", "table_row_wise") for c in cons.values())
+    topo = Topology(world_size=d["sharding_group_size"], compute_device="cuda" if needs_cuda else "cpu",
+                    local_world_size=min(d["ranks_per_node"], d["sharding_group_size"]))
+    planner = EmbeddingShardingPlanner(topology=topo, constraints=cons)
+    plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+    got = plan.get_plan_for_module("")
+    for name, c in cons.items():
+        assert got[name].sharding_type == c.sharding_types[0], name
+        assert got[name].compute_kernel == c.compute_kernels[0], name
+
+    gens = {}
+    for name, p in d["placements"].items():
+        kind = p["sharding_type"]
+        gens[name] = {"table_wise": lambda p=p: sp.table_wise(rank=p["rank"]),
+                      "row_wise": lambda p=p: sp.row_wise(),
+                      "column_wise": lambda p=p: sp.column_wise(ranks=p["ranks"],
+                                                                size_per_rank=p["size_per_rank"]),
+                      "table_row_wise": lambda p=p: sp.table_row_wise(host_index=p["host_index"]),
+                      "data_parallel": lambda p=p: sp.data_parallel()}[kind]()
+    exact = sp.construct_module_sharding_plan(
+        ebc, gens, local_size=min(d["ranks_per_node"], d["sharding_group_size"]),
+        world_size=d["sharding_group_size"], device_type="cuda" if needs_cuda else "cpu")
+    for name, p in d["placements"].items():
+        ps = exact[name]
+        assert ps.sharding_type == p["sharding_type"]
+        if p["sharding_type"] == "table_wise":
+            assert ps.ranks == [p["rank"]]
+        if p["sharding_type"] == "column_wise":
+            assert ps.ranks == p["ranks"]
+            assert [m.shard_sizes[1] for m in ps.sharding_spec.shards] == p["size_per_rank"]
+
+    q = d["qcomms_config"]
+    QCommsConfig(forward_precision=CommType[q["forward_precision"]],
+                 backward_precision=CommType[q["backward_precision"]])
+    assert hasattr(train_pipeline, d["train_pipeline"]["class"])
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, run_dir: Path, failed_only: Path) -> None:
+    for cmd in (["report"], ["export", "--format", "json"]):
+        err = one_line_error(cubic_cli(*cmd, str(tmp_path / "missing")))
+        assert "no such run directory" in err
+        err = one_line_error(cubic_cli(*cmd, str(tmp_path)))
+        assert "no study" in err
+        err = one_line_error(cubic_cli(*cmd, str(failed_only)))
+        assert "no completed trial" in err
+    err = one_line_error(cubic_cli("export", str(run_dir), "--format", "xml"))
+    assert "'xml'" in err and "yaml" in err and "torchrec" in err
+    assert not (tmp_path / "study.db").exists()
