@@ -1,22 +1,22 @@
 """Embedding-bag kernel micro-benchmark: fbgemm vs torch vs native, side by side.
 
-Times forward and fused backward+optimizer (ms per call, median and spread over repeats,
-warm-up excluded) on the `small` workload shape (8 tables x 200k x 64, batch 1024, pooling 20),
-uniform and Zipf ids, 1 and 2 threads, and compares them with the byte floor: the bytes a step
-must move (rows read in forward; rows read+written and state in backward) at this machine's
-measured copy bandwidth.
+Times forward and fused backward+optimizer (ms per call, median and min over repeats, warm-up
+excluded, kernels interleaved call by call) on the `small` workload shape (8 tables x 200k x 64,
+batch 1024, pooling 20), uniform and Zipf ids, 1 and 2 threads, and compares them with the byte
+floor: the bytes a step must move (rows read in forward; distinct rows read+written and their
+state in backward) at this machine's measured copy bandwidth for that thread count.
 
-    python benchmarks/bench_kernels.py [--repeats 15] [--kernels fbgemm,torch,native]
+    python benchmarks/bench_kernels.py [--repeats 20] [--threads 1,2] [--kernels fbgemm,torch,native]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import time
 
-import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -26,11 +26,12 @@ from harness.workload import Workload
 from kernels import OptimSpec, make_kernel
 
 
-def copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 7) -> float:
-    """Bytes moved per second (read + write) by a large single-threaded tensor copy."""
-    torch.set_num_threads(1)
+def copy_bandwidth(threads: int, nbytes: int = 512 << 20, repeats: int = 7) -> float:
+    """Bytes moved per second (read + write) by a large tensor copy on `threads` threads (best of)."""
+    torch.set_num_threads(threads)
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
+    dst.copy_(src)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -53,88 +54,94 @@ def floor_bytes(ids: torch.Tensor, offsets: torch.Tensor, rows: list[int], dims:
     return fwd, bwd
 
 
-def time_kernel(kernel, batches, repeats: int, warmup: int = 3) -> tuple[list[float], list[float]]:
-    """Per-call ms of forward and backward_update, cycling over `batches` (warm-up excluded)."""
-    grad = torch.randn(batches[0].batch_size, kernel.total_dim) * 1e-3
-    fwd, bwd = [], []
+def time_kernels(kernels: dict, batches, repeats: int, warmup: int = 3) -> dict[str, tuple[list, list]]:
+    """Per-call ms of forward and backward_update for every kernel, interleaved call by call (so
+    load from other processes hits all kernels alike), cycling over `batches`, warm-up excluded."""
+    grad = torch.randn(batches[0].batch_size, next(iter(kernels.values())).total_dim) * 1e-3
+    res = {name: ([], []) for name in kernels}
     for i in range(warmup + repeats):
         b = batches[i % len(batches)]
-        t0 = time.perf_counter()
-        kernel.forward(b.ids, b.offsets)
-        t1 = time.perf_counter()
-        kernel.backward_update(b.ids, b.offsets, grad)
-        t2 = time.perf_counter()
-        if i >= warmup:
-            fwd.append((t1 - t0) * 1e3)
-            bwd.append((t2 - t1) * 1e3)
-    return fwd, bwd
+        for name, k in kernels.items():
+            t0 = time.perf_counter()
+            k.forward(b.ids, b.offsets)
+            t1 = time.perf_counter()
+            k.backward_update(b.ids, b.offsets, grad)
+            t2 = time.perf_counter()
+            if i >= warmup:
+                res[name][0].append((t1 - t0) * 1e3)
+                res[name][1].append((t2 - t1) * 1e3)
+    return res
 
 
 def fmt(xs: list[float]) -> str:
-    med = statistics.median(xs)
-    spread = (np.percentile(xs, 90) - np.percentile(xs, 10)) / med * 100
-    return f"{med:7.2f} ±{spread:3.0f}%"
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f})"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--kernels", default="fbgemm,torch,native")
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--optim", default="rowwise_adagrad")
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=150)
 
-    bw = copy_bandwidth()
     wl = Workload.small()
     rows = [t.rows for t in wl.tables]
     dims = [t.dim for t in wl.tables]
     B = 1024
     elem = 4 if args.dtype == "fp32" else 2
     adagrad = args.optim == "rowwise_adagrad"
+    thread_counts = [int(x) for x in args.threads.split(",")]
+    bw = {nt: copy_bandwidth(nt) for nt in thread_counts}
     console.print(f"workload {wl.name}: {len(rows)} tables x {rows[0]} x {dims[0]}, batch {B}, pooling "
-                  f"{wl.tables[0].pooling}, {args.dtype} weights, {args.optim}; copy bandwidth "
-                  f"{bw / 1e9:.1f} GB/s (1 thread, read+write)")
+                  f"{wl.tables[0].pooling}, {args.dtype} weights, {args.optim}; copy bandwidth (read+write) "
+                  + ", ".join(f"{bw[nt] / 1e9:.1f} GB/s at {nt} thr" for nt in thread_counts)
+                  + f"; load average {os.getloadavg()[0]:.1f}")
 
     init = [torch.randn(r, d, generator=torch.Generator().manual_seed(t)) * 0.01
             for t, (r, d) in enumerate(zip(rows, dims, strict=True))]
-    table = Table(title=f"ms per call (median ±p10-p90 spread), {args.repeats} repeats after warm-up")
-    for col in ("ids", "thr", "kernel", "forward", "backward+opt", "step", "vs fbgemm", "vs floor"):
+    table = Table(title=f"ms per call: median (min), {args.repeats} interleaved repeats after warm-up")
+    for col in ("ids", "thr", "kernel", "forward", "backward+opt", "step", "native faster", "x floor"):
         table.add_column(col, justify="right")
-    kernels = args.kernels.split(",")
-    summary = {}
+    kernels = {}
+    for name in args.kernels.split(","):
+        try:
+            kernels[name] = make_kernel(name, rows, dims, weight_dtype=args.dtype,
+                                        optim=OptimSpec(args.optim, lr=0.01))
+        except Exception as e:  # e.g. fbgemm not installed
+            console.print(f"[yellow]skip {name}: {e}")
+            continue
+        kernels[name].load(init)
+    summary = []
     for dist in ("uniform", "zipf"):
         wl_d = dataclasses.replace(wl, tables=[dataclasses.replace(t, id_dist=dist) for t in wl.tables])
         batches = [make_batch(wl_d, 0, s, 0, B) for s in range(4)]
-        fb, bb = zip(*(floor_bytes(b.ids, b.offsets, rows, dims, elem, adagrad) for b in batches), strict=True)
-        floor_ms = (statistics.mean(fb) + statistics.mean(bb)) / bw * 1e3
-        for nt in (int(x) for x in args.threads.split(",")):
+        fb, bb = zip(*(floor_bytes(b.ids, b.offsets, rows, dims, elem, adagrad) for b in batches),
+                     strict=True)
+        for nt in thread_counts:
             torch.set_num_threads(nt)
-            step_ms = {}
-            for name in kernels:
-                try:
-                    k = make_kernel(name, rows, dims, weight_dtype=args.dtype, optim=OptimSpec(args.optim, lr=0.01))
-                except Exception as e:  # e.g. fbgemm not installed
-                    console.print(f"[yellow]skip {name}: {e}")
-                    continue
-                k.load(init)
-                fwd, bwd = time_kernel(k, batches, args.repeats)
-                step = [a + b for a, b in zip(fwd, bwd, strict=True)]
-                step_ms[name] = statistics.median(step)
-                vs_fb = f"{step_ms['fbgemm'] / step_ms[name]:.1f}x" if "fbgemm" in step_ms else "-"
-                table.add_row(dist, str(nt), name, fmt(fwd), fmt(bwd), fmt(step), vs_fb,
-                              f"{step_ms[name] / floor_ms:.2f}x")
-                del k
-            summary[(dist, nt)] = step_ms
-            table.add_row(dist, str(nt), "floor", f"{statistics.mean(fb) / bw * 1e3:7.2f}",
-                          f"{statistics.mean(bb) / bw * 1e3:7.2f}", f"{floor_ms:7.2f}", "", "1.00x",
-                          end_section=True)
+            floor = (statistics.mean(fb) / bw[nt] * 1e3, statistics.mean(bb) / bw[nt] * 1e3)
+            res = time_kernels(kernels, batches, args.repeats)
+            step = {n: [a + b for a, b in zip(*res[n], strict=True)] for n in res}
+            med = {n: statistics.median(v) for n, v in step.items()}
+            for name, (fwd, bwd) in res.items():
+                faster = f"{med[name] / med['native']:.1f}x" if "native" in med and name != "native" else ""
+                table.add_row(dist, str(nt), name, fmt(fwd), fmt(bwd), fmt(step[name]), faster,
+                              f"{med[name] / sum(floor):.2f}x")
+            table.add_row(dist, str(nt), "byte floor", f"{floor[0]:.2f}", f"{floor[1]:.2f}",
+                          f"{sum(floor):.2f}", "", "1.00x", end_section=True)
+            summary.append((dist, nt, med, sum(floor)))
     console.print(table)
-    for (dist, nt), s in summary.items():
-        if "native" in s and "fbgemm" in s:
-            console.print(f"{dist:8s} {nt} thr: native step {s['native']:.2f} ms = "
-                          f"{s['fbgemm'] / s['native']:.1f}x faster than fbgemm ({s['fbgemm']:.2f} ms)")
+    for dist, nt, med, floor in summary:
+        if "native" in med:
+            line = (f"{dist:8s} {nt} thr: native step {med['native']:.2f} ms = "
+                    f"{med['native'] / floor:.2f}x floor")
+            if "fbgemm" in med:
+                line += f", {med['fbgemm'] / med['native']:.1f}x faster than fbgemm ({med['fbgemm']:.2f} ms)"
+            console.print(line)
+    console.print(f"load average at end {os.getloadavg()[0]:.1f} (on 2 cores, >1: other work shared them)")
 
 
 if __name__ == "__main__":

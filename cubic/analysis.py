@@ -37,6 +37,9 @@ def storage_url(run_dir_or_storage_url: str | Path) -> str:
     """
     s = str(run_dir_or_storage_url)
     if "://" in s:
+        db = s.split(":///", 1)[1] if s.startswith("sqlite:///") else ""
+        if db and db != ":memory:" and not Path(db).is_file():
+            raise ConfigError(f"{s}: no such SQLite trial store")
         return s
     p = Path(s).expanduser()
     if p.is_dir():
@@ -167,6 +170,11 @@ def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     study, storage, knobs, baseline_qps, winner (the confirmed one, or the best ok trial) and space.
     """
     st = open_study(run_dir_or_storage_url, study)
+    return study_frame(st, safe_url(storage_url(run_dir_or_storage_url)))
+
+
+def study_frame(st: optuna.Study, storage: str = "") -> pd.DataFrame:
+    """load_study for an already opened study (so export reads the store once)."""
     trials = st.get_trials(deepcopy=False)
     knobs = _knob_names(st, trials)
     df = pd.DataFrame([_row(t, knobs) for t in trials])
@@ -177,8 +185,7 @@ def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     df["datetime_complete"] = pd.to_datetime(df["datetime_complete"])
     df["duration_s"] = (df["datetime_complete"] - df["datetime_start"]).dt.total_seconds()
     df["ok"] = (df["state"] == "COMPLETE") & (df["status"] == "ok") & (df["qps"] > 0)
-    df.attrs.update(study=st.study_name, storage=safe_url(storage_url(run_dir_or_storage_url)),
-                    knobs=knobs, space=st.user_attrs.get("space") or {})
+    df.attrs.update(study=st.study_name, storage=storage, knobs=knobs, space=st.user_attrs.get("space") or {})
     base = baseline_qps(df, st.user_attrs.get("winner"))
     df["speedup"] = df["qps"] / base if base else math.nan
     df.attrs["baseline_qps"] = base
@@ -313,4 +320,5 @@ def summary(df: pd.DataFrame) -> dict[str, Any]:
             "baseline_qps": df.attrs.get("baseline_qps"),
             "winner_trial": win["trial"] if win else None, "winner_qps": win["qps"] if win else None,
             "speedup": win.get("speedup") if win else None,
+            "winner_baseline_qps": (win.get("baseline_qps") or df.attrs.get("baseline_qps")) if win else None,
             "confirmed": bool(win) and win.get("confirmed", True)}

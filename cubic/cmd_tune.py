@@ -28,6 +28,7 @@ def tune(
     live: bool | None = typer.Option(None, "--live/--no-live", help="Live table [default: on a terminal]."),
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
+    import optuna
     from rich.console import Console
 
     from cubic.runner import RayRunner
@@ -36,7 +37,8 @@ def tune(
     from cubic.store import Store, open_storage, storage_url
     from cubic.tune import Tuner, print_summary
 
-    console = Console()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console() if sys.stdout.isatty() else Console(width=130)
     runner = None
     try:
         if searcher not in SEARCHERS:
@@ -53,7 +55,7 @@ def tune(
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
         rdb = open_storage(storage_url(run_dir, storage))
         store = Store(sp, rdb, run_dir)
-        runner = RayRunner(address).start()
+        runner = RayRunner(address).check()
         tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live)
         summary = tuner.run()
     except ConfigError as e:

@@ -50,10 +50,10 @@ def _clean(v: Any) -> Any:
 
 def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) -> dict[str, Any]:
     """Everything an export needs about the winner: its trial's attrs, the winner summary and the study."""
-    df = analysis.load_study(run_dir_or_storage_url, study)
+    st = analysis.open_study(run_dir_or_storage_url, study)
+    df = analysis.study_frame(st, analysis.safe_url(analysis.storage_url(run_dir_or_storage_url)))
     analysis.require_completed(df, str(run_dir_or_storage_url))
     win = df.attrs["winner"]
-    st = analysis.open_study(run_dir_or_storage_url, df.attrs["study"])
     trial = next(t for t in st.get_trials(deepcopy=False) if t.number == win["trial"])
     ua = dict(trial.user_attrs)
     result = dict(ua.get("result") or {})
@@ -127,6 +127,15 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- torchrec
+def train_pipeline_for(depth: int, device: str) -> str:
+    """TorchRec's pipeline for cubic's pipeline_depth. PrefetchTrainPipelineSparseDist's prefetch stage runs
+    on CUDA streams only (on CPU its forward asserts, checked with torchrec 1.8), so depth 2 on CPU maps to
+    TrainPipelineSparseDist, the deepest synchronous pipeline that runs there."""
+    if depth == 2 and device != "cuda":
+        return TRAIN_PIPELINES[1]
+    return TRAIN_PIPELINES[depth]
+
+
 def _placement(tp: dict[str, Any], kind: str, group: int, ranks_per_node: int) -> dict[str, Any]:
     """Exact placement of one table for torchrec.distributed.sharding_plan's generators
     (table_wise(rank), row_wise(), column_wise(ranks, size_per_rank), table_row_wise(host_index),
@@ -184,9 +193,11 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     if two_d and cfg.sparse_sync != "weight_avg":
         notes.append("DMPCollection syncs replicas by weight averaging; cubic measured sparse_sync="
                      f"{cfg.sparse_sync} (gradient all-reduce), which TorchRec does not offer for 2D")
+    pipeline = train_pipeline_for(cfg.pipeline_depth, cfg.device)
     if cfg.pipeline_depth == 2:
-        notes.append("pipeline_depth=2 keeps two batches' input distribution in flight; the nearest TorchRec "
-                     "pipeline is PrefetchTrainPipelineSparseDist (3 batches in flight)")
+        why = " that runs on CPU (PrefetchTrainPipelineSparseDist needs CUDA)" if cfg.device != "cuda" else ""
+        notes.append("pipeline_depth=2 keeps two batches' input distribution in flight; TorchRec has no "
+                     f"exact equivalent: {pipeline} is the nearest{why}")
     if cfg.kernel != "fbgemm":
         notes.append(f"cubic measured kernel={cfg.kernel}; TorchRec's model-parallel tables use FBGEMM TBE "
                      "(fused)")
@@ -212,7 +223,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "tables": tables,
         "parameter_constraints": constraints,
         "placements": placements,
-        "train_pipeline": {"class": TRAIN_PIPELINES[cfg.pipeline_depth],
+        "train_pipeline": {"class": pipeline,
                            "module": "torchrec.distributed.train_pipeline",
                            "pipeline_depth": cfg.pipeline_depth},
         "qcomms_config": {"forward_precision": COMM_TYPES[cfg.comm_precision],

@@ -61,11 +61,27 @@ def _table(df: pd.DataFrame) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+def _top_html(df: pd.DataFrame, k: int) -> str:
+    s = analysis.summary(df)
+    heads, nums, rows = top_cells(df, k, list(HEADS))
+    if not rows:
+        return '<p class="muted">none</p>'
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in heads)
+    body = []
+    for number, cells in rows:
+        tds = "".join(f"<td{'' if n else LEFT}>{html.escape(c)}</td>"
+                      for c, n in zip(cells, nums, strict=True))
+        style = ' style="font-weight:bold;background:#eef7ee"' if number == s["winner_trial"] else ""
+        body.append(f"<tr{style}>{tds}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
 def _speedup_text(s: dict[str, Any]) -> str:
     if s["winner_trial"] is None:
         return "no successful trial yet"
     sp = s["speedup"]
-    sp_txt = f"<b>{sp:.2f}x</b> the baseline ({s['baseline_qps']:,.0f} samples/s)" if sp and sp == sp else \
+    base = s["winner_baseline_qps"]
+    sp_txt = f"<b>{sp:.2f}x</b> the baseline ({base:,.0f} samples/s)" if sp and sp == sp and base else \
         "baseline not measured"
     conf = "confirmed" if s["confirmed"] else "best measured, not yet confirmed"
     return f"Winner: trial #{s['winner_trial']} ({conf}) at {s['winner_qps']:,.0f} samples/s = {sp_txt}"
@@ -83,7 +99,7 @@ def render_html(df: pd.DataFrame, k: int = 5) -> str:
         f'({s["ok"]} ok, {s["failed"]} without a measurement) &middot; generated '
         f'{datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}</p>',
         f'<p class="win">{_speedup_text(s)}</p>',
-        f"<h2>Top {k} configurations</h2>", _table(top_table(df, k)),
+        f"<h2>Top {k} configurations</h2>", _top_html(df, k),
     ]
     for name, fn in plots.FIGURES.items():
         fig = fn(df)
@@ -111,33 +127,46 @@ def top_table(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     return top
 
 
+LEFT = ' class="l"'
+HEADS = {"number": "trial", "phase": "phase", "searcher": "searcher", "qps": "qps", "speedup": "speed-up",
+         "qps_cv": "cv", "confirm_qps_median": "re-measured", "step_ms_p50": "step ms p50",
+         "peak_mem_mb": "mem MB", "ne": "NE"}
+
+
+def _cell(col: str, v: Any) -> str:
+    if isinstance(v, float) and v == v and col == "speedup":
+        return f"{v:.2f}x"
+    if isinstance(v, float) and v == v and col == "qps_cv":
+        return f"{100 * v:.1f}%"
+    if isinstance(v, float) and v == v and col == "ne":
+        return f"{v:.4f}"
+    return _fmt(v)
+
+
+def top_cells(df: pd.DataFrame, k: int, cols: list[str]) -> tuple[list[str], list[bool], list[tuple]]:
+    """Headers, numeric flags and formatted rows (trial number, cells) of the top table: one formatting for
+    the terminal and the HTML."""
+    top = top_table(df, k)
+    cols = [c for c in cols if c in top] + [c for c in analysis.varying_knobs(df) if c in top]
+    rows = [(int(number), [_cell(c, v) for c, v in zip(cols, vals, strict=True)])
+            for number, vals in zip(top["number"], top[cols].itertuples(index=False), strict=True)]
+    nums = [pd.api.types.is_numeric_dtype(top[c]) for c in cols]
+    return [HEADS.get(c, c) for c in cols], nums, rows
+
+
 def rich_table(df: pd.DataFrame, k: int = 5) -> Any:
     """The terminal view of the top configurations with their speed-up over the baseline (compact: the
     throughput, its noise and the knobs that differ; the HTML has the rest)."""
     from rich.table import Table
 
     s = analysis.summary(df)
-    top = top_table(df, k)
-    heads = {"number": "trial", "phase": "phase", "qps": "qps", "speedup": "speed-up", "qps_cv": "cv",
-             "peak_mem_mb": "mem MB"}
-    cols = [c for c in heads if c in top] + [c for c in analysis.varying_knobs(df) if c in top]
-    body = []
-    for r in top[cols].itertuples(index=False):
-        cells = []
-        for c, v in zip(cols, r, strict=True):
-            if c == "speedup" and isinstance(v, float) and v == v:
-                cells.append(f"{v:.2f}x")
-            elif c == "qps_cv" and isinstance(v, float) and v == v:
-                cells.append(f"{100 * v:.1f}%")
-            else:
-                cells.append(_fmt(v))
-        body.append((r[0], cells))
+    cols = ["number", "phase", "qps", "speedup", "qps_cv", "confirm_qps_median", "peak_mem_mb"]
+    heads, nums, rows = top_cells(df, k, cols)
     t = Table(title=f"{s['study']}: top {k} of {s['trials']} trials ({s['failed']} failed)")
-    for i, c in enumerate(cols):  # values never fold (a narrow terminal folds the headers instead)
-        num = pd.api.types.is_numeric_dtype(top[c])
-        t.add_column(heads.get(c, c), justify="right" if num else "left", overflow="fold",
-                     min_width=max((len(cells[i]) for _, cells in body), default=1))
-    for number, cells in body:
+    for i, h in enumerate(heads):  # values never fold (a narrow terminal folds the headers instead)
+        t.add_column(h, justify="right" if nums[i] else "left", overflow="fold",
+                     min_width=max((len(cells[i]) for _, cells in rows), default=1))
+    for number, cells in rows:
         t.add_row(*cells, style="bold green" if number == s["winner_trial"] else None)
     return t
 

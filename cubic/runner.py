@@ -54,19 +54,31 @@ def _check_reachable(address: str) -> None:
 
 
 class RayRunner:
-    """Submit TrialConfigs, wait for any to finish; `start()` before use, `stop()` after."""
+    """Submit TrialConfigs, wait for any to finish. Ray starts on first use (a finished study that is
+    run again never starts it); `check()` validates the address up front, `stop()` shuts Ray down."""
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
-        self.cpus = 1.0
+        self._cpus = 0.0
         self._remote: Any = None
         self._owns = False
+
+    def check(self) -> RayRunner:
+        if self.address:
+            _check_reachable(self.address)
+        return self
+
+    @property
+    def cpus(self) -> float:
+        """CPUs of the Ray cluster (starts Ray)."""
+        if self._remote is None:
+            self.start()
+        return self._cpus
 
     def start(self) -> RayRunner:
         import ray
 
-        if self.address:
-            _check_reachable(self.address)
+        self.check()
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
                                   "configure_logging": True}
         if not self.address:
@@ -79,11 +91,13 @@ class RayRunner:
             where = self.address or "local"
             raise ConfigError(f"--address {where}: cannot start/connect to Ray: {' '.join(str(e).split())[:200]}") \
                 from None
-        self.cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        self._cpus = float(ray.cluster_resources().get("CPU", 1.0))
         self._remote = ray.remote(max_retries=0)(_run)
         return self
 
     def stop(self) -> None:
+        if self._remote is None:
+            return
         import ray
 
         if self._owns and ray.is_initialized():
@@ -94,7 +108,7 @@ class RayRunner:
         return float(min(cfg.world_size * cfg.threads_per_rank, self.cpus))
 
     def submit(self, cfg: TrialConfig, tag: Any = None) -> Pending:
-        cpus = self.cpus_for(cfg)
+        cpus = self.cpus_for(cfg)  # starts Ray if needed
         ref = self._remote.options(num_cpus=cpus).remote(cfg.to_dict())
         return Pending(cfg, ref, cpus, tag)
 

@@ -483,7 +483,12 @@ def _conditions(ld: _Loader, key: str, when: Any) -> tuple[Cond, ...]:
         if rhs_s in _FIELDS:
             out.append(Cond(lhs, op, rhs_s, True))
         else:
-            rhs = yaml.safe_load(rhs_s)
+            try:
+                rhs = yaml.safe_load(rhs_s)
+            except yaml.YAMLError:
+                raise ld.err(key, f"cannot parse the value in '{part}'") from None
+            if isinstance(rhs, dict):
+                raise ld.err(key, f"cannot parse the value in '{part}'")
             if op in ("in", "not in") and not isinstance(rhs, list):
                 raise ld.err(key, f"'{part}': '{op}' needs a list like [a, b]")
             out.append(Cond(lhs, op, tuple(rhs) if isinstance(rhs, list) else rhs, False))

@@ -251,7 +251,9 @@ class Tuner:
             self._eta(pending, self.budget - self.store.budget_used())
 
     def _launch(self, trial: optuna.Trial, pending: list[Pending]) -> Pending | None:
-        ua = trial.user_attrs
+        # Enqueued trials (baseline, resumed) carry their attrs; the sampler's own proposals its last_info.
+        enqueued = "fixed_params" in self.study._storage.get_trial_system_attrs(trial._trial_id)
+        ua = trial.user_attrs if enqueued else self.sampler.last_info
         if ua.get("phase") == "exhausted":
             self.store.skip(trial, "the searcher had no untried configuration left")
             return None

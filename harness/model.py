@@ -32,13 +32,15 @@ class DenseArch(nn.Module):
         self.top = mlp(top, dim + n * (n - 1) // 2, final_relu=False)
         self.num_tables, self.dim = num_tables, dim
 
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """dense [B, F], pooled [B, T*D] (table-major columns) -> logits [B]."""
-        x = self.bottom(dense)
+    def interact(self, x: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """The top MLP's input: bottom output and the pairwise dots of all feature vectors."""
         feats = torch.cat([x.unsqueeze(1), pooled.view(-1, self.num_tables, self.dim).to(x.dtype)], dim=1)
         z = torch.bmm(feats, feats.transpose(1, 2))
-        inter = z[:, self.tri[0], self.tri[1]]
-        return self.top(torch.cat([x, inter], dim=1)).squeeze(-1)
+        return torch.cat([x, z[:, self.tri[0], self.tri[1]]], dim=1)
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """dense [B, F], pooled [B, T*D] (table-major columns) -> logits [B]."""
+        return self.top(self.interact(self.bottom(dense), pooled)).squeeze(-1)
 
 
 def build_dense_arch(wl, seed: int) -> DenseArch:

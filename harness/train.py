@@ -74,21 +74,18 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
     groups = make_groups(rank, W, cfg.group_size)
     coll = ShardedEmbeddingCollection(cfg, plan, groups, device)
     dense = build_dense_arch(wl, cfg.seed).to(device)
+    total = cfg.warmup_steps + cfg.measure_steps
+    batches = [b.to(device) for b in rank_batches(wl, cfg.seed, rank, B, total)]
+    fp8_report = None
+    if cfg.dense_precision in ("fp8_auto", "fp8_all"):
+        fp8_report = apply_fp8_dense(dense, coll, batches, cfg.dense_precision, groups, device)
     if W > 1:
         dense = DDP(dense, device_ids=[device.index] if device.type == "cuda" else None,
                     process_group=groups.world_pg)
-    if cfg.dense_precision in ("fp8_auto", "fp8_all"):
-        from harness.fp8 import prepare_fp8
-
-        fp8_report = prepare_fp8(dense.module if W > 1 else dense, cfg, device)
-    else:
-        fp8_report = None
     opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.dense_lr)
-    total = cfg.warmup_steps + cfg.measure_steps
-    batches = [b.to(device) for b in rank_batches(wl, cfg.seed, rank, B, total)]
     pipe = InputPipeline(coll, batches, cfg.pipeline_depth)
     lossf = torch.nn.BCEWithLogitsLoss(reduction="sum")
-    autocast = cfg.dense_precision != "fp32"
+    autocast = cfg.dense_precision != "fp32"  # bf16 autocast; fp8 layers run inside it
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     TIMERS.sync = sync
     mem_cap = cfg.mem_cap_mb
@@ -158,6 +155,34 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
     if collect_tables:
         out["tables"] = {t: w.numpy() for t, w in coll.full_tables().items()}  # by value across processes
     return out
+
+
+def apply_fp8_dense(dense, coll: ShardedEmbeddingCollection, batches, mode: str, groups, device) -> list[dict]:
+    """LoKA-style: probe every Linear of both MLPs on real batches, then swap in fp8 layers.
+
+    `fp8_all` swaps every layer; `fp8_auto` only layers the probe found both accurate
+    enough and faster than bf16 (on CPU never: fp8 is only emulated there). Ranks agree
+    on the choice (a layer is fp8 only if every rank's probe says so).
+    """
+    from harness.fp8 import apply_fp8, probe_mlp, probes_to_json
+
+    with torch.no_grad():
+        b = batches[0]
+        pooled = coll.forward(coll.input_dist(b.ids, b.offsets, b.batch_size))
+        top_in = dense.interact(dense.bottom(b.dense), pooled)
+    probes = {"bottom": probe_mlp(dense.bottom, [x.dense for x in batches[:2]], device=device),
+              "top": probe_mlp(dense.top, [top_in], device=device)}
+    flags = torch.tensor([p.use_fp8 for ps in probes.values() for p in ps], dtype=torch.int32)
+    if groups.world > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=groups.world_pg)
+    i = 0
+    for ps in probes.values():
+        for p in ps:
+            p.use_fp8 = bool(flags[i])
+            i += 1
+    apply_fp8(dense.bottom, probes["bottom"], mode)
+    apply_fp8(dense.top, probes["top"], mode)
+    return [{"mlp": k, **d} for k, ps in probes.items() for d in probes_to_json(ps)]
 
 
 def _maybe_fault(cfg: TrialConfig, rank: int, step: int) -> None:

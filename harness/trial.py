@@ -197,7 +197,8 @@ def summarize(cfg: TrialConfig, r0: dict, env: dict) -> TrialResult:
     n = len(step_s)
     bounds = [round(i * n / cfg.windows) for i in range(cfg.windows + 1)]
     samples = cfg.world_size * cfg.batch_size
-    window_qps = [samples * (hi - lo) / sum(step_s[lo:hi]) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    window_qps = [samples * (hi - lo) / sum(step_s[lo:hi])
+                  for lo, hi in zip(bounds, bounds[1:], strict=False) if hi > lo]
     med = statistics.median(window_qps)
     cv = statistics.pstdev(window_qps) / statistics.mean(window_qps) if len(window_qps) > 1 else 0.0
     ms = sorted(s * 1e3 for s in step_s)

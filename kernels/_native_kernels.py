@@ -161,8 +161,8 @@ def _st_impl(w, i, v):
     return None
 
 
-_PF_IDS = 16  # forward: rows prefetched this many ids ahead
-_PF_PAIRS = 12  # backward: rows (and their optimizer state) prefetched this many sorted pairs ahead
+_PF_IDS = 48  # forward: rows prefetched this many ids ahead (tuned: 16 -> 48 was 2.5 -> 1.9 ms)
+_PF_PAIRS = 24  # backward: rows (and their state) prefetched this many sorted pairs ahead
 
 # Every kernel below is serial and releases the GIL (nogil=True); `kernels.native_backend` runs
 # them on balanced slices of work from a few Python threads. (numba's own prange runtime was

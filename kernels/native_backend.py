@@ -1,7 +1,7 @@
 """`native` backend: our own CPU embedding-bag kernels (numba), TBE layout and math.
 
-Why it exists: FBGEMM's CPU TBE spends most of a training step in its backward (a generic
-csr2csc + per-element loops); the work is really memory-bound row gathers/scatters. Here:
+Why it exists: the embedding step is memory-bound row gathers/scatters, and FBGEMM's CPU TBE
+(most of its time in the backward) neither scales with threads here nor uses huge pages. Here:
 
 * forward: one parallel pass over balanced (table, bag range) items, rows prefetched ahead;
 * backward fused with the optimizer: per table the (row, bag) pairs are radix-sorted, each run
@@ -15,6 +15,7 @@ Weights fp32 / fp16 / bf16 (reduced precision stored round-to-nearest-even, math
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -29,20 +30,22 @@ from kernels.base import DTYPES, EmbeddingBagKernel
 _ITEMS_PER_THREAD = 4  # work items per thread: balance (pooling differs by table) at low overhead
 
 _pool: ThreadPoolExecutor | None = None
+_pool_pid = 0  # a forked child inherits the pool object but not its threads: rebuild it there
 _pool_lock = threading.Lock()
 
 
 def _parallel(fn: Callable[[int, int], None], n_work: int, nthreads: int) -> None:
     """Run fn(k0, k1) over [0, n_work) split into `nthreads` contiguous slices: the caller takes
     the first, a persistent pool the rest. The kernels release the GIL, so slices truly overlap."""
-    global _pool
+    global _pool, _pool_pid
     n = max(1, min(nthreads, n_work))
     if n == 1:
         fn(0, n_work)
         return
     with _pool_lock:
-        if _pool is None or _pool._max_workers < n - 1:
-            _pool = ThreadPoolExecutor(max(n - 1, 1), thread_name_prefix="cubic-native")
+        if _pool is None or _pool_pid != os.getpid() or _pool._max_workers < n - 1:
+            _pool = ThreadPoolExecutor(n - 1, thread_name_prefix="cubic-native")
+            _pool_pid = os.getpid()
         pool = _pool
     bounds = [n_work * i // n for i in range(n + 1)]
     futs = [pool.submit(fn, bounds[i], bounds[i + 1]) for i in range(1, n)]
@@ -94,6 +97,9 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         if self.device.type != "cpu":
             raise ValueError(f"native kernel: device {self.device} unsupported; it runs on CPU only "
                              "(use kernel=fbgemm, torch or triton on GPUs)")
+        if max(self.rows) >= 2**31:
+            raise ValueError("native kernel: tables of 2^31 rows or more unsupported (row ids are packed "
+                             "into 32 bits for the backward's sort); shard the table")
         dt = DTYPES[self.weight_dtype]
         w_off = np.zeros(self.num_tables + 1, np.int64)
         np.cumsum([r * d for r, d in zip(self.rows, self.dims, strict=True)], out=w_off[1:])

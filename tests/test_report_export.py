@@ -45,7 +45,8 @@ def failed_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def one_line_error(r) -> str:
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    code = getattr(r, "returncode", getattr(r, "exit_code", None))
+    assert code == 2, (code, r.stdout, r.stderr)
     err = r.stderr.strip()
     assert err and "\n" not in err and "Traceback" not in err, err
     return err
@@ -63,9 +64,14 @@ def test_report_writes_self_contained_html(run_dir: Path, tmp_path: Path) -> Non
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs), [s[:40] for s in srcs]
     assert not re.search(r"https?://|file:", html.replace("sqlite:///", ""))
     assert "<script" not in html.lower()
-    # the default output lands in the run directory
-    r = cubic_cli("report", str(run_dir))
-    assert r.returncode == 0 and (run_dir / "report.html").exists()
+    # the default output lands in the run directory (in-process: the same typer app, no startup cost)
+    from typer.testing import CliRunner
+
+    from cubic.cli import app
+
+    r = CliRunner().invoke(app, ["report", str(run_dir), "--top", "2"])
+    assert r.exit_code == 0, r.stderr
+    assert (run_dir / "report.html").exists() and "top 2" in r.stdout
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -124,7 +130,9 @@ def _check_torchrec_dict(d: dict, cfg: TrialConfig, plan: list | None = None) ->
     assert d["world_size"] == cfg.world_size and d["sharding_group_size"] == cfg.group_size
     two_d = cfg.group_size < cfg.world_size
     assert d["model_parallel"] == ("DMPCollection" if two_d else "DistributedModelParallel")
-    assert d["train_pipeline"]["class"] == export.TRAIN_PIPELINES[cfg.pipeline_depth]
+    expect = {0: "TrainPipelineBase", 1: "TrainPipelineSparseDist",
+              2: "PrefetchTrainPipelineSparseDist" if cfg.device == "cuda" else "TrainPipelineSparseDist"}
+    assert d["train_pipeline"]["class"] == expect[cfg.pipeline_depth]
     prec = cfg.comm_precision.upper()
     assert d["qcomms_config"] == {"forward_precision": prec, "backward_precision": prec}
     for t in d["tables"]:
@@ -144,6 +152,7 @@ TORCHREC_CASES = [
     dict(sharding="data_parallel"),
     dict(sharding="size_lookup_greedy", world_size=4, sharding_group_size=2, sparse_sync="weight_avg"),
     dict(sharding="auto", world_size=4),
+    dict(sharding="table_wise", pipeline_depth=2, device="cuda"),
 ]
 
 
@@ -155,7 +164,11 @@ def _rec(cfg: TrialConfig) -> dict:
             "baseline_qps": 666.0, "baseline_trial": 0, "confirmed": True}
 
 
-@pytest.mark.parametrize("knobs", TORCHREC_CASES, ids=lambda k: k["sharding"])
+def _id(k: dict) -> str:
+    return "-".join(f"{v}" for v in k.values())
+
+
+@pytest.mark.parametrize("knobs", TORCHREC_CASES, ids=_id)
 def test_torchrec_export_matches_the_plan(knobs: dict) -> None:
     cfg = TrialConfig(workload=Workload.tiny(), kernel="torch").replace(**knobs).validate()
     rec = _rec(cfg)
@@ -164,7 +177,7 @@ def test_torchrec_export_matches_the_plan(knobs: dict) -> None:
     _check_torchrec_dict(d, cfg, rec["result"]["plan"])
 
 
-@pytest.mark.parametrize("knobs", TORCHREC_CASES, ids=lambda k: k["sharding"])
+@pytest.mark.parametrize("knobs", TORCHREC_CASES, ids=_id)
 def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     """Feed the export to TorchRec itself: ParameterConstraints, its planner, construct_module_sharding_plan,
     QCommsConfig and the named train pipeline (skipped without torchrec; see README for its env)."""
@@ -227,13 +240,23 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------- bad input
 def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, run_dir: Path, failed_only: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cubic.cli import app
+
+    def cli(*args: str):  # in-process: the same typer app as the `cubic` script, without the startup cost
+        return CliRunner().invoke(app, list(args))
+
     for cmd in (["report"], ["export", "--format", "json"]):
-        err = one_line_error(cubic_cli(*cmd, str(tmp_path / "missing")))
+        err = one_line_error(cli(*cmd, str(tmp_path / "missing")))
         assert "no such run directory" in err
-        err = one_line_error(cubic_cli(*cmd, str(tmp_path)))
+        err = one_line_error(cli(*cmd, str(tmp_path)))
         assert "no study" in err
-        err = one_line_error(cubic_cli(*cmd, str(failed_only)))
+        err = one_line_error(cli(*cmd, str(failed_only)))
         assert "no completed trial" in err
-    err = one_line_error(cubic_cli("export", str(run_dir), "--format", "xml"))
+    err = one_line_error(cli("export", str(run_dir), "--format", "xml"))
     assert "'xml'" in err and "yaml" in err and "torchrec" in err
     assert not (tmp_path / "study.db").exists()
+    # and the real process prints the same single line, no traceback
+    err = one_line_error(cubic_cli("export", str(failed_only), "--format", "torchrec"))
+    assert "no completed trial" in err

@@ -32,15 +32,16 @@ class CubicSampler(SpaceSampler):
     name = "cubic"
 
     def __init__(self, space: SearchSpace, seed: int = 0, n_warmup: int = 5, kappa: float = 1.0,
-                 n_random: int = 1000, n_best: int = 5, n_tpe: int = 4,
+                 n_random: int = 1000, n_fresh: int = 100, n_best: int = 3, n_tpe: int = 4,
                  feature_fn: FeatureFn | None = cost_model_features,
                  history: Sequence[tuple[dict, float | None]] = ()) -> None:
         """history: (params, qps or None if the trial failed) of earlier studies on this space."""
         super().__init__(space, seed)
-        self.n_warmup, self.kappa, self.n_random, self.n_best, self.n_tpe = n_warmup, kappa, n_random, n_best, n_tpe
+        self.n_warmup, self.kappa, self.n_best, self.n_tpe = n_warmup, kappa, n_best, n_tpe
+        self.n_random, self.n_fresh = n_random, n_fresh
+        self.reservoir: set[tuple] = set()  # random candidates kept across proposals (features are cached)
         self.proxy = Proxy(space, feature_fn, seed=seed)
-        self.tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, multivariate=True,
-                                              warn_independent_sampling=False)
+        self.tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, multivariate=True)
         self.hist_ok = [(space.tup(p), q) for p, q in history if q is not None and q > 0]
         self.hist_failed = [space.tup(p) for p, q in history if q is None or q <= 0]
 
@@ -76,22 +77,23 @@ class CubicSampler(SpaceSampler):
 
     def _pool(self, study: optuna.Study, trial: FrozenTrial, obs: Observations, ok: list[tuple],
               qps: list[float]) -> list[tuple]:
-        pool: set[tuple] = set()
         every = self.space.all_tuples
         if every is not None and len(every) - len(obs.seen) <= self.n_random:
-            pool.update(every)
-        else:
-            for _ in range(self.n_random):
+            pool = set(every)
+        else:  # a reservoir of random configurations, topped up with a few fresh ones each time
+            want = max(self.n_random - len(self.reservoir - obs.seen), 0) + self.n_fresh
+            for _ in range(want):
                 t = self.space.random_tuple(self.rng, obs.seen, tries=20)
                 if t is not None:
-                    pool.add(t)
+                    self.reservoir.add(t)
+            pool = set(self.reservoir)
         top = [ok[i] for i in np.argsort(qps)[::-1][: self.n_best]]
-        for t in top:  # evolution: all one-knob neighbours, and random two-knob mutations
+        for t in top:  # evolution: every one-knob neighbour and some two-knob mutations of the best
             near = list(self.space.neighbours(t))
             pool.update(near)
-            for _ in range(min(len(near), 20)):
-                u = near[int(self.rng.integers(len(near)))]
-                pool.update(list(self.space.neighbours(u))[:: max(1, len(near) // 4)])
+            for j in self.rng.permutation(len(near))[:8]:
+                further = list(self.space.neighbours(near[j]))
+                pool.update(further[k] for k in self.rng.permutation(len(further))[:3])
         pool.update(self._tpe(study, trial))
         return sorted(pool - obs.seen, key=str)
 

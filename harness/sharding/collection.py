@@ -27,15 +27,16 @@ are scaled by 1/W (DDP averages the dense ones the same way).
       squaring, so the union - not a sum of separate updates - is what matches).
   weight_avg: each replica updates with its own bags, then replicas average
       weights and optimizer state. With plain row-wise AdaGrad that shrinks the
-      effective step by R. `momentum_scaled_rowwise_adagrad` fixes it:
-          state_r += R * mean(g_r^2);   w_r -= R * lr * g_r / (sqrt(state_r) + eps)
-      i.e. the accumulator ("momentum") increment and the step are scaled by the
-      replica count, so that after averaging, a row touched by one replica in a
-      step gets exactly the full model-parallel update (state + mean(g^2),
-      lr * g / (sqrt(state') + eps)); rows touched by several replicas in one
-      step are approximated. It is applied by feeding the kernel sqrt(R) * g and
-      sqrt(R) * lr, which every backend computes exactly. Under grad_allreduce
-      the update is already exact and no scaling is applied.
+      effective step by R. `momentum_scaled_rowwise_adagrad` fixes it. With
+      s the synchronized state before the step and g_k replica k's row gradient:
+          local step:  s_k = s + mean(g_k^2);   w_k = w - R * lr * g_k / (sqrt(s_k) + eps)
+          sync:        w' = mean_k(w_k);        s' = s + R * mean_k(s_k - s)  (= s + sum of increments)
+      i.e. the step and the accumulator ("momentum") increment are scaled by the
+      replica count R. A row touched by one replica in a step then gets exactly
+      the full model-parallel update (s + mean(g^2), lr * g / (sqrt(s') + eps));
+      rows touched by several replicas in one step are approximated (their
+      gradients are not summed before squaring). Under grad_allreduce the
+      update is already exact and no scaling is applied.
 
 Data-parallel tables are replicated fp32 parameters with dense gradients,
 all-reduced (averaged) over the world and updated by the same row-wise rule
@@ -44,7 +45,6 @@ all-reduced (averaged) over the world and updated by the same row-wise rule
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -88,19 +88,21 @@ class ShardedEmbeddingCollection:
         self.local = self.per_pos[groups.pos]
         self.has_mp = any(self.per_pos)
         self.comm_dtype = COMM_DTYPES[cfg.comm_precision]
-        scaled = (cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and self.R > 1
-                  and cfg.sparse_sync == "weight_avg")
-        root = math.sqrt(self.R) if scaled else 1.0
-        self.grad_scale = root / self.W
+        self.momentum_scaled = (cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and self.R > 1
+                                and cfg.sparse_sync == "weight_avg")
+        self.grad_scale = 1.0 / self.W
         kind = "sgd" if cfg.emb_optimizer == "sgd" else "rowwise_adagrad"
         self.optim = OptimSpec(kind, cfg.emb_lr)
         self.kernel = None
         if self.local:
+            lr = cfg.emb_lr * (self.R if self.momentum_scaled else 1)
             self.kernel = make_kernel(cfg.kernel, [s.rows for s in self.local], [s.dim for s in self.local],
-                                      weight_dtype=cfg.emb_precision, optim=OptimSpec(kind, cfg.emb_lr * root),
-                                      device=device)
+                                      weight_dtype=cfg.emb_precision, optim=OptimSpec(kind, lr), device=device)
             self.kernel.load([init_table(cfg.seed, s.table, self.rows[s.table], self.D, s.row_start, s.row_end,
                                          s.col_start, s.col_end) for s in self.local])
+        # the synchronized optimizer state, to sum the replicas' increments (momentum scaling)
+        self._synced_states = [x.clone() for x in self.kernel.states()] if (
+            self.momentum_scaled and self.kernel is not None) else []
         self.dp_tables = plan.dp_tables()
         self.dp_weights = [torch.nn.Parameter(init_table(cfg.seed, t, self.rows[t], self.D).to(device))
                            for t in self.dp_tables]
@@ -227,12 +229,21 @@ class ShardedEmbeddingCollection:
                     w.grad = None
         if self.R > 1 and self.cfg.sparse_sync == "weight_avg" and self.kernel is not None:
             t0 = time.perf_counter()
-            for tensor in [*self.kernel.weights(), *self.kernel.states()]:
-                if tensor.numel() == 0:
-                    continue
-                buf = tensor.float()
+            for w in self.kernel.weights():
+                buf = w.float()
                 dist.all_reduce(buf, group=self.g.replica)
-                tensor.copy_((buf / self.R).to(tensor.dtype))
+                w.copy_((buf / self.R).to(w.dtype))
+            for i, st in enumerate(self.kernel.states()):
+                if st.numel() == 0:
+                    continue
+                if self.momentum_scaled:  # s' = s + sum of the replicas' increments
+                    inc = st - self._synced_states[i]
+                    dist.all_reduce(inc, group=self.g.replica)
+                    st.copy_(self._synced_states[i] + inc)
+                    self._synced_states[i].copy_(st)
+                else:
+                    dist.all_reduce(st, group=self.g.replica)
+                    st.div_(self.R)
             TIMERS.add("comm", time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ inspection (tests)

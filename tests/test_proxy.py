@@ -1,0 +1,84 @@
+"""The proxy ranks unseen configurations of a landscape whose structure we know.
+
+Landscape: log qps over the default CPU space = main effects of five knobs (batch size, kernel,
+sharding, pipelining, threads) + an interaction (fp16 tables pay off only with a low-precision
+all-to-all). The proxy sees 40 random configurations and ranks 300 others.
+
+Threshold: Kendall tau >= 0.65. Chance is tau = 0 with a standard deviation of ~0.04 at n = 300,
+so 0.65 is >15 sigma from guessing; and the proxy must also beat by 0.1 the ranking by the single
+strongest knob (batch size alone reaches tau ~0.58 here), i.e. it must have learned several knobs
+and their interaction, not one trend. (Measured: 0.72-0.78 over seeds.)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cubic.proxy import Proxy, kendall_tau
+from cubic.space import SearchSpace, load_space
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARDING = {"table_wise": 0.0, "row_wise": 0.25, "column_wise": 0.1, "table_row_wise": 0.2,
+            "data_parallel": -0.3, "size_greedy": 0.05, "lookup_greedy": 0.15, "size_lookup_greedy": 0.3}
+
+
+def log_qps(p: dict) -> float:
+    v = 0.35 * math.log2(p["batch_size"] / 512) + SHARDING[p["sharding"]]
+    v += 0.4 * (p["kernel"] == "fbgemm") + 0.2 * (p["pipeline_depth"] > 0) - 0.15 * (p["threads_per_rank"] == 2)
+    v += 0.3 * (p["emb_precision"] == "fp16" and p["comm_precision"] != "fp32")
+    return v
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[SearchSpace, list[tuple], np.ndarray, list[tuple], np.ndarray]:
+    space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    rng = np.random.default_rng(0)
+    picks = rng.permutation(len(space.all_tuples))[:340]
+    tuples = [space.all_tuples[i] for i in picks]
+    y = np.exp([log_qps(space.params_of(t)) for t in tuples]) * 1e4
+    return space, tuples[:40], y[:40], tuples[40:], y[40:]
+
+
+@pytest.mark.parametrize("derived", [False, True], ids=["knobs-only", "with-cost-model-features"])
+def test_proxy_ranks_held_out_configs(data, derived: bool) -> None:
+    space, train, y_train, test, y_test = data
+    kw = {} if derived else {"feature_fn": None}
+    proxy = Proxy(space, seed=1, **kw).fit(train, list(y_train))
+    mu, sd = proxy.predict(test)
+    tau = kendall_tau(list(mu), list(y_test))
+    single = kendall_tau([space.params_of(t)["batch_size"] for t in test], list(y_test))
+    assert tau is not None and single is not None
+    assert tau >= 0.65 and tau >= single + 0.1, (tau, single)
+    assert (sd >= 0).all() and sd.mean() > 0  # the bootstrap ensemble disagrees somewhere
+    # calibrated to log qps: predictions land in the measured range, not arbitrary score units
+    assert np.median(np.abs(mu - np.log(y_test))) < 0.5
+
+
+def test_feasibility_classifier_learns_which_configs_fail(data) -> None:
+    space, train, y_train, test, _ = data
+
+    def fails(t: tuple) -> bool:
+        p = space.params_of(t)
+        return p["batch_size"] == 4096 and p["emb_precision"] == "fp32"
+
+    ok = [(t, y) for t, y in zip(train, y_train, strict=True) if not fails(t)]
+    bad = [t for t in train if fails(t)]
+    assert bad, "the random training set should contain failing configs"
+    proxy = Proxy(space, feature_fn=None, seed=0).fit([t for t, _ in ok], [y for _, y in ok], bad)
+    p = proxy.p_feasible(test)
+    mask = np.array([fails(t) for t in test])
+    assert p[mask].mean() < 0.5 < p[~mask].mean()
+
+
+def test_proxy_features_include_the_cost_model(data) -> None:
+    space, train, *_ = data
+    proxy = Proxy(space)
+    rows = proxy.features.rows(train[:3])
+    names = proxy.features.derived_names or []
+    assert {"est_qps", "bytes_lookup_per_rank", "a2a_bytes", "mem_mb_per_rank", "load_imbalance"} <= set(names)
+    assert rows.shape == (3, len(proxy.features.names) + len(names))
+    assert np.isfinite(rows).all()

@@ -1,0 +1,109 @@
+"""Search-space loading: the shipped spaces, canonical configurations, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cubic.space import fingerprint, load_space
+from harness.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = """\
+name: t
+workload: {preset: tiny}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 64, kernel: torch}
+knobs:
+  sharding: [table_wise, row_wise]
+  batch_size: {type: int, low: 64, high: 256, log: true}
+  sharding_group_size: {choices: [0, 1], when: sharding_group_size < world_size}
+  sparse_sync: {choices: [grad_allreduce, weight_avg], when: sharding_group_size > 0}
+trial: {warmup_steps: 1, measure_steps: 3, windows: 1}
+budget: {trials: 5}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "space.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("name", ["dlrm_cpu.yaml", "tiny.yaml"])
+def test_shipped_spaces_load(name: str) -> None:
+    space = load_space(ROOT / "search_spaces" / name)
+    assert space.baseline.validate() is space.baseline
+    assert space.tup(space.baseline_params()) in set(space.all_tuples)
+    json.dumps(space.to_dict())  # the study's "space" attr must be JSON
+    assert space.to_dict()["baseline_config"]["workload"]["name"] == space.workload.name
+
+
+def test_dlrm_cpu_space_matches_the_brief() -> None:
+    space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    b = space.baseline
+    assert (b.sharding, b.kernel, b.emb_precision, b.dense_precision, b.pipeline_depth, b.batch_size,
+            b.world_size) == ("table_wise", "fbgemm", "fp32", "fp32", 0, 1024, 2)
+    assert space.workload.name == "small"
+    assert space.knobs["dense_precision"].choices == ("fp32", "bf16")
+    assert space.knobs["kernel"].choices == ("fbgemm", "torch")
+
+
+def test_ranges_conditions_and_canonical_configs(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, GOOD))
+    assert space.knobs["batch_size"].choices == (64, 128, 256)
+    # sparse_sync means nothing without 2D: both values are one configuration
+    a = space.tup({"sharding": "row_wise", "batch_size": 128, "sharding_group_size": 0, "sparse_sync": "weight_avg"})
+    b = space.tup({"sharding": "row_wise", "batch_size": 128, "sharding_group_size": 0,
+                   "sparse_sync": "grad_allreduce"})
+    assert a == b
+    c = space.tup({"sharding": "row_wise", "batch_size": 128, "sharding_group_size": 1, "sparse_sync": "weight_avg"})
+    assert c != b and space.config(space.params_of(c)).replicas == 2
+    # 2 shardings x 3 batches x (plain + 2D x 2 syncs) distinct configurations
+    assert space.size() == 2 * 3 * 3
+    rng = np.random.default_rng(0)
+    seen: set[tuple] = set()
+    for _ in range(space.size()):
+        t = space.random_tuple(rng, seen)
+        assert t is not None and t not in seen and space.valid(space.params_of(t))
+        seen.add(t)
+    assert space.random_tuple(rng, seen) is None
+    assert all(space.tup(space.params_of(n)) == n for n in space.neighbours(b))
+    assert sorted(space.differs_in_numerics(space.params_of(c))) == ["batch_size", "sharding_group_size",
+                                                                     "sparse_sync"]
+    assert space.differs_in_numerics({**space.baseline_params(), "sharding": "row_wise"}) == []
+
+
+def test_fingerprint_ignores_budget_and_name(tmp_path: Path) -> None:
+    a = load_space(write(tmp_path, GOOD)).to_dict()
+    b = load_space(write(tmp_path, GOOD.replace("trials: 5", "trials: 9").replace("name: t", "name: u"))).to_dict()
+    c = load_space(write(tmp_path, GOOD.replace("measure_steps: 3", "measure_steps: 4"))).to_dict()
+    assert fingerprint(a) == fingerprint(b) != fingerprint(c)
+
+
+@pytest.mark.parametrize("text, expected", [
+    (GOOD.replace("knobs:\n", "knobs:\n  sharding: [a, b\n"), ":6: malformed YAML"),  # where yaml sees the problem
+    (GOOD.replace("  sharding: [table_wise, row_wise]", "  shardin: [table_wise]"), ":5: knobs.shardin: unknown knob"),
+    (GOOD.replace("[table_wise, row_wise]", "[]"), ":5: knobs.sharding.choices: choices must not be empty"),
+    (GOOD.replace("[table_wise, row_wise]", "[row_wise, column_wise]"),
+     ":3: baseline.sharding: baseline value 'table_wise' is outside the space"),
+    (GOOD.replace("[table_wise, row_wise]", "[table_wise, diagonal]"), "knobs.sharding.choices[1]: 'diagonal'"),
+    (GOOD.replace("budget: {trials: 5}", "budget: {trials: 0}"), "budget.trials: 0 must be a int >= 1"),
+    (GOOD.replace("when: sharding_group_size > 0", "when: sharding_group_size >> 0"), "cannot parse"),
+    (GOOD + "bogus: 1\n", ":11: bogus: unknown key"),
+    (GOOD.replace("preset: tiny", "preset: huge"), "workload: unknown preset 'huge'"),
+])
+def test_bad_spaces_fail_with_one_line_naming_file_line_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_space(path)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(path)), msg
+    assert expected in msg, msg
+
+
+def test_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_space(tmp_path / "nope.yaml")

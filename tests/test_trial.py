@@ -1,0 +1,146 @@
+"""One real trial end to end: result schema, failure statuses, no leftover processes, the CLI contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.config import TrialConfig
+from harness.trial import run_trial
+from harness.workload import Workload
+from tests.helpers import tiny_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+ANCHOR = ROOT.parent / "shared" / "anchors" / "workload-small.json"
+FAST = ["--set", "batch_size=64", "--set", "warmup_steps=1", "--set", "measure_steps=3", "--set", "windows=1"]
+
+
+def cubic(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cubic.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _children() -> list[psutil.Process]:
+    """Rank processes still alive (multiprocessing's shared resource tracker is not one)."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.is_running() and "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def test_ok_trial_fills_the_result_schema():
+    r = run_trial(tiny_cfg(world_size=2, measure_steps=6, windows=3))
+    assert r.status == "ok", r.error
+    assert r.qps > 0 and len(r.window_qps) == 3 and r.qps_cv >= 0
+    assert r.step_ms_p90 >= r.step_ms_p50 > 0
+    assert r.peak_mem_mb > 100
+    assert 0 < r.ne < 2 and r.loss_first > 0
+    assert set(r.breakdown_ms) == {"emb_fwd", "emb_bwd", "comm", "dense", "optim"}
+    assert r.config["world_size"] == 2 and r.env["world_size"] == 2 and r.env["torch"]
+    assert len(r.plan) == 6
+    json.loads(r.to_json())
+
+
+def test_loss_really_falls():
+    r = run_trial(tiny_cfg(world_size=2, batch_size=128, warmup_steps=8, measure_steps=24, emb_lr=0.05))
+    assert r.status == "ok", r.error
+    first, last = sum(r.losses[:4]) / 4, sum(r.losses[-4:]) / 4
+    assert last < first - 0.05, (first, last)
+
+
+@pytest.mark.parametrize("fault,status,needle", [
+    ("crash", "error", "injected crash"),
+    ("oom", "oom", "exceeds mem_cap_mb"),
+    ("hang", "timeout", "timeout_s"),
+])
+def test_failing_rank_gives_status_and_leaves_no_process(fault, status, needle):
+    cfg = tiny_cfg(world_size=2, inject_fault=fault, mem_cap_mb=1200 if fault == "oom" else 0,
+                   timeout_s=12 if fault == "hang" else 120)
+    t0 = time.monotonic()
+    r = run_trial(cfg)
+    assert r.status == status and needle in r.error, (r.status, r.error)
+    assert "\n" not in r.error
+    assert time.monotonic() - t0 < 60
+    time.sleep(0.5)
+    assert not _children(), [p.cmdline() for p in _children()]
+
+
+def test_plan_over_memory_cap_is_an_oom_trial():
+    r = run_trial(tiny_cfg(world_size=2, mem_cap_mb=0.01))
+    assert r.status == "oom" and "mem_cap_mb" in r.error
+
+
+def test_cli_trial_json_on_anchor_workload_format(tmp_path):
+    wl = json.loads(ANCHOR.read_text()) if ANCHOR.exists() else {
+        "tables": 8, "rows": 200000, "dim": 64, "pooling": 20, "dense": 13, "bottom_mlp": [256, 128, 64],
+        "top_mlp": [512, 256, 1], "local_batch": 1024, "world": 2, "threads_per_rank": 1}
+    wl.update(tables=3, rows=[1000, 50, 300], pooling=[2, 1, 3], warmup_steps=1, timed_steps=3)
+    f = tmp_path / "w.json"
+    f.write_text(json.dumps(wl))
+    p = cubic("trial", "--workload", str(f), "--set", "kernel=torch", "--set", "batch_size=32", "--set",
+              "windows=1", "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["status"] == "ok"
+    assert [t["rows"] for t in res["config"]["workload"]["tables"]] == [1000, 50, 300]
+    assert res["config"]["measure_steps"] == 3 and res["config"]["batch_size"] == 32
+
+
+def test_cli_trial_readable_summary(tmp_path):
+    f = tmp_path / "w.json"
+    f.write_text(json.dumps(Workload.tiny().to_dict()))
+    p = cubic("trial", "--workload", str(f), *FAST, "--set", "kernel=fbgemm", "--set", "emb_precision=fp16")
+    assert p.returncode == 0, p.stderr
+    assert "samples/s" in p.stdout and "sharding plan" in p.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "kernel=cuda-magic"], "kernel='cuda-magic' is not allowed; choose one of"),
+    (["--set", "batch_size=lots"], "batch_size='lots' is not a valid int"),
+    (["--set", "warp_drive=1"], "--set warp_drive: unknown knob"),
+    (["--set", "pipeline_depth=7"], "pipeline_depth=7 is not allowed"),
+    (["--set", "sharding_group_size=3"], "sharding_group_size=3 must divide world_size=2"),
+    (["--set", "world_size=4", "--set", "sharding=column_wise", "--set", "column_shard_dim=6"],
+     "cannot be split into FBGEMM-legal shards"),
+    (["--set", "mem_cap_mb=0.1"], "cannot fit mem_cap_mb=0"),
+    (["--set", "nonsense"], "expected KNOB=VALUE"),
+])
+def test_cli_bad_set_exits_2_with_one_line(args, needle):
+    p = cubic("trial", "--space", "search_spaces/tiny.yaml", *args, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert needle in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "invalid JSON at line 1"),
+    ('{"tables": 2, "rows": 10, "dim": 8}', "missing key 'pooling'"),
+    ('{"tables": 2, "rows": [10], "dim": 8, "pooling": 1, "dense": 4, "bottom_mlp": [8], "top_mlp": [4, 1]}',
+     "rows must be a non-negative int or a list of 2 ints"),
+    ('{"tables": 2, "rows": 10, "dim": 8, "pooling": 1, "dense": 4, "bottom_mlp": [16], "top_mlp": [4, 1]}',
+     "bottom_mlp must end in the embedding dim 8"),
+    ('{"tables": 2, "rows": 10, "dim": 8, "pooling": 1, "dense": 4, "bottom_mlp": [8], "top_mlp": [1], "x": 1}',
+     "unknown key 'x'"),
+])
+def test_cli_malformed_workload_exits_2(tmp_path, content, needle):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    p = cubic("trial", "--workload", str(f), timeout=60)
+    assert p.returncode == 2 and needle in p.stderr, p.stderr
+    assert str(f) in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_cli_missing_workload_file_exits_2():
+    p = cubic("trial", "--workload", "does/not/exist.json", timeout=60)
+    assert p.returncode == 2 and "workload file not found" in p.stderr
+
+
+def test_config_round_trip_is_exact():
+    cfg = TrialConfig(workload=Workload.criteo_mlperf_mini(), sharding="auto", batch_size=2048)
+    assert TrialConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))).key() == cfg.key()
+    assert os.path.exists(ROOT / "search_spaces" / "dlrm_cpu.yaml")

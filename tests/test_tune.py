@@ -1,0 +1,250 @@
+"""`cubic tune` end to end: real trials (tiny workload) on a real local Ray, real Optuna SQLite store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from typer.testing import CliRunner
+
+from cubic.samplers import SEARCHERS, distributions, make_sampler
+from cubic.space import load_space
+from cubic.store import FLAT_KEYS, Store, open_storage, storage_url
+
+ROOT = Path(__file__).resolve().parent.parent
+# One-rank trials of the tiny workload: ~4 s each, two at a time on a 2-core machine.
+FAST = """\
+name: fast
+workload: {preset: tiny}
+baseline: {world_size: 1, sharding: table_wise, batch_size: 32, kernel: torch}
+knobs:
+  batch_size: [32, 64, 128, 256]
+  pipeline_depth: [0, 1]
+  emb_precision: [fp32, fp16]
+constraints: {mem_cap_mb: 3000, quality_tolerance: 0.5}
+trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 60, repeats: 1}
+budget: {trials: 5, confirm_top_k: 1}
+"""
+# Rank 1 crashes / allocates past the cap / hangs: grid search visits each once after the baseline.
+FAULTS = """\
+name: faults
+workload: {preset: tiny}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 32, kernel: torch, inject_fault: none}
+knobs:
+  inject_fault: [none, crash, oom, hang]
+constraints: {mem_cap_mb: 1500}
+trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 25, repeats: 1}
+budget: {trials: 4, confirm_top_k: 0}
+"""
+
+
+def cubic_tune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cubic.cli", "tune", "--no-live", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def load(run_dir: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{run_dir / 'study.db'}")
+
+
+def space_file(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "space.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_end_to_end_tune_writes_every_trial_with_metrics(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    r = cubic_tune("--space", str(space_file(tmp_path, FAST)), "--run-dir", str(run), "--seed", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "winner" in r.stdout and "x the baseline" in r.stdout and str(run) in r.stdout
+    study = load(run, "fast")
+    trials = study.get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 5 == len(trials)
+    assert trials[0].user_attrs["phase"] == "baseline" and trials[0].params == {
+        "batch_size": 32, "pipeline_depth": 0, "emb_precision": "fp32"}
+    assert len({t.user_attrs["config_key"] for t in done}) == 5
+    for t in done:
+        ua = t.user_attrs
+        assert t.value == ua["qps"] == ua["result"]["qps"] > 0
+        assert set(FLAT_KEYS) <= set(ua) and ua["status"] == "ok" and ua["ne"] > 0 and ua["peak_mem_mb"] > 0
+        assert {"searcher", "phase", "predicted_qps", "predicted_std", "config_key", "config"} <= set(ua)
+        assert ua["searcher"] == "cubic" and ua["config"]["batch_size"] == t.params["batch_size"]
+        assert (run / "trials" / f"{t.number:04d}.json").exists()
+    # trials ran concurrently on Ray (one CPU each, two CPUs)
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in done)
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+    # confirm: re-measured on the original trials, quality-gated, winner recorded
+    w = study.user_attrs["winner"]
+    assert {"trial", "qps", "qps_spread", "speedup", "baseline_qps", "config"} <= set(w)
+    assert study.user_attrs["space"]["baseline_config"]["batch_size"] == 32
+    wt = study.trials[w["trial"]]
+    assert wt.user_attrs["quality_ok"] is True and len(wt.user_attrs["confirm_qps"]) == 1
+    assert len(trials[0].user_attrs["confirm_ne"]) == 1 and trials[0].user_attrs["quality_reason"] == "baseline"
+    assert w["speedup"] == pytest.approx(w["qps"] / w["baseline_qps"])
+    # running the finished study again changes nothing and exits 0
+    r2 = cubic_tune("--space", str(space_file(tmp_path, FAST)), "--run-dir", str(run))
+    assert r2.returncode == 0, r2.stderr
+    assert len(load(run, "fast").get_trials()) == 5
+
+
+def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:
+    space = space_file(tmp_path, FAST.replace("confirm_top_k: 1", "confirm_top_k: 0"))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cubic.cli", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        before: dict[int, tuple] = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            if not (run / "study.db").exists():
+                continue
+            try:
+                trials = load(run, "fast").get_trials()
+            except Exception:  # the study is being created
+                continue
+            states = [t.state for t in trials]
+            if states.count(TrialState.COMPLETE) >= 2 and TrialState.RUNNING in states:
+                proc.send_signal(signal.SIGKILL)  # the tuner dies mid-trial
+                proc.wait()
+                break
+        else:
+            pytest.fail("the tuner never had 2 completed trials and one running")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:  # the Ray processes the killed tuner left in its process group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    before = {t.number: (t.value, t.user_attrs["config_key"])
+              for t in load(run, "fast").get_trials() if t.state == TrialState.COMPLETE}
+    running = [t for t in load(run, "fast").get_trials() if t.state == TrialState.RUNNING]
+    assert len(before) >= 2 and running
+
+    r = cubic_tune("--space", str(space), "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    trials = load(run, "fast").get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    keys = [t.user_attrs["config_key"] for t in done]
+    assert len(done) == 5, [(t.number, t.state, t.user_attrs.get("status")) for t in trials]
+    assert len(set(keys)) == len(keys)
+    for n, (value, key) in before.items():  # nothing completed was lost or changed
+        assert trials[n].state == TrialState.COMPLETE and trials[n].value == value
+    for t in running:  # what was running is failed as interrupted and its configuration ran again
+        assert trials[t.number].state == TrialState.FAIL
+        assert trials[t.number].user_attrs["status"] == "interrupted" == trials[t.number].user_attrs["error"]
+        assert t.user_attrs["config_key"] in keys
+    assert "resumed" in r.stdout
+
+
+def test_crash_oom_and_timeout_become_failed_trials_and_the_study_completes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    r = cubic_tune("--space", str(space_file(tmp_path, FAULTS)), "--run-dir", str(run), "--searcher", "grid")
+    assert r.returncode == 0, r.stdout + r.stderr
+    trials = {t.params["inject_fault"]: t for t in load(run, "faults").get_trials()}
+    assert set(trials) == {"none", "crash", "oom", "hang"}
+    assert trials["none"].state == TrialState.COMPLETE
+    for fault, status in (("crash", "error"), ("oom", "oom"), ("hang", "timeout")):
+        t = trials[fault]
+        assert t.state == TrialState.FAIL, fault
+        assert t.user_attrs["status"] == status, (fault, t.user_attrs["error"])
+        assert t.user_attrs["error"] and "\n" not in t.user_attrs["error"]
+        assert t.user_attrs["result"]["status"] == status
+    assert "3 failed" in r.stdout
+
+
+# ---------------------------------------------------------------------- bad input: exit 2, one line
+BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("malformed", ":4: malformed YAML"),
+    ("unknown_knob", "knobs.colour: unknown knob"),
+    ("empty_choices", "knobs.kernel.choices: choices must not be empty"),
+    ("baseline_outside", "baseline value 'table_wise' is outside the space"),
+    ("storage", "cannot open the trial store"),
+    ("address", "Ray cluster unreachable"),
+    ("searcher", "--searcher 'annealing'"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: str) -> None:
+    from cubic.cli import app
+
+    good = (ROOT / "search_spaces" / "tiny.yaml").read_text()
+    text = {
+        "malformed": BAD_YAML,
+        "unknown_knob": good.replace("knobs:\n", "knobs:\n  colour: [red]\n"),
+        "empty_choices": good.replace("knobs:\n", "knobs:\n  kernel: []\n"),
+        "baseline_outside": good.replace("[table_wise, row_wise, column_wise, data_parallel]", "[row_wise]"),
+    }.get(case, good)
+    args = ["tune", "--space", str(space_file(tmp_path, text)), "--run-dir", str(tmp_path / "run")]
+    args += {"storage": ["--storage", "sqlite:////nonexistent/dir/study.db"],
+             "address": ["--address", "127.0.0.1:1"], "searcher": ["--searcher", "annealing"]}.get(case, [])
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in res.output, res.output
+
+
+# ---------------------------------------------------------------------- searchers and warm start (no trials)
+@pytest.mark.parametrize("name", list(SEARCHERS))
+def test_every_searcher_proposes_baseline_first_then_distinct_valid_configs(name: str) -> None:
+    space = load_space(ROOT / "search_spaces" / "tiny.yaml")
+    sampler = make_sampler(name, space, seed=3, budget=20)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    keys = []
+    for i in range(20):
+        if sampler.should_stop(study):
+            break
+        trial = study.ask(distributions(space))
+        cfg = space.config(trial.params)
+        keys.append(cfg.key())
+        if i == 0:
+            assert trial.params == space.baseline_params()
+        study.tell(trial, float(cfg.batch_size * (2 if cfg.pipeline_depth else 1)))
+    assert len(keys) == len(set(keys)) and len(keys) >= (7 if name == "ds-xgb" else 20)
+
+
+def test_grid_search_exhausts_a_small_space() -> None:
+    space = load_space(ROOT / "search_spaces" / "tiny.yaml")
+    sampler = make_sampler("grid", space)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    while not sampler.should_stop(study):
+        trial = study.ask(distributions(space))
+        study.tell(trial, 1.0)
+    assert len({space.tup(t.params) for t in study.trials}) == len(study.trials) == space.size()
+
+
+def test_cubic_warm_starts_from_an_earlier_study_on_the_same_space(tmp_path: Path) -> None:
+    text = (ROOT / "search_spaces" / "tiny.yaml").read_text()
+    first = load_space(space_file(tmp_path, text))
+    rdb = open_storage(storage_url(tmp_path, None))
+    old = Store(first, rdb, None)
+    dists = distributions(first)
+    for i, tup in enumerate(first.all_tuples[:6]):
+        old.study.add_trial(optuna.trial.create_trial(params=first.params_of(tup), distributions=dists,
+                                                      value=1000.0 + i))
+    (tmp_path / "b").mkdir()
+    second = load_space(space_file(tmp_path / "b", text.replace("name: tiny", "name: tiny_again")))
+    new = Store(second, rdb, None)
+    history = [(t.params, t.value) for t in new.history()]
+    assert len(history) == 6
+    other = load_space(space_file(tmp_path / "b", text.replace("measure_steps: 3", "measure_steps: 4")
+                                  .replace("name: tiny", "name: tiny_other")))
+    assert Store(other, rdb, None).history() == []  # a different space shares nothing
+    sampler = make_sampler("cubic", second, history=history)
+    new.study.sampler = sampler
+    new.study.tell(new.study.ask(dists), 900.0)  # the baseline
+    trial = new.study.ask(dists)
+    assert trial.params and sampler.last_info["phase"] == "proxy"  # no warm-up needed
+    assert sampler.last_info["predicted_qps"] > 0
