@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -16,7 +17,9 @@ class Timers:
         self.totals: dict[str, float] = defaultdict(float)
 
     def add(self, phase: str, seconds: float) -> None:
-        if self.enabled:
+        # Work on the pipelined input-distribution thread overlaps the step: only the
+        # main thread's time (including its wait for that work) is the step's breakdown.
+        if self.enabled and threading.current_thread() is threading.main_thread():
             self.totals[phase] += seconds
 
     @contextmanager

@@ -129,12 +129,10 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
                         dtype=torch.float64)
     bd = torch.tensor([TIMERS.totals.get(p, 0.0) for p in PHASES], dtype=torch.float64)
     if W > 1:
-        dist.all_reduce(loss_t, group=groups.world_pg)
-        loss_t /= W
-        dist.all_reduce(bce_sum, group=groups.world_pg)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=groups.world_pg)
-        dist.all_reduce(bd, group=groups.world_pg)
-        bd /= W
+        loss_t = _reduce(loss_t, groups.world_pg, device) / W
+        bce_sum = _reduce(bce_sum, groups.world_pg, device)
+        peak = _reduce(peak, groups.world_pg, device, dist.ReduceOp.MAX)
+        bd = _reduce(bd, groups.world_pg, device) / W
     bce, pos, n = bce_sum.tolist()
     p = min(max(pos / n, 1e-12), 1 - 1e-12)
     ne = (bce / n) / -(p * math.log(p) + (1 - p) * math.log(1 - p))
@@ -157,6 +155,13 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
     return out
 
 
+def _reduce(t: torch.Tensor, group, device: torch.device, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """All-reduce a small CPU tensor (on the device first: NCCL takes only CUDA tensors)."""
+    x = t.to(device)
+    dist.all_reduce(x, op=op, group=group)
+    return x.cpu()
+
+
 def apply_fp8_dense(dense, coll: ShardedEmbeddingCollection, batches, mode: str, groups, device) -> list[dict]:
     """LoKA-style: probe every Linear of both MLPs on real batches, then swap in fp8 layers.
 
@@ -174,7 +179,7 @@ def apply_fp8_dense(dense, coll: ShardedEmbeddingCollection, batches, mode: str,
               "top": probe_mlp(dense.top, [top_in], device=device)}
     flags = torch.tensor([p.use_fp8 for ps in probes.values() for p in ps], dtype=torch.int32)
     if groups.world > 1:
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=groups.world_pg)
+        flags = _reduce(flags, groups.world_pg, device, dist.ReduceOp.MIN)
     i = 0
     for ps in probes.values():
         for p in ps:

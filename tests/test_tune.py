@@ -104,7 +104,6 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 150
-        before: dict[int, tuple] = {}
         while time.monotonic() < deadline:
             time.sleep(0.3)
             if not (run / "study.db").exists():
@@ -141,6 +140,7 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
     assert len(set(keys)) == len(keys)
     for n, (value, key) in before.items():  # nothing completed was lost or changed
         assert trials[n].state == TrialState.COMPLETE and trials[n].value == value
+        assert trials[n].user_attrs["config_key"] == key
     for t in running:  # what was running is failed as interrupted and its configuration ran again
         assert trials[t.number].state == TrialState.FAIL
         assert trials[t.number].user_attrs["status"] == "interrupted" == trials[t.number].user_attrs["error"]
