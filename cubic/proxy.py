@@ -72,6 +72,16 @@ class Features:
                 self.cache[t] = np.concatenate([oh, np.asarray(der, dtype=np.float32)])
         return np.stack([self.cache[t] for t in tuples]) if tuples else np.zeros((0, len(self.names)))
 
+    def prior(self, tuples: Sequence[tuple]) -> np.ndarray | None:
+        """The cost model's own throughput estimate (log) per configuration, if it gives one."""
+        if self.fn is None:
+            return None
+        rows = self.rows(list(tuples))
+        names = self.derived_names or []
+        if "est_qps" not in names:
+            return None
+        return rows[:, len(self.names) + names.index("est_qps")]
+
     def _knob_block(self, tuples: Sequence[tuple]) -> np.ndarray:
         ordinal = self.space.encode(list(tuples))
         blocks = []

@@ -9,22 +9,27 @@ Schema (analysis and export read exactly this):
   - "space": the resolved space as a JSON-able dict (`SearchSpace.to_dict()`), including the
     baseline TrialConfig dict under "baseline_config".
   - "winner" (after confirm): {"trial": number, "qps": median of the confirm re-measurements,
-    "qps_spread": [min, max], "speedup": x over baseline, "speedup_spread": [min, max],
-    "baseline_qps": median baseline confirm qps, "config": TrialConfig dict, "searcher": name}.
+    "qps_spread": [min, max], "speedup": x over baseline, "speedup_spread": [min, max] (winner's
+    min / baseline's max .. winner's max / baseline's min), "baseline_qps": median baseline confirm
+    qps, "config": TrialConfig dict, "config_key", "confirm_qps", "quality_reason", "searcher",
+    "short_config" (knobs that differ from the baseline)}.
 - Trial params = the knob values (categorical distributions, canonical: a knob whose condition
   does not hold carries its default).
 - Trial user_attrs: "result" (the whole `TrialResult.to_dict()`, NaN/inf as null), flat copies
   "status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne", plus "searcher" (name),
-  "phase" ("baseline" | "warmup" | "proxy" | "random" | "grid" | "tpe" | "ds-xgb" | "resume"),
+  "phase" ("baseline" | "warmup" | "proxy" | "random" | "grid" | "tpe" | "ds-xgb"; a re-run of an
+  interrupted trial keeps its phase and adds "resumed_from": the interrupted trial's number),
   "predicted_qps" and "predicted_std" (the proxy's prediction at proposal time, null if none),
   "config_key" (`TrialConfig.key()`), "config" (TrialConfig dict).
 - State: COMPLETE trials have value = qps. Failed trials are FAIL with "status"
   (oom | error | timeout) and a one-line "error". Trials found RUNNING when a tune resumes
   (the tuner died) become FAIL with status "interrupted" and error "interrupted"; their
   configuration is enqueued again.
+- Proposals the tuner refused to run (a duplicate of a completed or running configuration, or a
+  searcher with nothing left) are FAIL with status "skipped"; like "interrupted" they spend no budget.
 - Confirm re-measurements are not new trials: they are stored on the original trial as user_attrs
   "confirm_qps" (list of floats), "confirm_ne" (list of floats), "quality_ok" (bool),
-  "quality_reason" (str).
+  "quality_reason" (str), and "confirm_failed" (list of "status: error" strings) if one failed.
 """
 
 from __future__ import annotations

@@ -226,9 +226,7 @@ class Tuner:
             used = self.store.budget_used()
             self.view.used = used
             room = used + len(pending) < self.budget and not stop
-            free = sum(p.cpus for p in pending) < self.runner.cpus and (
-                not self.space.max_concurrent or len(pending) < self.space.max_concurrent)
-            if room and free:
+            if room and self._free(pending):
                 waiting = bool(self.store.trials(TrialState.WAITING))
                 if not waiting and self.sampler.should_stop(self.study):
                     stop = True
@@ -249,6 +247,12 @@ class Tuner:
                 frozen = self.store.finish(p.tag, res)
                 self.view.add(frozen, time.monotonic() - p.started)
             self._eta(pending, self.budget - self.store.budget_used())
+
+    def _free(self, pending: list[Pending]) -> bool:
+        """Room on the cluster for one more trial (asking starts Ray, so only ask with budget left)."""
+        if self.space.max_concurrent and len(pending) >= self.space.max_concurrent:
+            return False
+        return sum(p.cpus for p in pending) < self.runner.cpus
 
     def _launch(self, trial: optuna.Trial, pending: list[Pending]) -> Pending | None:
         # Enqueued trials (baseline, resumed) carry their attrs; the sampler's own proposals its last_info.
@@ -361,8 +365,14 @@ class Tuner:
                 "confirm_qps": cq, "short_config": short_config(self.space, w.params),
             }
             self.store.set_winner(winner)
+        done = [t for t in ran if t.state == TrialState.COMPLETE]
+        top = max(done, key=lambda t: t.value or 0.0, default=None)
+        first_base = next((t.value for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+        best = None if top is None else {
+            "trial": top.number, "qps": top.value, "short_config": short_config(self.space, top.params),
+            "speedup": top.value / first_base if first_base else None}
         return {
-            "study": self.space.name, "storage": self.store.rdb.url,
+            "study": self.space.name, "storage": self.store.rdb.url, "best_measured": best,
             "run_dir": str(self.store.run_dir) if self.store.run_dir else None, "searcher": self.searcher,
             "budget": self.budget, "trials": len(ran),
             "ok": sum(t.state == TrialState.COMPLETE for t in ran),
@@ -403,7 +413,12 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
             sp = f" = [bold green]{w['speedup']:.2f}x[/] the baseline ({lo_hi[0]:.2f}-{lo_hi[1]:.2f}x)"
         console.print(f"[bold]winner[/]: trial #{w['trial']} ({w['short_config']}): {w['qps']:,.0f} qps "
                       f"(re-measured {w['qps_spread'][0]:,.0f}-{w['qps_spread'][1]:,.0f}){sp}")
-    else:
+    elif s["confirmed"]:
         console.print("[bold]winner[/]: none confirmed (no configuration passed the re-measurement and quality gate)")
+    if not w and s.get("best_measured"):
+        b = s["best_measured"]
+        sp = f" = {b['speedup']:.2f}x the baseline's first measurement" if b.get("speedup") else ""
+        why = "" if s["confirmed"] else " (not confirmed: budget.confirm_top_k is 0)"
+        console.print(f"best measured: trial #{b['trial']} ({b['short_config']}): {b['qps']:,.0f} qps{sp}{why}")
     where = s["run_dir"] or s["storage"]
     console.print(f"study [bold]{s['study']}[/] in {s['storage']}" + (f"; run dir {where}" if s["run_dir"] else ""))

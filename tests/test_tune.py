@@ -248,3 +248,34 @@ def test_cubic_warm_starts_from_an_earlier_study_on_the_same_space(tmp_path: Pat
     trial = new.study.ask(dists)
     assert trial.params and sampler.last_info["phase"] == "proxy"  # no warm-up needed
     assert sampler.last_info["predicted_qps"] > 0
+
+
+def test_ray_task_failures_become_failed_results_not_a_dead_tuner() -> None:
+    import ray
+
+    from cubic.runner import RayRunner
+    from harness.config import TrialConfig
+
+    def die(cfg: dict) -> dict:
+        os._exit(3)  # the Ray worker process itself dies
+
+    def boom(cfg: dict) -> dict:
+        raise RuntimeError("planner exploded")
+
+    runner = RayRunner().start()
+    try:
+        cfg = TrialConfig(world_size=1)
+        results = {}
+        for name, fn in (("die", die), ("boom", boom)):
+            runner._remote = ray.remote(max_retries=0)(fn)
+            pending = [runner.submit(cfg, tag=name)]
+            deadline = time.monotonic() + 60
+            while pending and time.monotonic() < deadline:
+                for p, res in runner.wait(pending, timeout=1.0):
+                    pending.remove(p)
+                    results[p.tag] = res
+        assert results["die"].status == "error" and "Ray worker died" in results["die"].error
+        assert results["boom"].status == "error" and "planner exploded" in results["boom"].error
+        assert "\n" not in results["boom"].error
+    finally:
+        runner.stop()

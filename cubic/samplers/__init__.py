@@ -24,7 +24,7 @@ def make_sampler(name: str, space: SearchSpace, seed: int = 0, budget: int | Non
     if name not in SEARCHERS:
         raise ConfigError(f"--searcher {name!r} is not known; choose one of {list(SEARCHERS)}")
     if name == "cubic":
-        n_warmup = max(3, min(8, (budget or 25) // 5))
+        n_warmup = 3 if budget is not None and budget < 10 else 4
         return CubicSampler(space, seed=seed, n_warmup=n_warmup, history=history)
     return SEARCHERS[name](space, seed=seed)
 

@@ -23,7 +23,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial
 
-from cubic.proxy import FeatureFn, Proxy, cost_model_features
+from cubic.proxy import FeatureFn, Proxy, cost_model_features, kendall_tau
 from cubic.samplers.base import Observations, SpaceSampler, distributions
 from cubic.space import SearchSpace
 
@@ -34,11 +34,13 @@ class CubicSampler(SpaceSampler):
     def __init__(self, space: SearchSpace, seed: int = 0, n_warmup: int = 5, kappa: float = 1.0,
                  n_random: int = 1000, n_fresh: int = 100, n_best: int = 3, n_tpe: int = 4,
                  feature_fn: FeatureFn | None = cost_model_features,
-                 history: Sequence[tuple[dict, float | None]] = ()) -> None:
+                 history: Sequence[tuple[dict, float | None]] = (), use_prior: bool = True,
+                 slack: int = 1) -> None:
         """history: (params, qps or None if the trial failed) of earlier studies on this space."""
         super().__init__(space, seed)
         self.n_warmup, self.kappa, self.n_best, self.n_tpe = n_warmup, kappa, n_best, n_tpe
         self.n_random, self.n_fresh = n_random, n_fresh
+        self.use_prior, self.slack = use_prior, slack
         self.reservoir: set[tuple] = set()  # random candidates kept across proposals (features are cached)
         self.proxy = Proxy(space, feature_fn, seed=seed)
         self.tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, multivariate=True)
@@ -47,10 +49,10 @@ class CubicSampler(SpaceSampler):
 
     def propose(self, study: optuna.Study, trial: FrozenTrial, obs: Observations) -> tuple[tuple | None, dict]:
         n_known = len(obs.ok) + len(obs.failed) + len(self.hist_ok)
-        if n_known < self.n_warmup or len(obs.ok) + len(self.hist_ok) < 2:
-            return self._space_filling(obs), {"phase": "warmup"}
         ok = [t for t, _ in self.hist_ok] + obs.ok
         qps = [q for _, q in self.hist_ok] + obs.qps
+        if n_known < self.n_warmup or len(ok) < 2:
+            return self._space_filling(obs, self._prior_agrees(ok, qps)), {"phase": "warmup"}
         self.proxy.fit(ok, qps, self.hist_failed + obs.failed)
         pool = self._pool(study, trial, obs, ok, qps)
         if not pool:
@@ -63,7 +65,20 @@ class CubicSampler(SpaceSampler):
         return pool[i], {"phase": "proxy", "predicted_qps": pred, "predicted_std": pred * float(sd[i])}
 
     # ------------------------------------------------------------------ proposals
-    def _space_filling(self, obs: Observations, n_cand: int = 256) -> tuple | None:
+    def _prior_agrees(self, ok: list[tuple], qps: list[float]) -> bool:
+        """Trust the cost model's estimate for warm-up picks until measurements contradict it
+        (Kendall tau <= 0 over >= 3 measured configurations)."""
+        if not self.use_prior or len(ok) < 3:
+            return self.use_prior
+        est = self.proxy.features.prior(ok)
+        if est is None or not np.isfinite(est).all():
+            return False
+        tau = kendall_tau(list(est), qps)
+        return tau is not None and tau > 0
+
+    def _space_filling(self, obs: Observations, use_prior: bool, n_cand: int = 256) -> tuple | None:
+        """The random candidate farthest from everything tried; among equally far ones, the one the
+        analytic cost model expects to be fastest (a prior that costs no trial)."""
         seen = list(obs.seen)
         cands = {self.space.random_tuple(self.rng, obs.seen) for _ in range(n_cand)} - {None}
         if not cands or not seen:
@@ -72,7 +87,10 @@ class CubicSampler(SpaceSampler):
         C = self.space.encode(cl)
         S = self.space.encode(seen)
         dist = (C[:, None, :] != S[None, :, :]).sum(axis=2).min(axis=1)
-        best = np.flatnonzero(dist == dist.max())
+        best = np.flatnonzero(dist >= dist.max() - self.slack)
+        prior = self.proxy.features.prior([cl[i] for i in best]) if use_prior else None
+        if prior is not None and np.isfinite(prior).any():
+            return cl[int(best[int(np.nanargmax(prior))])]
         return cl[int(self.rng.choice(best))]
 
     def _pool(self, study: optuna.Study, trial: FrozenTrial, obs: Observations, ok: list[tuple],
