@@ -27,7 +27,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 ANCHORS = ROOT.parent / "shared" / "anchors"
 TORCHREC_TYPES = ("table_wise", "column_wise", "data_parallel")
-ALL_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
+# data_parallel has no all-to-all (pipelining and comm precision do not apply): left out of the matrix
+MATRIX_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise")
 
 
 def free_port() -> int:
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="fbgemm", help="comma-separated cubic kernels to compare")
     ap.add_argument("--types", default=",".join(TORCHREC_TYPES))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--matrix-comm", default="fp32,bf16,fp16", help="comm precisions of the matrix")
+    ap.add_argument("--matrix-kernel", default=None, help="kernel of the matrix [default: the first of --kernels]")
     ap.add_argument("--matrix", action="store_true", help="also every type x pipeline depth x comm precision")
     args = ap.parse_args()
     con = Console()
@@ -81,7 +84,7 @@ def main() -> None:
     for c in ["sharding", "torchrec", *[f"cubic {k}" for k in kernels], *[f"ratio {k}" for k in kernels],
               f"breakdown ms ({kernels[0]})"]:
         tab.add_column(c, justify="right")
-    for sharding in args.types.split(","):
+    for sharding in [t for t in args.types.split(",") if t]:
         tr, cu = [], {k: [] for k in kernels}
         last = {}
         for i in range(args.repeats):
@@ -102,15 +105,16 @@ def main() -> None:
 
     if args.matrix:
         m = Table(title="cubic: sharding x pipeline depth x comm precision (samples/s, one run each)")
-        cols = [(d, p) for d in (0, 1, 2) for p in ("fp32", "bf16", "fp16")]
+        cols = [(d, p) for d in (0, 1, 2) for p in args.matrix_comm.split(",")]
         m.add_column("sharding")
         for d, p in cols:
             m.add_column(f"d{d} {p}", justify="right")
-        for sharding in ALL_TYPES:
+        for sharding in MATRIX_TYPES:
             row = []
             for d, p in cols:
                 con.print(f"[dim]{sharding} depth {d} {p}[/]")
-                r = cubic_result(args.workload, sharding=sharding, kernel=kernels[0], pipeline_depth=d,
+                r = cubic_result(args.workload, sharding=sharding, kernel=args.matrix_kernel or kernels[0],
+                                 pipeline_depth=d,
                                  comm_precision=p)
                 row.append(f"{r['qps']:,.0f}")
             m.add_row(sharding, *row)

@@ -10,8 +10,16 @@ import typer
 from harness.errors import ConfigError
 
 
+def default_space() -> Path:
+    """The GPU space where CUDA is present, the CPU space otherwise."""
+    import torch
+
+    return Path("search_spaces") / ("dlrm_gpu.yaml" if torch.cuda.is_available() else "dlrm_cpu.yaml")
+
+
 def tune(
-    space: Path = typer.Option(Path("search_spaces/dlrm_cpu.yaml"), "--space", help="Search-space YAML file."),
+    space: Path | None = typer.Option(None, "--space", help="Search-space YAML file [default: "
+                                      "search_spaces/dlrm_gpu.yaml when CUDA is present, else dlrm_cpu.yaml]."),
     run_dir: Path | None = typer.Option(None, "--run-dir",
                                         help="Run directory: DIR/study.db + per-trial logs; running again "
                                              "resumes [default: runs/NAME]."),
@@ -45,7 +53,7 @@ def tune(
             raise ConfigError(f"--searcher {searcher!r}: choose one of {list(SEARCHERS)}")
         if trials is not None and trials < 1:
             raise ConfigError(f"--trials {trials}: must be >= 1")
-        sp = load_space(space)
+        sp = load_space(space or default_space())
         if run_dir is None and storage is None:
             run_dir = Path("runs") / sp.name
         if run_dir is not None:

@@ -41,7 +41,7 @@ NOT_KNOBS = ("workload", "mem_cap_mb")
 # Knobs whose change alters the training numerics: a config that changes one must pass the
 # quality gate (NE within the tolerance of the baseline's). 2D (group < world) counts too.
 DEFAULT_QUALITY_KNOBS = ("emb_precision", "dense_precision", "comm_precision", "batch_size", "emb_optimizer",
-                         "sparse_sync", "sharding_group_size")
+                         "sharding", "sparse_sync", "sharding_group_size")
 ENUMERATE_LIMIT = 400_000  # spaces up to this many raw points are enumerated once (grid, pools)
 
 _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
@@ -208,8 +208,13 @@ class SearchSpace:
     def differs_in_numerics(self, params: dict[str, Any]) -> list[str]:
         """The numerics-changing knobs where params differ from the baseline."""
         cfg = self.config(params)
-        out = [k for k in self.quality_knobs if k != "sharding_group_size"
+        out = [k for k in self.quality_knobs if k not in ("sharding_group_size", "sharding")
                and getattr(cfg, k) != getattr(self.baseline, k)]
+        # Every sharding type trains the same model, except that column shards keep their own
+        # row-wise AdaGrad state (as in FBGEMM/TorchRec): only going to/from column-wise counts.
+        if "sharding" in self.quality_knobs and cfg.emb_optimizer != "sgd" and (
+                (cfg.sharding == "column_wise") != (self.baseline.sharding == "column_wise")):
+            out.append("sharding")
         if "sharding_group_size" in self.quality_knobs and cfg.replicas != self.baseline.replicas:
             out.append("sharding_group_size")
         return out

@@ -144,7 +144,8 @@ class Store:
             self.study._storage.set_trial_user_attr(t._trial_id, "status", INTERRUPTED)
             self.study._storage.set_trial_user_attr(t._trial_id, "error", INTERRUPTED)
             self.study.tell(t.number, state=TrialState.FAIL)
-            key = t.user_attrs.get("config_key")
+            # killed between ask and start: params but no attrs yet -> derive the key from the params
+            key = t.user_attrs.get("config_key") or (self.space.config(t.params).key() if t.params else None)
             if t.params and key not in done and key not in waiting:
                 self.enqueue(t.params, {"phase": t.user_attrs.get("phase", "resume"), "resumed_from": t.number})
                 waiting.add(key)

@@ -28,15 +28,21 @@ class Hardware:
 
     name: str = "cpu-gloo"
     mem_bw: float = 8.0  # random-row gather/scatter bandwidth per thread
-    intra_bw: float = 2.0  # rank-to-rank bandwidth inside a node (gloo over loopback here)
-    cross_bw: float = 2.0  # across nodes
+    intra_bw: float = 0.25  # rank-to-rank bandwidth inside a node (gloo over loopback: ~0.2 GB/s measured
+    cross_bw: float = 0.25  # for a 410 MB all-reduce between 2 ranks here); across nodes
     ranks_per_node: int = 64
-    flops: float = 40.0  # dense fp32 GFLOP/s per thread
+    flops: float = 60.0  # dense fp32 GFLOP/s per thread (small workload MLPs: 1.4 GFLOP in 22 ms here)
+    low_precision_bytes: bool = False  # do fp16/bf16 tables move fewer bytes? (CPU kernels: measured no)
     bf16_speed: float = field(default_factory=lambda: _cpu_bf16_speed())  # dense bf16 rate relative to fp32
     coll_latency_ms: float = 0.08  # per collective call
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
-    kernel_fwd: dict = field(default_factory=lambda: {"fbgemm": 2.0, "torch": 3.0, "native": 1.3, "triton": 1.5})
-    kernel_bwd: dict = field(default_factory=lambda: {"fbgemm": 22.0, "torch": 12.0, "native": 3.0, "triton": 2.0})
+    # time / (bytes / mem_bw) per backend, measured on the small workload at 1 thread (issue 6 table):
+    # fbgemm 2.5 + 7.0 ms, native 2.3 + 6.8 ms, torch 3 + ~200 ms for 42 MB of looked-up rows.
+    kernel_fwd: dict = field(default_factory=lambda: {"fbgemm": 0.5, "torch": 0.6, "native": 0.45, "triton": 1.5})
+    kernel_bwd: dict = field(default_factory=lambda: {"fbgemm": 1.4, "torch": 35.0, "native": 1.3, "triton": 2.0})
+    # how the embedding kernels scale with threads (FBGEMM's CPU TBE does not get faster with a second one)
+    kernel_thread_exp: dict = field(default_factory=lambda: {"fbgemm": 0.0, "torch": 0.3, "native": 0.9,
+                                                             "triton": 0.0})
 
     @classmethod
     def preset(cls, name: str) -> Hardware:
@@ -44,7 +50,7 @@ class Hardware:
             return cls()
         if name == "h100-nvlink":  # ZionEX-like node: NVLink inside, RDMA across
             return cls(name, mem_bw=2500.0, intra_bw=300.0, cross_bw=25.0, ranks_per_node=8, flops=400_000.0,
-                       bf16_speed=2.0, coll_latency_ms=0.02, cores=10_000,
+                       bf16_speed=2.0, coll_latency_ms=0.02, cores=10_000, low_precision_bytes=True,
                        kernel_fwd={"fbgemm": 1.3, "torch": 3.0, "native": 99.0, "triton": 1.5},
                        kernel_bwd={"fbgemm": 1.6, "torch": 6.0, "native": 99.0, "triton": 2.0})
         raise ValueError(f"unknown hardware preset {name!r}; choose cpu-gloo or h100-nvlink")
@@ -113,7 +119,7 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEst
     wl, W, G, B = cfg.workload, cfg.world_size, cfg.group_size, cfg.batch_size
     R = W // G
     plan = plan or make_plan(cfg, check_memory=False)
-    wb = DTYPE_BYTES[cfg.emb_precision]
+    wb = DTYPE_BYTES[cfg.emb_precision] if hw.low_precision_bytes else 4
     cb = DTYPE_BYTES[cfg.comm_precision]
     threads = cfg.threads_per_rank
     # Oversubscribed cores slow every rank down; extra threads help sub-linearly.
@@ -139,7 +145,8 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEst
     dp_rows_bytes = sum(wl.tables[i].rows * wl.tables[i].dim * 4 for i in plan.dp_tables())
     dp_lookup = sum(table_lookup_bytes(wl.tables[i], B, wl.tables[i].dim, 4) for i in plan.dp_tables())
 
-    to_ms = 1.0 / (hw.mem_bw * 1e6 * speed)
+    emb_speed = threads ** hw.kernel_thread_exp.get(cfg.kernel, 0.5) / contention
+    to_ms = 1.0 / (hw.mem_bw * 1e6 * emb_speed)
     emb_fwd_rank = [b * kf * to_ms for b in fwd_bytes]
     emb_bwd_rank = [b * kb * to_ms for b in upd_bytes]
     emb_fwd = max(emb_fwd_rank) + dp_lookup * 2 * to_ms
@@ -156,7 +163,7 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEst
     dense_params = sum(p for p in _dense_param_counts(cfg))
     comm_ddp = allreduce_ms(dense_params * 4, W, hw)
     comm_dp = allreduce_ms(dp_rows_bytes, W, hw)
-    local_shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb)
+    local_shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], DTYPE_BYTES[cfg.emb_precision])
     comm_2d = 0.0
     if R > 1:
         if cfg.sparse_sync == "grad_allreduce":

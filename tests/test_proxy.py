@@ -6,8 +6,9 @@ all-to-all). The proxy sees 40 random configurations and ranks 300 others.
 
 Threshold: Kendall tau >= 0.65. Chance is tau = 0 with a standard deviation of ~0.04 at n = 300,
 so 0.65 is >15 sigma from guessing; and the proxy must also beat by 0.1 the ranking by the single
-strongest knob (batch size alone reaches tau ~0.58 here), i.e. it must have learned several knobs
-and their interaction, not one trend. (Measured: 0.72-0.78 over seeds.)
+strongest knob (batch size alone reaches tau ~0.53-0.55 here), i.e. it must have learned several knobs
+and their interaction, not one trend. (Measured over three data seeds: 0.70-0.75 knobs only, 0.66-0.69 with the
+cost-model features, which carry no information about this synthetic landscape.)
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ SHARDING = {"table_wise": 0.0, "row_wise": 0.25, "column_wise": 0.1, "table_row_
 
 
 def log_qps(p: dict) -> float:
-    v = 0.35 * math.log2(p["batch_size"] / 512) + SHARDING[p["sharding"]]
-    v += 0.4 * (p["kernel"] == "fbgemm") + 0.2 * (p["pipeline_depth"] > 0) - 0.15 * (p["threads_per_rank"] == 2)
+    v = 0.25 * math.log2(p["batch_size"] / 512) + SHARDING[p["sharding"]]
+    v += 0.4 * (p["kernel"] == "fbgemm") + 0.3 * (p["kernel"] == "native")
+    v += 0.2 * (p["pipeline_depth"] > 0) - 0.15 * (p["threads_per_rank"] == 2)
     v += 0.3 * (p["emb_precision"] == "fp16" and p["comm_precision"] != "fp32")
     return v
 

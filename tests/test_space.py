@@ -48,7 +48,7 @@ def test_dlrm_cpu_space_matches_the_brief() -> None:
             b.world_size) == ("table_wise", "fbgemm", "fp32", "fp32", 0, 1024, 2)
     assert space.workload.name == "small"
     assert space.knobs["dense_precision"].choices == ("fp32", "bf16")
-    assert space.knobs["kernel"].choices == ("fbgemm", "torch")
+    assert space.knobs["kernel"].choices == ("fbgemm", "native", "torch")
 
 
 def test_ranges_conditions_and_canonical_configs(tmp_path: Path) -> None:
