@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--matrix-kernel", default=None, help="kernel of the matrix [default: the first of --kernels]")
     ap.add_argument("--matrix", action="store_true", help="also every type x pipeline depth x comm precision")
     args = ap.parse_args()
-    con = Console()
+    con = Console(width=180)
     kernels = args.kernels.split(",")
     have_torchrec = args.torchrec_python.exists()
     if not have_torchrec:

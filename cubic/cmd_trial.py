@@ -5,7 +5,6 @@ Precedence of the sources of a config: the space's baseline < --workload < --con
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -35,16 +34,8 @@ def apply_workload_file(cfg: TrialConfig, path: Path) -> TrialConfig:
     """The anchor JSON format (tables: N, rows, pooling, local_batch, world, ...) or a full workload."""
     from harness.workload import Workload
 
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: workload file not found") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    if isinstance(raw, dict) and isinstance(raw.get("tables"), int):
-        wl, knobs = Workload.from_anchor_dict(raw, where=str(path))
-        return cfg.replace(workload=wl, **knobs)
-    return cfg.replace(workload=Workload.from_dict(raw, where=str(path)))
+    wl, knobs = Workload.from_json_file(path)
+    return cfg.replace(workload=wl, **knobs)
 
 
 def load_config_file(path: Path) -> TrialConfig:

@@ -142,15 +142,19 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEst
             upd = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
             upd_bytes[s.rank] += table_lookup_bytes(t, G * B * upd, s.dim, wb, frac) + G * B * upd * s.dim * 4
             recv_cols += s.dim
-    dp_rows_bytes = sum(wl.tables[i].rows * wl.tables[i].dim * 4 for i in plan.dp_tables())
-    dp_lookup = sum(table_lookup_bytes(wl.tables[i], B, wl.tables[i].dim, 4) for i in plan.dp_tables())
+    # data-parallel tables: local lookup; sparse sync = all-gather of every rank's ids + pooled
+    # gradients, then one fused update with the union of the W*B bags
+    dp = [wl.tables[i] for i in plan.dp_tables()]
+    dp_lookup = sum(table_lookup_bytes(t, B, t.dim, wb) for t in dp)
+    dp_union = sum(table_lookup_bytes(t, W * B, t.dim, wb) + W * B * t.dim * 4 for t in dp)
+    dp_gather_bytes = sum(B * (t.pooling * 8 + t.dim * 4) for t in dp) * W
 
     emb_speed = threads ** hw.kernel_thread_exp.get(cfg.kernel, 0.5) / contention
     to_ms = 1.0 / (hw.mem_bw * 1e6 * emb_speed)
     emb_fwd_rank = [b * kf * to_ms for b in fwd_bytes]
     emb_bwd_rank = [b * kb * to_ms for b in upd_bytes]
-    emb_fwd = max(emb_fwd_rank) + dp_lookup * 2 * to_ms
-    emb_bwd = max(emb_bwd_rank) + dp_rows_bytes * 3 * to_ms  # dense adagrad over DP tables
+    emb_fwd = max(emb_fwd_rank) + dp_lookup * kf * to_ms
+    emb_bwd = max(emb_bwd_rank) + dp_union * kb * to_ms
     mean_load = sum(emb_fwd_rank) / G + sum(emb_bwd_rank) / G
     imbalance = (max(emb_fwd_rank) + max(emb_bwd_rank)) / mean_load if mean_load > 0 else 1.0
 
@@ -162,7 +166,7 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEst
         comm_in *= 0.15
     dense_params = sum(p for p in _dense_param_counts(cfg))
     comm_ddp = allreduce_ms(dense_params * 4, W, hw)
-    comm_dp = allreduce_ms(dp_rows_bytes, W, hw)
+    comm_dp = a2a_ms(dp_gather_bytes, W, hw) if dp else 0.0
     local_shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], DTYPE_BYTES[cfg.emb_precision])
     comm_2d = 0.0
     if R > 1:
@@ -189,7 +193,7 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEst
     features = {
         "bytes_lookup_per_rank": max(fwd_bytes),
         "a2a_bytes": pooled_bytes * 2 + ids_sent,
-        "allreduce_bytes": dense_params * 4 + dp_rows_bytes,
+        "allreduce_bytes": dense_params * 4 + dp_gather_bytes,
         "mlp_gflops": flops / 1e9,
         "mem_mb_per_rank": max(mem),
         "load_imbalance": imbalance,
@@ -243,14 +247,14 @@ def table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> fl
 
 
 def dp_table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:
-    """Per-step ms of a data-parallel table: local lookup + dense-gradient all-reduce + update."""
+    """Per-step ms of a data-parallel table: local lookup, sparse gradient all-gather, union update."""
     hw = hw or Hardware()
-    B = cfg.batch_size
-    rows_bytes = t.rows * t.dim * 4
-    W = cfg.world_size
-    # bandwidth only: the DP gradients of all tables share one flat all-reduce (no per-table latency)
-    ar = 2 * rows_bytes * (W - 1) / W / (hw.intra_bw * 1e6) if W > 1 else 0.0
-    return (table_lookup_bytes(t, B, t.dim, 4) * 2 + rows_bytes * 3) / (hw.mem_bw * 1e6) + ar
+    B, W = cfg.batch_size, cfg.world_size
+    kf, kb = hw.kernel_fwd.get(cfg.kernel, 3.0), hw.kernel_bwd.get(cfg.kernel, 10.0)
+    # bandwidth only: the DP tables share the same all-gather calls (no per-table latency)
+    gather = W * B * (t.pooling * 8 + t.dim * 4) * (W - 1) / W / (hw.intra_bw * 1e6) if W > 1 else 0.0
+    lookups = table_lookup_bytes(t, B, t.dim, 4) * kf + table_lookup_bytes(t, W * B, t.dim, 4) * kb
+    return lookups / (hw.mem_bw * 1e6) + gather
 
 
 def tw_comm_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:

@@ -127,36 +127,26 @@ def run_ranks(cfg: TrialConfig, collect_tables: bool = False) -> tuple[str, str,
         for p in procs:
             p.start()
         while len(outs) < cfg.world_size:
-            try:
-                rank, st, msg, out = q.get(timeout=0.2)
-                if st != "ok":
-                    status, error = st, msg
-                    break
-                outs[rank] = out
-                continue
-            except queue.Empty:
-                pass
             dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outs]
-            if dead:
-                time.sleep(0.3)  # its own report may still be in the queue
-                try:
-                    rank, st, msg, out = q.get(timeout=0.5)
-                    if st != "ok":
-                        status, error = st, msg
-                        break
-                    outs[rank] = out
-                    continue
-                except queue.Empty:
+            try:  # a dead rank's own report may still be in flight: give it a moment
+                rank, st, msg, out = q.get(timeout=0.8 if dead else 0.2)
+            except queue.Empty:
+                if dead:
                     r, code = dead[0]
                     status = "oom" if code == -signal.SIGKILL else "error"
                     why = (f"killed by signal {-code}" + (" (likely the OOM killer)" if code == -9 else "")
                            if code < 0 else f"exited with code {code}")
                     error = f"rank {r} {why} without a report"
                     break
-            if time.monotonic() > deadline:
-                status, error = "timeout", f"trial exceeded timeout_s={cfg.timeout_s:g} ({len(outs)} of " \
-                                           f"{cfg.world_size} ranks finished)"
+                if time.monotonic() > deadline:
+                    status, error = "timeout", (f"trial exceeded timeout_s={cfg.timeout_s:g} ({len(outs)} of "
+                                                f"{cfg.world_size} ranks finished)")
+                    break
+                continue
+            if st != "ok":
+                status, error = st, msg
                 break
+            outs[rank] = out
     finally:
         for p in procs:
             if p.is_alive():

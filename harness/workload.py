@@ -187,15 +187,18 @@ class Workload:
         return wl, knobs
 
     @classmethod
-    def from_anchor_json(cls, path: str | Path) -> tuple[Workload, dict[str, Any]]:
+    def from_json_file(cls, path: str | Path) -> tuple[Workload, dict[str, Any]]:
+        """A workload JSON file: the anchor format (-> the trial knobs it fixes too) or the full form."""
         path = Path(path)
         try:
             w = json.loads(path.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"{path}: file not found") from None
+            raise ConfigError(f"{path}: workload file not found") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-        return cls.from_anchor_dict(w, where=str(path))
+        if isinstance(w, dict) and isinstance(w.get("tables"), int):
+            return cls.from_anchor_dict(w, where=str(path))
+        return cls.from_dict(w, where=str(path)), {}
 
 
 # The anchor's workload-small.json, embedded so the preset needs no file outside the package.
@@ -203,5 +206,3 @@ ANCHOR_SMALL: dict[str, Any] = {
     "name": "small", "tables": 8, "rows": 200000, "dim": 64, "pooling": 20, "dense": 13,
     "bottom_mlp": [256, 128, 64], "top_mlp": [512, 256, 1], "interaction": "dot",
 }
-ANCHOR_SMALL_TRIAL = {"local_batch": 1024, "world": 2, "threads_per_rank": 1, "warmup_steps": 5,
-                      "timed_steps": 30}

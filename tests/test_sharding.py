@@ -84,7 +84,7 @@ def test_plan_is_readable_and_serialises():
     d = json.loads(plan.to_json())
     assert d["group_size"] == 4 and len(d["tables"]) == 6
     kinds = {t["kind"] for t in d["tables"]}
-    assert "data_parallel" in kinds, "auto should replicate the 12-row table"
+    assert "row_wise" in kinds, "auto should split the hottest table (4000 rows x 4 ids per bag) row-wise"
     console = Console(record=True, width=120)
     console.print(plan.rich_table())
-    assert "data_parallel" in console.export_text()
+    assert "row_wise" in console.export_text()

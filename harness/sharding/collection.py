@@ -38,9 +38,13 @@ are scaled by 1/W (DDP averages the dense ones the same way).
       gradients are not summed before squaring). Under grad_allreduce the
       update is already exact and no scaling is applied.
 
-Data-parallel tables are replicated fp32 parameters with dense gradients,
-all-reduced (averaged) over the world and updated by the same row-wise rule
-(rows with zero gradient do not change), as TorchRec's DP sharding does.
+Data-parallel tables are replicated on every rank and held by a second kernel.
+Each rank looks up its own B bags; the gradient sync is sparse: ranks
+all-gather their bags' ids and pooled gradients and every rank applies the
+same fused update with the union (the same exact step as above). That moves
+W*B*(ids + dim) values instead of the dense rows*dim gradient all-reduce of
+TorchRec's DP sharding (51 MB per 200k x 64 table), which is what makes DP
+worth choosing for more than tiny tables.
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from harness.config import TrialConfig
 from harness.model import init_table
@@ -68,7 +71,7 @@ class KernelInput:
     offsets: torch.Tensor
     lengths: torch.Tensor  # [n_local_shards * G * B]
     batch_size: int
-    dp: list[tuple[torch.Tensor, torch.Tensor]]
+    dp: KernelInput | None = None  # the data-parallel tables' local bags (B per table)
 
 
 def _segment_counts(mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -104,9 +107,12 @@ class ShardedEmbeddingCollection:
         self._synced_states = [x.clone() for x in self.kernel.states()] if (
             self.momentum_scaled and self.kernel is not None) else []
         self.dp_tables = plan.dp_tables()
-        self.dp_weights = [torch.nn.Parameter(init_table(cfg.seed, t, self.rows[t], self.D).to(device))
-                           for t in self.dp_tables]
-        self.dp_states = [torch.zeros(self.rows[t], device=device) for t in self.dp_tables]
+        self.dp_kernel = None
+        if self.dp_tables:
+            self.dp_kernel = make_kernel(cfg.kernel, [self.rows[t] for t in self.dp_tables],
+                                         [self.D] * len(self.dp_tables), weight_dtype=cfg.emb_precision,
+                                         optim=self.optim, device=device)
+            self.dp_kernel.load([init_table(cfg.seed, t, self.rows[t], self.D) for t in self.dp_tables])
         cols: list[int] = []
         for q in range(self.G):
             for s in self.per_pos[q]:
@@ -156,8 +162,17 @@ class ShardedEmbeddingCollection:
         lengths = L.permute(1, 0, 2).reshape(-1)
         koff = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
         torch.cumsum(lengths, 0, out=koff[1:])
-        dp = [(ids[bounds[t]:bounds[t + 1]], offsets[t * B:(t + 1) * B + 1] - bounds[t]) for t in self.dp_tables]
-        return KernelInput(kids, koff, lengths, B, dp)
+        return KernelInput(kids, koff, lengths, B, self._dp_input(ids, offsets, bounds, B))
+
+    def _dp_input(self, ids: torch.Tensor, offsets: torch.Tensor, bounds: list[int], B: int) -> KernelInput | None:
+        """The local bags of the data-parallel tables, in the DP kernel's layout."""
+        if not self.dp_tables:
+            return None
+        lens = torch.cat([offsets[t * B + 1:(t + 1) * B + 1] - offsets[t * B:(t + 1) * B] for t in self.dp_tables])
+        dids = torch.cat([ids[bounds[t]:bounds[t + 1]] for t in self.dp_tables])
+        doff = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=ids.device)
+        torch.cumsum(lens, 0, out=doff[1:])
+        return KernelInput(dids, doff, lens, B)
 
     # ------------------------------------------------------------------ forward
     def forward(self, kin: KernelInput) -> torch.Tensor:
@@ -170,63 +185,27 @@ class ShardedEmbeddingCollection:
             recv = PooledAllToAll.apply(local, [B * self.local_dim] * G, recv_splits, self.g.mp, G,
                                         self.comm_dtype)
             blocks = [r.view(B, d) for r, d in zip(recv.split(recv_splits), self.recv_dims, strict=True)]
-        for (ids, off), w in zip(kin.dp, self.dp_weights, strict=True):
-            with TIMERS.phase("emb_fwd"):
-                blocks.append(F.embedding_bag(ids, w, off, mode="sum", include_last_offset=True))
+        if kin.dp is not None:
+            blocks.append(_Lookup.apply(self._dummy, self, kin.dp, True))
         cat = torch.cat(blocks, dim=1)
         return torch.zeros(B, self.T * self.D, device=cat.device, dtype=cat.dtype).index_add(1, self.col_index, cat)
 
     # ------------------------------------------------------------------ backward / update
-    def _update(self, kin: KernelInput, grad: torch.Tensor) -> None:
+    def _update(self, kin: KernelInput, grad: torch.Tensor, data_parallel: bool = False) -> None:
         grad = grad * self.grad_scale
         ids, offsets = kin.ids, kin.offsets
-        if self.R > 1 and self.cfg.sparse_sync == "grad_allreduce":
-            ids, offsets, grad = self._union_with_replicas(kin, grad)
-        if self.kernel is not None:
+        kernel, n = (self.dp_kernel, len(self.dp_tables)) if data_parallel else (self.kernel, len(self.local))
+        if data_parallel and self.W > 1:
+            ids, offsets, grad = _gather_union(kin, grad, n, self.g.dp_pg, self.W)
+        elif not data_parallel and self.R > 1 and self.cfg.sparse_sync == "grad_allreduce":
+            ids, offsets, grad = _gather_union(kin, grad, n, self.g.replica, self.R)
+        if kernel is not None:
             with TIMERS.phase("emb_bwd"):
-                self.kernel.backward_update(ids, offsets, grad)
-
-    def _union_with_replicas(self, kin: KernelInput, grad: torch.Tensor):
-        """All-gather the replicas' bags and gradients into one union batch (exact 2D step)."""
-        R, n = self.R, len(self.local)
-        t0 = time.perf_counter()
-        lens = [torch.empty_like(kin.lengths) for _ in range(R)]
-        dist.all_gather(lens, kin.lengths, group=self.g.replica)
-        ids_all = all_gather_varlen(kin.ids, self.g.replica, R)
-        grads = [torch.empty_like(grad) for _ in range(R)]
-        dist.all_gather(grads, grad.contiguous(), group=self.g.replica)
-        TIMERS.add("comm", time.perf_counter() - t0)
-        if n == 0:
-            return kin.ids, kin.offsets, grad
-        GB = kin.lengths.numel() // n
-        pieces = [i.split(lv.view(n, GB).sum(1).tolist()) for i, lv in zip(ids_all, lens, strict=True)]
-        ids = torch.cat([pieces[r][sh] for sh in range(n) for r in range(R)])
-        lengths = torch.stack(lens).view(R, n, GB).permute(1, 0, 2).reshape(-1)
-        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
-        torch.cumsum(lengths, 0, out=offsets[1:])
-        return ids, offsets, torch.cat(grads, dim=0)
+                kernel.backward_update(ids, offsets, grad)
 
     @torch.no_grad()
     def after_backward(self) -> None:
-        """Data-parallel tables: average dense gradients, then the row-wise update; 2D weight averaging."""
-        if self.dp_weights:
-            grads = [w.grad if w.grad is not None else torch.zeros_like(w) for w in self.dp_weights]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            if self.W > 1:
-                t0 = time.perf_counter()
-                dist.all_reduce(flat, group=self.g.world_pg)
-                TIMERS.add("comm", time.perf_counter() - t0)
-            flat /= self.W
-            with TIMERS.phase("emb_bwd"):
-                for w, s, g in zip(self.dp_weights, self.dp_states, flat.split([w.numel() for w in self.dp_weights]),
-                                   strict=True):
-                    g = g.view_as(w)
-                    if self.optim.kind == "sgd":
-                        w.sub_(self.optim.lr * g)
-                    else:
-                        s.add_((g * g).mean(dim=1))
-                        w.sub_(self.optim.lr * g / (s.sqrt() + self.optim.eps).unsqueeze(1))
-                    w.grad = None
+        """2D weight averaging (weight_avg): replicas average weights and sync optimizer state."""
         if self.R > 1 and self.cfg.sparse_sync == "weight_avg" and self.kernel is not None:
             t0 = time.perf_counter()
             for w in self.kernel.weights():
@@ -254,8 +233,9 @@ class ShardedEmbeddingCollection:
             for s, w in zip(self.local, self.kernel.weights(), strict=True):
                 full = out.setdefault(s.table, torch.full((self.rows[s.table], self.D), float("nan")))
                 full[s.row_start:s.row_end, s.col_start:s.col_end] = w.float().cpu()
-        for t, w in zip(self.dp_tables, self.dp_weights, strict=True):
-            out[t] = w.detach().float().cpu()
+        if self.dp_kernel is not None:
+            for t, w in zip(self.dp_tables, self.dp_kernel.weights(), strict=True):
+                out[t] = w.float().cpu()
         return out
 
 
@@ -263,15 +243,41 @@ class _Lookup(torch.autograd.Function):
     """Kernel forward; its backward is the fused update (no gradient is returned)."""
 
     @staticmethod
-    def forward(ctx, dummy: torch.Tensor, coll: ShardedEmbeddingCollection, kin: KernelInput):
-        ctx.coll, ctx.kin = coll, kin
-        if coll.kernel is None:
+    def forward(ctx, dummy: torch.Tensor, coll: ShardedEmbeddingCollection, kin: KernelInput,
+                data_parallel: bool = False):
+        ctx.coll, ctx.kin, ctx.dp = coll, kin, data_parallel
+        kernel = coll.dp_kernel if data_parallel else coll.kernel
+        if kernel is None:
             return dummy.new_zeros(kin.batch_size * coll.G, 0)
         with TIMERS.phase("emb_fwd"):
-            return coll.kernel.forward(kin.ids, kin.offsets)
+            return kernel.forward(kin.ids, kin.offsets)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        ctx.coll._update(ctx.kin, grad)
+        ctx.coll._update(ctx.kin, grad, ctx.dp)
         ctx.coll = ctx.kin = None
-        return None, None, None
+        return None, None, None, None
+
+
+def _gather_union(kin: KernelInput, grad: torch.Tensor, n: int, group, R: int):
+    """All-gather R ranks' bags (n tables each) and pooled gradients into one union batch.
+
+    Row-wise AdaGrad sums a row's gradients before squaring, so one update with the union of
+    the bags - not R separate updates - is the exact step of one process training them all.
+    """
+    t0 = time.perf_counter()
+    lens = [torch.empty_like(kin.lengths) for _ in range(R)]
+    dist.all_gather(lens, kin.lengths, group=group)
+    ids_all = all_gather_varlen(kin.ids, group, R)
+    grads = [torch.empty_like(grad) for _ in range(R)]
+    dist.all_gather(grads, grad.contiguous(), group=group)
+    TIMERS.add("comm", time.perf_counter() - t0)
+    if n == 0:
+        return kin.ids, kin.offsets, grad
+    nb = kin.lengths.numel() // n
+    pieces = [i.split(lv.view(n, nb).sum(1).tolist()) for i, lv in zip(ids_all, lens, strict=True)]
+    ids = torch.cat([pieces[r][t] for t in range(n) for r in range(R)])
+    lengths = torch.stack(lens).view(R, n, nb).permute(1, 0, 2).reshape(-1)
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return ids, offsets, torch.cat(grads, dim=0)

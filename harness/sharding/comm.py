@@ -27,7 +27,8 @@ class Groups:
     mp: object | None  # model-parallel group of this rank (G ranks)
     mp_input: object | None  # same ranks, for the input distribution (may run on a thread)
     replica: object | None  # ranks at the same position in every group (2D sync)
-    world_pg: object | None  # data-parallel tables' gradient all-reduce
+    world_pg: object | None  # DDP's dense-gradient all-reduce and end-of-trial statistics
+    dp_pg: object | None  # data-parallel tables' sparse gradient sync (inside backward, beside DDP's)
 
     @property
     def pos(self) -> int:
@@ -54,7 +55,8 @@ def make_groups(rank: int, world: int, group_size: int) -> Groups:
         if rank in ranks:
             mine["replica"] = pg
     world_pg = dist.new_group(list(range(world))) if world > 1 else None
-    return Groups(rank, world, G, mine["mp"], mine["mp_input"], mine["replica"], world_pg)
+    dp_pg = dist.new_group(list(range(world))) if world > 1 else None
+    return Groups(rank, world, G, mine["mp"], mine["mp_input"], mine["replica"], world_pg, dp_pg)
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
