@@ -117,7 +117,7 @@ def main() -> None:
     summary = []
     for dist in ("uniform", "zipf"):
         wl_d = dataclasses.replace(wl, tables=[dataclasses.replace(t, id_dist=dist) for t in wl.tables])
-        batches = [make_batch(wl_d, 0, s, 0, B) for s in range(4)]
+        batches = [make_batch(wl_d, 0, s * B, B) for s in range(4)]
         fb, bb = zip(*(floor_bytes(b.ids, b.offsets, rows, dims, elem, adagrad) for b in batches),
                      strict=True)
         for nt in thread_counts:

@@ -6,8 +6,9 @@
   configuration already completed is never launched again (dedupe by `TrialConfig.key()`).
 - Confirm: the top-k and the baseline are re-measured `repeats` times (the first measurement was
   selected for being high - winner's curse - so only re-measurements count). A configuration whose
-  knobs change the numerics must keep its normalized entropy within the space's tolerance of the
-  baseline's (same seed, so the same samples for the same batch). The fastest confirmed one wins.
+  knobs change the numerics is re-measured over the baseline's samples (`sample_matched`: the
+  steps are scaled by the ratio of global batches) and must keep its normalized entropy within
+  the space's tolerance of the baseline's. The fastest confirmed one wins.
 - View: a rich live table on a terminal (one line per trial otherwise), with the proxy's rank
   correlation (Kendall tau of predicted vs measured qps over finished trials) and an ETA.
 """
@@ -31,10 +32,24 @@ from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.space import SearchSpace
 from cubic.store import Store
-from harness.config import TrialResult
+from harness.config import TrialConfig, TrialResult
 from harness.errors import ConfigError
 
 MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
+
+def sample_matched(cfg: TrialConfig, base: TrialConfig) -> TrialConfig:
+    """`cfg` with warm-up and measured steps covering the baseline's samples (rounded to whole steps).
+
+    The harness's data is keyed by global sample number, so after the same number of samples
+    every configuration has trained on the same samples: normalized entropy over the measured
+    steps then compares the configurations, not the data they happened to see.
+    """
+    gb, gb0 = cfg.batch_size * cfg.world_size, base.batch_size * base.world_size
+    if gb == gb0:
+        return cfg
+    return cfg.replace(warmup_steps=round(base.warmup_steps * gb0 / gb),
+                       measure_steps=max(cfg.windows, round(base.measure_steps * gb0 / gb)))
+
 
 # ====================================================================== view
 SHORT = {"sharding": "", "sharding_group_size": "G", "sparse_sync": "sync", "emb_optimizer": "opt",
@@ -299,7 +314,10 @@ class Tuner:
         while left or pending:
             while left and (not pending or sum(p.cpus for p in pending) < self.runner.cpus):
                 t, _ = left.pop(0)
-                pending.append(self.runner.submit(self.space.config(t.params), tag=t))
+                cfg = self.space.config(t.params)
+                if base is not None and t is not base and self.space.differs_in_numerics(t.params):
+                    cfg = sample_matched(cfg, self.space.config(base.params))
+                pending.append(self.runner.submit(cfg, tag=t))
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
                 self._record_confirm(p.tag, res)

@@ -1,11 +1,12 @@
 """Synthetic DLRM batches: deterministic, counter-based, with teacher labels.
 
-Every value is a hash of (seed, step, global sample index, field), so a
-sample does not depend on how the global batch is split across ranks: rank r
-of W with local batch B sees global samples [r*B, (r+1)*B), and one process
-training batch W*B sees exactly the same samples. That makes the single-
-process reference of the sharding tests exact, and lets 2D / N-rank trials be
-compared on the same samples seen.
+Every value is a hash of (seed, global sample number g, field), where step s
+of a global batch GB = W*B gives rank r the samples g = s*GB + r*B + [0, B)
+(modulo SAMPLE_CYCLE). A sample therefore depends neither on how the global
+batch is split across ranks (one process training batch W*B sees exactly the
+samples of W ranks: the sharding tests' reference is exact) nor on the batch
+size: N samples into training, every configuration has seen the same samples,
+which is what the tuner's quality gate compares normalized entropy over.
 
 Labels come from a fixed random "teacher" (a linear function of the dense
 features plus a hashed per-id weight of every looked-up row), so the loss
@@ -21,7 +22,7 @@ import torch
 
 from harness.workload import TableSpec, Workload
 
-NUM_DISTINCT_BATCHES = 32  # steps cycle over this many batches (generated before the timed loop)
+SAMPLE_CYCLE = 1 << 16  # distinct samples; training cycles over them (batches are generated before timing)
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -74,25 +75,25 @@ class Batch:
         return Batch(*(x.to(device, non_blocking=True) for x in (self.dense, self.ids, self.offsets, self.labels)))
 
 
-def make_batch(wl: Workload, seed: int, step: int, first_sample: int, batch_size: int) -> Batch:
-    """Samples [first_sample, first_sample + batch_size) of global step `step`."""
-    s = np.arange(first_sample, first_sample + batch_size, dtype=np.uint64)[:, None]
-    step_key = step % NUM_DISTINCT_BATCHES
-    dense = _uniform(seed, step_key, s, 1_000 + np.arange(wl.dense_features, dtype=np.uint64))
+def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int) -> Batch:
+    """Global samples [first_sample, first_sample + batch_size) (modulo SAMPLE_CYCLE)."""
+    g = ((first_sample + np.arange(batch_size, dtype=np.int64)) % SAMPLE_CYCLE).astype(np.uint64)
+    s = g[:, None]
+    dense = _uniform(seed, s, 1_000 + np.arange(wl.dense_features, dtype=np.uint64))
     teacher_w = _uniform(seed, 7, np.arange(wl.dense_features, dtype=np.uint64)) * 2 - 1
     logit = (dense - 0.5) @ teacher_w * (6.0 / np.sqrt(wl.dense_features))
     ids_per_table, lengths = [], []
     scale = 3.0 / np.sqrt(wl.num_tables)
     for ti, t in enumerate(wl.tables):
         pos = np.arange(t.pooling, dtype=np.uint64)[None, :]
-        u = _uniform(seed, step_key, s, 10_000 + ti, pos)
+        u = _uniform(seed, s, 10_000 + ti, pos)
         ids = _draw_ids(t, u)  # [B, pooling]
         ids_per_table.append(ids.reshape(-1))
         lengths.append(np.full(batch_size, t.pooling, dtype=np.int64))
         if t.pooling:
             row_w = _uniform(seed, 99 + ti, ids.astype(np.uint64)) * 2 - 1
             logit += row_w.mean(axis=1) * scale
-    noise = _uniform(seed, step_key, s[:, 0], 5)
+    noise = _uniform(seed, g, 5)
     labels = (noise < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
     offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
     return Batch(
@@ -103,6 +104,12 @@ def make_batch(wl: Workload, seed: int, step: int, first_sample: int, batch_size
     )
 
 
-def rank_batches(wl: Workload, seed: int, rank: int, batch_size: int, n: int) -> list[Batch]:
-    """The first min(n, NUM_DISTINCT_BATCHES) local batches of `rank` (steps cycle over them)."""
-    return [make_batch(wl, seed, i, rank * batch_size, batch_size) for i in range(min(n, NUM_DISTINCT_BATCHES))]
+def rank_batches(wl: Workload, seed: int, rank: int, batch_size: int, world: int, steps: int) -> list[Batch]:
+    """The local batches of `rank` for `steps` steps; step s uses batches[s % len(batches)].
+
+    When the global batch divides SAMPLE_CYCLE the data repeats every SAMPLE_CYCLE / GB steps and
+    only that many batches are generated; otherwise every step's batch is.
+    """
+    gb = batch_size * world
+    n = min(steps, SAMPLE_CYCLE // gb) if SAMPLE_CYCLE % gb == 0 else steps
+    return [make_batch(wl, seed, s * gb + rank * batch_size, batch_size) for s in range(max(1, n))]

@@ -75,7 +75,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
     coll = ShardedEmbeddingCollection(cfg, plan, groups, device)
     dense = build_dense_arch(wl, cfg.seed).to(device)
     total = cfg.warmup_steps + cfg.measure_steps
-    batches = [b.to(device) for b in rank_batches(wl, cfg.seed, rank, B, total)]
+    batches = [b.to(device) for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
     fp8_report = None
     if cfg.dense_precision in ("fp8_auto", "fp8_all"):
         fp8_report = apply_fp8_dense(dense, coll, batches, cfg.dense_precision, groups, device)

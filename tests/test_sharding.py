@@ -64,15 +64,17 @@ def test_fbgemm_kernel_sharded_matches_reference():
     assert_same(train(cfg), ref_for(2))
 
 
-@pytest.mark.parametrize("prec,tol", [("bf16", 2e-2), ("fp16", 4e-3)])
+@pytest.mark.parametrize("prec,tol", [("bf16", 2e-3), ("fp16", 5e-4)])
 def test_reduced_precision_comm_quantizes_within_tolerance(prec, tol):
-    cfg = tiny_cfg(world_size=2, sharding="table_wise")
-    ref = ref_for(2)
+    # Moderate learning rates: at 0.1/0.05 the reference itself spikes (unstable training) and any
+    # perturbation is amplified ~10x per step, which would test the optimizer, not the all-to-all.
+    lrs = {"emb_lr": 0.02, "dense_lr": 0.01}
+    cfg = tiny_cfg(world_size=2, sharding="table_wise", measure_steps=6, **lrs)
+    ref = reference(cfg)
     losses, tables = train(cfg.replace(comm_precision=prec))
     diff = np.abs(np.array(losses) - np.array(ref[0]))
     assert diff.max() < tol, diff
-    assert diff.max() > 0 or max_diff(tables, ref[1]) > 0, "reduced-precision comm must not be bit-identical"
-    assert max_diff(tables, ref[1]) > 1e-7
+    assert max_diff(tables, ref[1]) > 1e-7, "reduced-precision comm must really quantize (not bit-identical)"
 
 
 def test_plan_is_readable_and_serialises():
