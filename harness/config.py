@@ -103,8 +103,6 @@ class TrialConfig:
                 f"{where}: ranks_per_node={self.ranks_per_node} must divide the sharding group "
                 f"size {self.group_size}"
             )
-        if self.emb_optimizer == "momentum_scaled_rowwise_adagrad" and self.replicas == 1:
-            pass  # harmless: the scale is 1 without replicas
         if self.kernel == "fbgemm" and self.emb_precision == "bf16":
             raise ConfigError(f"{where}: emb_precision=bf16 is not supported by kernel=fbgemm on CPU; "
                               "choose fp32 or fp16")

@@ -55,7 +55,7 @@ class InputPipeline:
         TIMERS.add("comm", time.perf_counter() - t0)
         return kin
 
-    def close(self, total_steps: int) -> None:
+    def close(self) -> None:
         """Drain what is in flight (every rank issued the same input collectives) and stop."""
         if self.pool:
             for _, fut in self.inflight:
@@ -121,7 +121,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
         _maybe_fault(cfg, rank, step)
         if mem_cap and rss_mb() > mem_cap and device.type == "cpu":
             raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={mem_cap:.0f}")
-    pipe.close(total)
+    pipe.close()
 
     # Global loss per step (mean of the ranks' means = global mean) and NE over the measured samples.
     loss_t = torch.tensor(losses, dtype=torch.float64)
