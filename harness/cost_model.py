@@ -14,6 +14,7 @@ byte floor on CPU (FBGEMM's CPU TBE backward is ~20x off, see issue 6).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -56,6 +57,7 @@ class Hardware:
         raise ValueError(f"unknown hardware preset {name!r}; choose cpu-gloo or h100-nvlink")
 
 
+@functools.cache
 def _cpu_bf16_speed() -> float:
     """bf16 GEMMs run ~2.5x fp32 with AVX512-BF16/AMX (measured here: 8.5 vs 21 ms for the small
     workload's MLPs at batch 1024, one thread) and slower than fp32 without them (emulated)."""
@@ -65,6 +67,12 @@ def _cpu_bf16_speed() -> float:
     except OSError:
         return 0.7
     return 2.5 if ("avx512_bf16" in flags or "amx_bf16" in flags) else 0.7
+
+
+@functools.cache
+def default_hardware() -> Hardware:
+    """This machine's calibrated defaults (built once: the planner asks for them per table)."""
+    return Hardware()
 
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_auto": 2, "fp8_all": 1}
@@ -115,7 +123,7 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEst
     """Predict one training step of `cfg` (ms), throughput and per-rank memory."""
     from harness.sharding.planner import make_plan  # planner uses this module's table costs
 
-    hw = hw or Hardware()
+    hw = hw or default_hardware()
     wl, W, G, B = cfg.workload, cfg.world_size, cfg.group_size, cfg.batch_size
     R = W // G
     plan = plan or make_plan(cfg, check_memory=False)
@@ -240,7 +248,7 @@ def _batch_mb(cfg: TrialConfig) -> float:
 
 def table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:
     """Per-step ms one table costs the rank holding it table-wise (for the planners)."""
-    hw = hw or Hardware()
+    hw = hw or default_hardware()
     G, B = cfg.group_size, cfg.batch_size
     wb = DTYPE_BYTES[cfg.emb_precision]
     kf, kb = hw.kernel_fwd.get(cfg.kernel, 3.0), hw.kernel_bwd.get(cfg.kernel, 10.0)
@@ -250,7 +258,7 @@ def table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> fl
 
 def dp_table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:
     """Per-step ms of a data-parallel table: local lookup, sparse gradient all-gather, union update."""
-    hw = hw or Hardware()
+    hw = hw or default_hardware()
     B, W = cfg.batch_size, cfg.world_size
     kf, kb = hw.kernel_fwd.get(cfg.kernel, 3.0), hw.kernel_bwd.get(cfg.kernel, 10.0)
     # bandwidth only: the DP tables share the same all-gather calls (no per-table latency)
@@ -261,7 +269,7 @@ def dp_table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) ->
 
 def tw_comm_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:
     """Per-step ms of one table's pooled all-to-all (fwd + bwd) when model-parallel."""
-    hw = hw or Hardware()
+    hw = hw or default_hardware()
     cb = DTYPE_BYTES[cfg.comm_precision]
     G = cfg.group_size
     # bandwidth only: all tables share the same all-to-all calls
