@@ -15,6 +15,7 @@ import numpy as np
 import optuna
 import pandas as pd
 
+from cubic.store import rdb_storage
 from harness.errors import ConfigError
 
 STUDY_FILE = "study.db"
@@ -68,7 +69,7 @@ def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     where = safe_url(url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = optuna.storages.RDBStorage(url, skip_compatibility_check=False)
+        storage = rdb_storage(url, skip_compatibility_check=False)
         names = [s.study_name for s in storage.get_all_studies()]
     except Exception as e:  # not a database, not an Optuna schema, server unreachable
         msg = " ".join(str(e).split())[:200]

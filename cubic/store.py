@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +80,31 @@ def _redact(url: str) -> str:
         return url
 
 
+def _schema_race(e: Exception) -> bool:
+    """Two processes creating a new store's schema at once (a tuner starting while a notebook,
+    `cubic report` or a second tuner opens the same URL): the loser sees the winner's half-made
+    tables. Retrying after the winner finishes is safe: Optuna's schema creation is idempotent."""
+    text = str(e).lower()
+    return isinstance(e, sqlalchemy.exc.IntegrityError) or (
+        isinstance(e, sqlalchemy.exc.OperationalError) and ("locked" in text or "already exists" in text))
+
+
+def rdb_storage(url: str, attempts: int = 20, **kw: Any) -> RDBStorage:
+    """`RDBStorage(url)` that survives a concurrent first open of the same store."""
+    for i in range(attempts):
+        try:
+            return RDBStorage(url, **kw)
+        except sqlalchemy.exc.SQLAlchemyError as e:
+            if i == attempts - 1 or not _schema_race(e):
+                raise
+            time.sleep(0.05 * (i + 1))
+    raise AssertionError("unreachable")
+
+
 def open_storage(url: str) -> RDBStorage:
     """Connect (and create the schema); any failure is bad input -> ConfigError, one line."""
     try:
-        rdb = RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None)
+        rdb = rdb_storage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None)
         with rdb.engine.connect() as conn:
             conn.execute(sqlalchemy.text("SELECT 1"))
         return rdb

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -100,12 +101,14 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
     space = space_file(tmp_path, FAST.replace("confirm_top_k: 1", "confirm_top_k: 0"))
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "cubic.cli", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log = open(tmp_path / "tune.log", "w")  # noqa: SIM115 - closed below; the tuner writes to it
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             time.sleep(0.3)
+            if proc.poll() is not None:  # this reader must never break the tuner (store.rdb_storage)
+                pytest.fail(f"the tuner exited {proc.returncode}: {(tmp_path / 'tune.log').read_text()[-2000:]}")
             if not (run / "study.db").exists():
                 continue
             try:
@@ -118,8 +121,10 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
                 proc.wait()
                 break
         else:
-            pytest.fail("the tuner never had 2 completed trials and one running")
+            pytest.fail("the tuner never had 2 completed trials and one running: "
+                        + (tmp_path / "tune.log").read_text()[-2000:])
     finally:
+        log.close()
         if proc.poll() is None:
             proc.kill()
         try:  # the Ray processes the killed tuner left in its process group
@@ -279,3 +284,30 @@ def test_ray_task_failures_become_failed_results_not_a_dead_tuner() -> None:
         assert "\n" not in results["boom"].error
     finally:
         runner.stop()
+
+
+def _open_and_write(url: str, barrier: Any, i: int) -> None:
+    from cubic.store import rdb_storage
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    barrier.wait()
+    study = optuna.create_study(study_name="race", storage=rdb_storage(url), load_if_exists=True)
+    study.set_user_attr(f"p{i}", i)
+
+
+def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    """A tuner starting while a notebook or a second tuner opens the same new store: without
+    `rdb_storage`'s retry, the loser of the schema race died (alembic_version UNIQUE)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    for round_ in range(4):
+        url = f"sqlite:///{tmp_path / f'race{round_}.db'}"
+        barrier = ctx.Barrier(3)
+        procs = [ctx.Process(target=_open_and_write, args=(url, barrier, i)) for i in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0, 0], round_
+        assert set(optuna.load_study(study_name="race", storage=url).user_attrs) == {"p0", "p1", "p2"}
