@@ -164,8 +164,9 @@ def _st_impl(w, i, v):
 _PF_IDS = 48  # forward: rows prefetched this many ids ahead (tuned: 16 -> 48 was 2.5 -> 1.9 ms)
 _PF_PAIRS = 24  # backward: rows (and their state) prefetched this many sorted pairs ahead
 
-# Every kernel below is serial and releases the GIL (nogil=True); `kernels.native_backend` runs
-# them on balanced slices of work from a few Python threads. (numba's own prange runtime was
+# Every kernel below is serial over a range of work items and releases the GIL (nogil=True);
+# `kernels._native_omp` runs them on torch's OpenMP team (`kernels.native_backend` falls back to
+# a few Python threads). (numba's own prange runtime was
 # tried first: its OpenMP layer next to torch's OpenMP took milliseconds per launch here, and
 # parallel=True triples the compile time of a fresh machine's first trial.)
 

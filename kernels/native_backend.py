@@ -8,7 +8,9 @@ Why it exists: the embedding step is memory-bound row gathers/scatters, and FBGE
   of equal rows sums its gradient once and updates the row-wise AdaGrad state and the row in
   place (or SGD); no gradient tensor is materialised.
 
-Threads follow `torch.get_num_threads()` (the harness sets it per rank). CPU tensors only.
+Threads follow `torch.get_num_threads()` (the harness sets it per rank); with more than one the
+kernels run on torch's own OpenMP team (`kernels._native_omp`), falling back to a Python thread
+pool where torch has no GNU OpenMP. CPU tensors only.
 Weights fp32 / fp16 / bf16 (reduced precision stored round-to-nearest-even, math in fp32).
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from kernels import _native_kernels as nk
+from kernels import _native_omp as omp
 from kernels.base import DTYPES, EmbeddingBagKernel
 
 _ITEMS_PER_THREAD = 4  # work items per thread: balance (pooling differs by table) at low overhead
@@ -32,6 +35,12 @@ _ITEMS_PER_THREAD = 4  # work items per thread: balance (pooling differs by tabl
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0  # a forked child inherits the pool object but not its threads: rebuild it there
 _pool_lock = threading.Lock()
+
+
+def _team(nthreads: int) -> bool:
+    """Run on torch's OpenMP team (see `kernels._native_omp`) rather than Python threads?
+    CUBIC_NATIVE_THREADS=pool forces the thread pool (for comparison)."""
+    return nthreads > 1 and os.environ.get("CUBIC_NATIVE_THREADS", "omp") != "pool" and omp.gomp() is not None
 
 
 def _parallel(fn: Callable[[int, int], None], n_work: int, nthreads: int) -> None:
@@ -162,8 +171,11 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         err = np.zeros(self.num_tables, np.uint8)
         out_np = out.numpy().reshape(-1)
         w, w_off, rows, dims, d_off = self._w_np, self._w_off, self._rows, self._dims, self._d_off
-        _parallel(lambda k0, k1: nk.forward(ids_np, off_np, w, w_off, rows, dims, d_off, B, items, k0, k1,
-                                            out_np, err), items.shape[0], nthreads)
+        if _team(nthreads):
+            omp.forward(ids_np, off_np, w, w_off, rows, dims, d_off, B, items, out_np, err, nthreads)
+        else:
+            _parallel(lambda k0, k1: nk.forward(ids_np, off_np, w, w_off, rows, dims, d_off, B, items, k0, k1,
+                                                out_np, err), items.shape[0], nthreads)
         self._raise_bad_ids(err)
         return out
 
@@ -183,19 +195,25 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
             self._tmp = np.empty(n, np.int64)
         keys, tmp = self._keys[:n], self._tmp[:n]
         err = np.zeros(T, np.uint8)
-        # sort: tables split into contiguous groups of about equal id counts
-        per_table = np.diff(off_np[::B])
-        cum = np.concatenate([[0], np.cumsum(per_table)])
-        nt = min(nthreads, T)
-        cuts = [0] + [int(np.searchsorted(cum, n * i / nt)) for i in range(1, nt)] + [T]
         rows = self._rows
-        _parallel(lambda g0, g1: nk.sort_pairs(ids_np, off_np, rows, B, cuts[g0], cuts[g1], keys, tmp, err),
-                  nt, nt)
+        team = _team(nthreads)
+        if team:  # one table per work item, claimed dynamically
+            omp.sort_pairs(ids_np, off_np, rows, B, T, keys, tmp, err, nthreads)
+        else:  # tables split into contiguous groups of about equal id counts
+            per_table = np.diff(off_np[::B])
+            cum = np.concatenate([[0], np.cumsum(per_table)])
+            nt = min(nthreads, T)
+            cuts = [0] + [int(np.searchsorted(cum, n * i / nt)) for i in range(1, nt)] + [T]
+            _parallel(lambda g0, g1: nk.sort_pairs(ids_np, off_np, rows, B, cuts[g0], cuts[g1], keys, tmp,
+                                                   err), nt, nt)
         self._raise_bad_ids(err)
         chunks = nk.plan_backward(keys, off_np, T, B, max(1, n // (nthreads * _ITEMS_PER_THREAD)))
         g_np = grad.detach().to(torch.float32).contiguous().numpy().reshape(-1)
         w, s, w_off, s_off = self._w_np, self._s_np, self._w_off, self._s_off
         dims, d_off = self._dims, self._d_off
         lr, eps, adagrad = float(self.optim.lr), float(self.optim.eps), self._adagrad
-        _parallel(lambda k0, k1: nk.update(keys, g_np, B, w, s, w_off, s_off, dims, d_off, chunks, k0, k1,
-                                           lr, eps, adagrad), chunks.shape[0], nthreads)
+        if team:
+            omp.update(keys, g_np, B, w, s, w_off, s_off, dims, d_off, chunks, lr, eps, adagrad, nthreads)
+        else:
+            _parallel(lambda k0, k1: nk.update(keys, g_np, B, w, s, w_off, s_off, dims, d_off, chunks, k0, k1,
+                                               lr, eps, adagrad), chunks.shape[0], nthreads)

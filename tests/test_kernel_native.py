@@ -16,10 +16,14 @@ B = 48
 
 
 @pytest.fixture
-def threads(request):
+def threads(request, monkeypatch):
+    """1, 2 (on torch's OpenMP team) or "2-pool" (Python thread pool, the fallback without libgomp)."""
+    n = int(str(request.param).split("-")[0])
+    if str(request.param).endswith("pool"):
+        monkeypatch.setenv("CUBIC_NATIVE_THREADS", "pool")
     old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
+    torch.set_num_threads(n)
+    yield n
     torch.set_num_threads(old)
 
 
@@ -95,7 +99,7 @@ def assert_close(ref, got, dtype: str) -> None:
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("threads", [1, 2, "2-pool"], indirect=True)
 @pytest.mark.parametrize("dist", ["uniform", "zipf"])
 @pytest.mark.parametrize("optim", ["rowwise_adagrad", "sgd"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
@@ -194,3 +198,4 @@ def test_errors_are_clear():
         make_kernel("native", [10, 10], [4, 4]).forward(torch.tensor([1]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="grad shape"):
         k.backward_update(torch.tensor([1]), torch.tensor([0, 1]), torch.ones(2, 4))
+
