@@ -144,3 +144,30 @@ def test_config_round_trip_is_exact():
     cfg = TrialConfig(workload=Workload.criteo_mlperf_mini(), sharding="auto", batch_size=2048)
     assert TrialConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))).key() == cfg.key()
     assert os.path.exists(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+
+
+def _rank_omp_policy() -> str:
+    """What a spawned rank's environment says (the rank copies the parent's at spawn)."""
+    return os.environ.get("OMP_WAIT_POLICY", "unset")
+
+
+def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatch):
+    """More ranks x threads than cores: OpenMP spin-waiting steals the other ranks' cores (2x2 on 2
+    cores ran 4x slower), so those ranks get OMP_WAIT_POLICY=PASSIVE; a trial that fits, or a
+    user's own setting, is left alone. Checked in real spawned children, and in the result's env."""
+    import multiprocessing as mp
+
+    from harness.trial import _environ, rank_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    over = tiny_cfg(world_size=2, threads_per_rank=cores)
+    fits = tiny_cfg(world_size=1, threads_per_rank=1)
+    assert rank_env(over) == {"OMP_WAIT_POLICY": "PASSIVE"} and rank_env(fits) == {}
+    for cfg, want in ((over, "PASSIVE"), (fits, "unset")):
+        with _environ(rank_env(cfg)), mp.get_context("spawn").Pool(1) as pool:
+            assert pool.apply(_rank_omp_policy) == want
+    assert "OMP_WAIT_POLICY" not in os.environ  # restored after spawning
+    assert run_trial(over).env["omp_wait_policy"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert rank_env(over) == {}
