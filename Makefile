@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[cpu,dev]"
+	$(BIN)/python -m kernels.native_backend  # compile the native kernels into numba's cache once
 	touch $(STAMP)
 
 tune: $(STAMP)

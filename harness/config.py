@@ -50,7 +50,7 @@ class TrialConfig:
     column_shard_dim: int = 0  # column-wise shard width; 0 = dim / world (multiple of 4)
     # --- batch / precision / kernels
     batch_size: int = 1024  # per rank
-    kernel: str = "fbgemm"
+    kernel: str = "native"  # CPU default: our numba TBE (= FBGEMM's math, >= its speed); fbgemm, torch, triton
     emb_precision: str = "fp32"
     dense_precision: str = "fp32"
     comm_precision: str = "fp32"

@@ -28,7 +28,7 @@ import torch
 
 from kernels import _native_kernels as nk
 from kernels import _native_omp as omp
-from kernels.base import DTYPES, EmbeddingBagKernel
+from kernels.base import DTYPES, EmbeddingBagKernel, OptimSpec
 
 _ITEMS_PER_THREAD = 4  # work items per thread: balance (pooling differs by table) at low overhead
 
@@ -217,3 +217,26 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         else:
             _parallel(lambda k0, k1: nk.update(keys, g_np, B, w, s, w_off, s_off, dims, d_off, chunks, k0, k1,
                                                lr, eps, adagrad), chunks.shape[0], nthreads)
+
+
+def warm_cache() -> None:
+    """Compile every kernel specialisation (weight dtypes x optimizers x 1 and 2 threads) into
+    numba's on-disk cache, so no trial pays the ~8 s first compile (`make` runs this at install)."""
+    import torch
+
+    old = torch.get_num_threads()
+    ids, offsets = torch.tensor([0, 1, 1, 3]), torch.tensor([0, 1, 3, 4, 4])
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for dtype in DTYPES:
+                for kind in ("rowwise_adagrad", "sgd"):
+                    k = NativeEmbeddingBags([4, 5], [4, 8], weight_dtype=dtype, optim=OptimSpec(kind, lr=0.1))
+                    k.forward(ids, offsets)
+                    k.backward_update(ids, offsets, torch.ones(2, 12))
+    finally:
+        torch.set_num_threads(old)
+
+
+if __name__ == "__main__":
+    warm_cache()
