@@ -18,7 +18,7 @@ import tempfile
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import carray, cfunc, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -373,3 +373,119 @@ def update(keys, grad, B, w, state, w_off, s_off, dims, d_off, chunks, k0, k1, l
             else:
                 for c in range(D):
                     _st(wr, c, _ld(wr, c) - lr32 * g[c])
+
+
+# == trampolines for torch's OpenMP team (driven by `kernels._native_omp`) ==========================
+# They live in this file so that numba's cache, which only watches a function's own source file,
+# recompiles them whenever a kernel they inline changes.
+
+# -- intrinsics: an atomic counter and raw addresses -------------------------------------------------
+
+
+@intrinsic
+def _fetch_add(typingctx, arr, idx):
+    """Atomically `arr[idx] += 1` on an int64 array; returns the old value."""
+    if not isinstance(arr, types.Array) or arr.dtype != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [i])
+        return builder.atomic_rmw("add", ptr, ir.IntType(64)(1), "monotonic")
+
+    return types.int64(arr, idx), codegen
+
+
+@intrinsic
+def _voidptr(typingctx, addr):
+    """int64 address -> void* (for `carray`)."""
+    if addr != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return types.voidptr(types.int64), codegen
+
+
+@_jit(inline="always")
+def _i64(a, k):
+    return carray(_voidptr(a[k]), (a[k + 1],), np.int64)
+
+
+# -- argument block layout ---------------------------------------------------------------------------
+# Every block starts [counter, n_items, wkind]; wkind: 0 fp32, 1 fp16 bits, 2 bf16 bits.
+_F32, _F16, _BF16 = 0, 1, 2
+_WKIND = {np.dtype(np.float32): _F32, np.dtype(np.int16): _F16, np.dtype(np.uint16): _BF16}
+
+_SIG = types.void(types.voidptr)
+
+
+@cfunc(_SIG, cache=True, nopython=True)
+def _forward_task(data):
+    # [ctr, n, wkind, ids, offsets, w, w_off, rows, dims, d_off, items, out, err] as (addr, len), B
+    a = carray(data, (26,), np.int64)
+    ids, offs = _i64(a, 3), _i64(a, 5)
+    w_off, rows, dims, d_off = _i64(a, 9), _i64(a, 11), _i64(a, 13), _i64(a, 15)
+    items = carray(_voidptr(a[17]), (a[18] // 3, 3), np.int64)
+    out = carray(_voidptr(a[19]), (a[20],), np.float32)
+    err = carray(_voidptr(a[21]), (a[22],), np.uint8)
+    B = a[23]
+    wk = a[2]
+    while True:
+        k = _fetch_add(a, 0)
+        if k >= a[1]:
+            break
+        if wk == _F32:
+            forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.float32), w_off, rows, dims, d_off, B,
+                       items, k, k + 1, out, err)
+        elif wk == _F16:
+            forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.int16), w_off, rows, dims, d_off, B,
+                       items, k, k + 1, out, err)
+        else:
+            forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.uint16), w_off, rows, dims, d_off, B,
+                       items, k, k + 1, out, err)
+
+
+@cfunc(_SIG, cache=True, nopython=True)
+def _sort_task(data):
+    # [ctr, n_tables, -, ids, offsets, rows, keys, tmp, err] as (addr, len), B
+    a = carray(data, (20,), np.int64)
+    ids, offs, rows, keys, tmp = _i64(a, 3), _i64(a, 5), _i64(a, 7), _i64(a, 9), _i64(a, 11)
+    err = carray(_voidptr(a[13]), (a[14],), np.uint8)
+    B = a[15]
+    while True:
+        t = _fetch_add(a, 0)
+        if t >= a[1]:
+            break
+        sort_pairs(ids, offs, rows, B, t, t + 1, keys, tmp, err)
+
+
+@cfunc(_SIG, cache=True, nopython=True)
+def _update_task(data):
+    # [ctr, n, wkind, keys, grad, w, state, w_off, s_off, dims, d_off, chunks] as (addr, len),
+    # B, adagrad, address of float64 [lr, eps]
+    a = carray(data, (30,), np.int64)
+    keys = _i64(a, 3)
+    grad = carray(_voidptr(a[5]), (a[6],), np.float32)
+    state = carray(_voidptr(a[9]), (a[10],), np.float32)
+    w_off, s_off, dims, d_off = _i64(a, 11), _i64(a, 13), _i64(a, 15), _i64(a, 17)
+    chunks = carray(_voidptr(a[19]), (a[20] // 3, 3), np.int64)
+    B, adagrad = a[21], a[22] != 0
+    f = carray(_voidptr(a[23]), (2,), np.float64)
+    lr, eps = f[0], f[1]
+    wk = a[2]
+    while True:
+        k = _fetch_add(a, 0)
+        if k >= a[1]:
+            break
+        if wk == _F32:
+            update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.float32), state, w_off, s_off, dims,
+                      d_off, chunks, k, k + 1, lr, eps, adagrad)
+        elif wk == _F16:
+            update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.int16), state, w_off, s_off, dims,
+                      d_off, chunks, k, k + 1, lr, eps, adagrad)
+        else:
+            update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.uint16), state, w_off, s_off, dims,
+                      d_off, chunks, k, k + 1, lr, eps, adagrad)
