@@ -98,11 +98,9 @@ def main() -> None:
     elem = 4 if args.dtype == "fp32" else 2
     adagrad = args.optim == "rowwise_adagrad"
     thread_counts = [int(x) for x in args.threads.split(",")]
-    bw = {nt: copy_bandwidth(nt) for nt in thread_counts}
     console.print(f"workload {wl.name}: {len(rows)} tables x {rows[0]} x {dims[0]}, batch {B}, pooling "
-                  f"{wl.tables[0].pooling}, {args.dtype} weights, {args.optim}; copy bandwidth (read+write) "
-                  + ", ".join(f"{bw[nt] / 1e9:.1f} GB/s at {nt} thr" for nt in thread_counts)
-                  + f"; load average {os.getloadavg()[0]:.1f}")
+                  f"{wl.tables[0].pooling}, {args.dtype} weights, {args.optim}; load average "
+                  f"{os.getloadavg()[0]:.1f}")
 
     init = [torch.randn(r, d, generator=torch.Generator().manual_seed(t)) * 0.01
             for t, (r, d) in enumerate(zip(rows, dims, strict=True))]
@@ -125,16 +123,19 @@ def main() -> None:
         fb, bb = zip(*(floor_bytes(b.ids, b.offsets, rows, dims, elem, adagrad) for b in batches),
                      strict=True)
         for nt in thread_counts:
-            torch.set_num_threads(nt)
-            floor = (statistics.mean(fb) / bw[nt] * 1e3, statistics.mean(bb) / bw[nt] * 1e3)
+            # the floor's bandwidth is measured right before and after the kernels (this VM's
+            # 2-thread bandwidth changes over time, ~41 or ~70 GB/s), and averaged
+            bw0 = copy_bandwidth(nt, allocations=1)
             res = time_kernels(kernels, batches, args.repeats)
+            bw = (bw0 + copy_bandwidth(nt, allocations=1)) / 2
+            floor = (statistics.mean(fb) / bw * 1e3, statistics.mean(bb) / bw * 1e3)
             step = {n: [a + b for a, b in zip(*res[n], strict=True)] for n in res}
             med = {n: statistics.median(v) for n, v in step.items()}
             for name, (fwd, bwd) in res.items():
                 faster = f"{med[name] / med['native']:.1f}x" if "native" in med and name != "native" else ""
                 table.add_row(dist, str(nt), name, fmt(fwd), fmt(bwd), fmt(step[name]), faster,
                               f"{med[name] / sum(floor):.2f}x")
-            table.add_row(dist, str(nt), "byte floor", f"{floor[0]:.2f}", f"{floor[1]:.2f}",
+            table.add_row(dist, str(nt), f"byte floor @{bw / 1e9:.0f} GB/s", f"{floor[0]:.2f}", f"{floor[1]:.2f}",
                           f"{sum(floor):.2f}", "", "1.00x", end_section=True)
             summary.append((dist, nt, med, sum(floor)))
     console.print(table)

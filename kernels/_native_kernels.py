@@ -355,6 +355,9 @@ def update(keys, grad, B, w, state, w_off, s_off, dims, d_off, chunks, k0, k1, l
                         _prefetch(w, base + rp * D + c)
                     if adagrad:
                         _prefetch(state, sb + rp)
+                    gq = (keys[ip] & 0xFFFFFFFF) * TD + o0
+                    for c in range(0, D, 16):
+                        _prefetch(grad, gq + c)
                 gp = (keys[i] & 0xFFFFFFFF) * TD + o0
                 gr = grad[gp: gp + D]
                 for c in range(D):
