@@ -36,6 +36,7 @@ from harness.config import TrialConfig, TrialResult
 from harness.errors import ConfigError
 
 MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
+SCREEN_FACTOR = 3  # confirm screens at most this many x confirm_top_k configurations
 
 def sample_matched(cfg: TrialConfig, base: TrialConfig) -> TrialConfig:
     """`cfg` with warm-up and measured steps covering the baseline's samples (rounded to whole steps).
@@ -303,27 +304,73 @@ class Tuner:
 
     # ------------------------------------------------------------------ confirm + quality gate
     def _confirm(self) -> list[FrozenTrial]:
-        ok = sorted(self.store.trials(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
-        base = next((t for t in ok if t.user_attrs.get("config_key") == self.base_key), None)
-        targets = ([base] if base else []) + [t for t in ok[: self.space.confirm_top_k] if t is not base]
-        todo = [(t, i) for t in targets for i in range(self.space.repeats - len(t.user_attrs.get("confirm_qps") or []))]
-        self.view.note(f"confirm: re-measuring {len(targets)} configurations x {self.space.repeats} "
-                       f"({len(todo)} runs)")
+        """Re-measure the baseline and walk down the ranking until `confirm_top_k` configurations
+        pass the quality gate (or SCREEN_FACTOR x k were screened).
+
+        A configuration that changes numerics is screened first: one sample-matched run, judged
+        against the baseline's NE; only if it passes does it get its other `repeats - 1` runs.
+        Why walk rather than take the top k: the fastest configurations are often fast *because*
+        they change numerics (bigger batches, SGD, low precision), and a gate that rejected the
+        whole top k used to leave the baseline as the "winner" of a 40-trial tune."""
+        ranked = sorted(self.store.trials(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
+        base = next((t for t in ranked if t.user_attrs.get("config_key") == self.base_key), None)
+        cands = [t for t in ranked if t is not base]
+        k = self.space.confirm_top_k
+        max_screen = min(len(cands), SCREEN_FACTOR * k)
+        reps = self.space.repeats
+        self.view.note(f"confirm: baseline + the fastest configurations until {k} pass the quality gate "
+                       f"(at most {max_screen} screened), {reps} re-measurements each")
+        screened: list[FrozenTrial] = []  # in rank order
         pending: list[Pending] = []
-        left = list(todo)
-        while left or pending:
-            while left and (not pending or sum(p.cpus for p in pending) < self.runner.cpus):
-                t, _ = left.pop(0)
-                cfg = self.space.config(t.params)
-                if base is not None and t is not base and self.space.differs_in_numerics(t.params):
+        inflight: dict[int, int] = {}  # trial number -> runs in flight
+
+        def runs(t: FrozenTrial) -> int:
+            return len(t.user_attrs.get("confirm_qps") or []) + len(t.user_attrs.get("confirm_failed") or [])
+
+        def verdict(t: FrozenTrial) -> bool | None:
+            """None while undecided (no run back yet, or the baseline's NE not in yet)."""
+            if t.user_attrs.get("confirm_failed"):
+                return False
+            if not self.space.differs_in_numerics(t.params):
+                return True
+            if not t.user_attrs.get("confirm_ne") or base is None or not base.user_attrs.get("confirm_ne"):
+                return None
+            return self._quality(t, base)[0]
+
+        def wants(t: FrozenTrial) -> bool:
+            """One more run of t now? (Screening: only the first run until the verdict is in.)"""
+            n = runs(t) + inflight.get(t.number, 0)
+            if n >= reps:
+                return False
+            v = verdict(t)
+            return v is True or (v is None and n == 0) or (t is base)
+
+        while True:
+            passed = [t for t in screened if verdict(t) is True]
+            undecided = [t for t in screened if verdict(t) is None]
+            if len(passed) < k and len(passed) + len(undecided) < k and len(screened) < max_screen:
+                screened.append(cands[len(screened)])
+                continue
+            order = ([base] if base else []) + screened
+            job = next((t for t in order if wants(t)), None)
+            if job is not None and (not pending or sum(p.cpus for p in pending) < self.runner.cpus):
+                cfg = self.space.config(job.params)
+                if base is not None and job is not base and self.space.differs_in_numerics(job.params):
                     cfg = sample_matched(cfg, self.space.config(base.params))
-                pending.append(self.runner.submit(cfg, tag=t))
+                pending.append(self.runner.submit(cfg, tag=job))
+                inflight[job.number] = inflight.get(job.number, 0) + 1
+                continue
+            if not pending:
+                break
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
+                inflight[p.tag.number] -= 1
                 self._record_confirm(p.tag, res)
                 self.view.add(p.tag, time.monotonic() - p.started, confirm=res)
-            self.view.set_eta(len(left) + len(pending), max(1.0, self.runner.cpus / 2))
+            left = sum(max(0, reps - runs(t)) for t in order if verdict(t) is not False)
+            self.view.set_eta(left, max(1.0, self.runner.cpus / 2))
             self.view.refresh()
+        targets = ([base] if base else []) + screened
         for t in targets:
             ok_, why = self._quality(t, base)
             self.store.set_finished_attrs(t, {"quality_ok": ok_, "quality_reason": why})

@@ -442,13 +442,13 @@ def _forward_task(data):
             break
         if wk == _F32:
             forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.float32), w_off, rows, dims, d_off, B,
-                       items, k, k + 1, out, err)
+                    items, k, k + 1, out, err)
         elif wk == _F16:
             forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.int16), w_off, rows, dims, d_off, B,
-                       items, k, k + 1, out, err)
+                    items, k, k + 1, out, err)
         else:
             forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.uint16), w_off, rows, dims, d_off, B,
-                       items, k, k + 1, out, err)
+                    items, k, k + 1, out, err)
 
 
 @cfunc(_SIG, cache=True, nopython=True)
@@ -485,10 +485,10 @@ def _update_task(data):
             break
         if wk == _F32:
             update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.float32), state, w_off, s_off, dims,
-                      d_off, chunks, k, k + 1, lr, eps, adagrad)
+                   d_off, chunks, k, k + 1, lr, eps, adagrad)
         elif wk == _F16:
             update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.int16), state, w_off, s_off, dims,
-                      d_off, chunks, k, k + 1, lr, eps, adagrad)
+                   d_off, chunks, k, k + 1, lr, eps, adagrad)
         else:
             update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.uint16), state, w_off, s_off, dims,
-                      d_off, chunks, k, k + 1, lr, eps, adagrad)
+                   d_off, chunks, k, k + 1, lr, eps, adagrad)

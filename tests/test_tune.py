@@ -153,6 +153,41 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
     assert "resumed" in r.stdout
 
 
+# Bigger batches are faster but change numerics; with tolerance 0 only exact configurations pass.
+GATED = """\
+name: gated
+workload: {preset: tiny}
+baseline: {world_size: 1, sharding: table_wise, batch_size: 32, kernel: torch, pipeline_depth: 0}
+knobs:
+  batch_size: [32, 256]
+  pipeline_depth: [0, 1]
+constraints: {mem_cap_mb: 3000, quality_tolerance: 0.0}
+trial: {warmup_steps: 1, measure_steps: 4, windows: 1, timeout_s: 60, repeats: 2}
+budget: {trials: 4, confirm_top_k: 1}
+"""
+
+
+def test_confirm_walks_past_configs_the_quality_gate_rejects(tmp_path: Path) -> None:
+    """The fastest configurations (batch 256) fail the gate; confirm goes on down the ranking to
+    the exact one (pipelining only) instead of leaving the baseline as the winner. A rejected
+    configuration costs one screening run, not `repeats`."""
+    run = tmp_path / "run"
+    r = cubic_tune("--space", str(space_file(tmp_path, GATED)), "--run-dir", str(run), "--searcher", "grid")
+    assert r.returncode == 0, r.stdout + r.stderr
+    study = load(run, "gated")
+    by = {(t.params["batch_size"], t.params["pipeline_depth"]): t for t in study.get_trials()}
+    assert len(by) == 4 and all(t.state == TrialState.COMPLETE for t in by.values())
+    exact = by[(32, 1)].user_attrs
+    assert exact["quality_ok"] is True and "numerics unchanged" in exact["quality_reason"]
+    assert len(exact["confirm_qps"]) == 2
+    big = [by[(256, d)].user_attrs for d in (0, 1)]
+    assert by[(256, 0)].value > by[(32, 1)].value  # ranked above the exact config: the walk passed it
+    rejected = [ua for ua in big if "quality_ok" in ua]
+    assert rejected and all(ua["quality_ok"] is False and "NE" in ua["quality_reason"] for ua in rejected)
+    assert all(len(ua["confirm_qps"]) == 1 for ua in rejected)  # screened once, not re-measured
+    assert study.user_attrs["winner"]["config"]["batch_size"] == 32
+
+
 def test_crash_oom_and_timeout_become_failed_trials_and_the_study_completes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     r = cubic_tune("--space", str(space_file(tmp_path, FAULTS)), "--run-dir", str(run), "--searcher", "grid")
