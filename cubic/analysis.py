@@ -158,6 +158,8 @@ def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
     row["confirm_ne_median"] = float(np.median(cne)) if cne else math.nan
     row["quality_ok"] = ua.get("quality_ok")
     row["quality_reason"] = ua.get("quality_reason", "")
+    row["ne_matched"] = _num(ua.get("ne_matched"))  # NE over the baseline's samples (cubic.quality)
+    row["quality_est_ok"] = ua.get("quality_est_ok")
     row["config"] = cfg
     row["plan"] = res.get("plan") or []
     return row
@@ -215,9 +217,13 @@ def baseline_qps(df: pd.DataFrame, winner: dict[str, Any] | None = None) -> floa
 
 
 def usable(df: pd.DataFrame) -> pd.DataFrame:
-    """Trials with a real measurement, minus those that failed the quality gate."""
+    """Trials with a real measurement, minus those that failed the quality gate (or whose own
+    NE over the baseline's samples already fails it)."""
     out = df[df["ok"]]
-    return out[out["quality_ok"].ne(False)] if "quality_ok" in out else out
+    for col in ("quality_ok", "quality_est_ok"):
+        if col in out:
+            out = out[out[col].ne(False)]
+    return out
 
 
 def winner_info(df: pd.DataFrame, stored: dict[str, Any] | None = None) -> dict[str, Any] | None:

@@ -109,7 +109,8 @@ class Proxy:
         self.fitted = False
 
     def fit(self, ok: Sequence[tuple], qps: Sequence[float], failed: Sequence[tuple] = ()) -> Proxy:
-        """ok/qps: measured configurations; failed: configurations that did not run (any reason)."""
+        """ok/qps: measured configurations; failed: configurations that did not run (any reason) or
+        that ran but fail the quality gate (those may also be in ok: their speed is still data)."""
         X = self.features.rows(list(ok))
         y = np.log(np.asarray(qps, dtype=np.float64))
         rng = np.random.default_rng(self.seed + len(ok))
@@ -129,10 +130,12 @@ class Proxy:
                 a, b = _calibrate(s, y)
                 self.members.append((bst, a, b))
         self.classifier = None
-        if len(failed) and n:
-            Xc = np.concatenate([X, self.features.rows(list(failed))])
-            yc = np.concatenate([np.ones(n), np.zeros(len(failed))]).astype(np.float32)
-            w = np.where(yc == 0, n / len(failed), 1.0).astype(np.float32)  # balance the classes
+        bad = set(failed)  # may include measured configurations that failed the quality gate
+        good = [i for i, c in enumerate(ok) if c not in bad]
+        if len(failed) and good:
+            Xc = np.concatenate([X[good], self.features.rows(list(failed))])
+            yc = np.concatenate([np.ones(len(good)), np.zeros(len(failed))]).astype(np.float32)
+            w = np.where(yc == 0, len(good) / len(failed), 1.0).astype(np.float32)  # balance the classes
             self.classifier = xgb.train({**CLS_PARAMS, "seed": self.seed}, xgb.DMatrix(Xc, label=yc, weight=w),
                                         num_boost_round=20)
         self.fitted = bool(self.members)

@@ -20,13 +20,18 @@ Schema (analysis and export read exactly this):
   "phase" ("baseline" | "warmup" | "proxy" | "random" | "grid" | "tpe" | "ds-xgb"; a re-run of an
   interrupted trial keeps its phase and adds "resumed_from": the interrupted trial's number),
   "predicted_qps" and "predicted_std" (the proxy's prediction at proposal time, null if none),
-  "config_key" (`TrialConfig.key()`), "config" (TrialConfig dict).
+  "config_key" (`TrialConfig.key()`), "config" (TrialConfig dict). Trials that change numerics also
+  get "ne_matched" (their NE over the baseline's measured samples, from their own per-step losses;
+  null where their steps do not cover those samples, see `cubic.quality`) and "quality_est_ok"
+  (that NE within the quality tolerance of the baseline's; absent where ne_matched is null).
 - State: COMPLETE trials have value = qps. Failed trials are FAIL with "status"
   (oom | error | timeout) and a one-line "error". Trials found RUNNING when a tune resumes
   (the tuner died) become FAIL with status "interrupted" and error "interrupted"; their
   configuration is enqueued again.
 - Proposals the tuner refused to run (a duplicate of a completed or running configuration, or a
   searcher with nothing left) are FAIL with status "skipped"; like "interrupted" they spend no budget.
+- Confirm walks down the ranking (skipping trials with quality_est_ok false) until confirm_top_k
+  configurations pass the quality gate, screening at most 3 x confirm_top_k.
 - Confirm re-measurements are not new trials: they are stored on the original trial as user_attrs
   "confirm_qps" (list of floats), "confirm_ne" (list of floats), "quality_ok" (bool),
   "quality_reason" (str), and "confirm_failed" (list of "status: error" strings) if one failed.

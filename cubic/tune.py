@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cubic.proxy import kendall_tau
+from cubic.quality import matched_ne, within
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.space import SearchSpace
@@ -122,7 +123,8 @@ class TuneView:
             ok, status, error = confirm.status == "ok", confirm.status, confirm.error
             qps, phase, pred = (confirm.qps if ok else None), "confirm", None
         row = {"n": t.number, "phase": phase, "cfg": short_config(self.space, t.params), "status": status,
-               "qps": qps, "pred": pred, "best": self.best[0] if self.best else None, "error": error}
+               "qps": qps, "pred": pred, "best": self.best[0] if self.best else None, "error": error,
+               "ne_fails": confirm is None and ua.get("quality_est_ok") is False}
         self.rows.append(row)
         if not self.live_on:
             self.console.print(self._line(row), highlight=False, soft_wrap=True)
@@ -174,7 +176,8 @@ class TuneView:
         pred = f" (pred {r['pred']:,.0f})" if r["pred"] else ""
         err = f" - {r['error'][:120]}" if r["status"] != "ok" and r["error"] else ""
         best = f"{r['best']:,.0f}" if r["best"] else "-"
-        return f"#{r['n']:<3} {r['phase']:<9} {r['cfg'][:56]:<56} {qps:>14}{pred}  best {best}{err}"
+        ne = "  (NE fails the gate)" if r.get("ne_fails") else ""
+        return f"#{r['n']:<3} {r['phase']:<9} {r['cfg'][:56]:<56} {qps:>14}{pred}  best {best}{err}{ne}"
 
     def _render(self) -> Group:
         t = Table(box=None, pad_edge=False, header_style="bold")
@@ -261,8 +264,34 @@ class Tuner:
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
                 frozen = self.store.finish(p.tag, res)
+                est = self._estimate_quality()
+                if frozen.number in est:
+                    frozen.user_attrs["quality_est_ok"] = est[frozen.number]
                 self.view.add(frozen, time.monotonic() - p.started)
             self._eta(pending, self.budget - self.store.budget_used())
+
+    def _estimate_quality(self) -> dict[int, bool]:
+        """Free quality estimates (`cubic.quality`) for finished numerics-changing trials, so the
+        searcher learns which fast configurations the gate would reject (user attrs "ne_matched",
+        and "quality_est_ok" where the trial's steps cover the baseline's samples). Returns the new
+        verdicts by trial number."""
+        done = self.store.trials(TrialState.COMPLETE)
+        base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+        verdicts: dict[int, bool] = {}
+        if base is None:
+            return verdicts
+        bres = base.user_attrs.get("result") or {}
+        bcfg = self.space.config(base.params)
+        for t in done:
+            if t is base or "ne_matched" in t.user_attrs or not self.space.differs_in_numerics(t.params):
+                continue
+            ne = matched_ne((t.user_attrs.get("result") or {}).get("losses") or [], self.space.config(t.params),
+                            bres.get("losses") or [], bcfg, bres.get("ne"))
+            attrs: dict[str, Any] = {"ne_matched": ne}
+            if ne is not None:
+                attrs["quality_est_ok"] = verdicts[t.number] = within(ne, bres["ne"], self.space.quality_tolerance)
+            self.store.set_finished_attrs(t, attrs)
+        return verdicts
 
     def _free(self, pending: list[Pending]) -> bool:
         """Room on the cluster for one more trial (asking starts Ray, so only ask with budget left)."""
@@ -314,7 +343,11 @@ class Tuner:
         whole top k used to leave the baseline as the "winner" of a 40-trial tune."""
         ranked = sorted(self.store.trials(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
         base = next((t for t in ranked if t.user_attrs.get("config_key") == self.base_key), None)
-        cands = [t for t in ranked if t is not base]
+        cands = [t for t in ranked if t is not base and t.user_attrs.get("quality_est_ok") is not False]
+        known_bad = sum(1 for t in ranked if t.user_attrs.get("quality_est_ok") is False)
+        if known_bad:
+            self.view.note(f"confirm: {known_bad} fast configuration(s) skipped: their search trials' NE over the "
+                           f"baseline's samples already fails the quality gate")
         k = self.space.confirm_top_k
         max_screen = min(len(cands), SCREEN_FACTOR * k)
         reps = self.space.repeats

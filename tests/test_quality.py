@@ -33,3 +33,24 @@ def test_momentum_scaled_2d_matches_full_model_parallel_quality(record_property)
     # plain weight averaging is a different optimizer (embedding steps shrink by the replica count):
     # it deviates visibly from full model parallelism, in whichever direction this data takes it
     assert abs(rel["2d_plain_weight_avg"]) > 2 * abs(rel["2d_momentum_scaled"]), rel
+
+
+def test_search_trial_ne_over_the_baselines_samples_equals_a_sample_matched_rerun():
+    """`cubic.quality.matched_ne`: the first steps of a bigger-batch search trial are the training
+    a sample-matched re-run does, so its NE over the baseline's samples comes free with the trial.
+    Checked against a real re-run; and a smaller-batch trial, which cannot cover them, gives None."""
+    from cubic.quality import matched_ne
+    from cubic.tune import sample_matched
+    from harness.trial import run_trial
+    from tests.helpers import tiny_cfg
+
+    base = tiny_cfg(world_size=1, batch_size=32, warmup_steps=4, measure_steps=8, windows=1, emb_lr=0.05)
+    big = base.replace(batch_size=128, emb_optimizer="sgd")  # changes numerics: 4x batch, another optimizer
+    rb, rbig, rmatched = (run_trial(c) for c in (base, big, sample_matched(big, base)))
+    assert rb.status == rbig.status == rmatched.status == "ok"
+    assert len(rmatched.losses) == 1 + 2 < len(rbig.losses)  # the re-run: 1 warm-up + 2 measured steps of 128
+    est = matched_ne(rbig.losses, big, rb.losses, base, rb.ne)
+    assert est is not None and abs(est - rmatched.ne) / rmatched.ne < 1e-4, (est, rmatched.ne)
+    assert abs(est - rb.ne) / rb.ne > 1e-3  # and it is a real difference from the baseline's NE
+    small = base.replace(batch_size=16)
+    assert matched_ne(run_trial(small).losses, small, rb.losses, base, rb.ne) is None

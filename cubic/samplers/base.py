@@ -35,6 +35,7 @@ class Observations:
     qps: list[float] = field(default_factory=list)
     failed: list[tuple] = field(default_factory=list)  # FAIL for a reason of the config's own
     order: list[float] = field(default_factory=list)  # objective per finished trial (failed = 0)
+    quality_failed: list[tuple] = field(default_factory=list)  # COMPLETE, but its NE fails the gate
 
     @classmethod
     def of(cls, study: optuna.Study, space: SearchSpace, exclude: int | None = None) -> Observations:
@@ -50,6 +51,8 @@ class Observations:
                 obs.ok.append(tup)
                 obs.qps.append(float(t.value))
                 obs.order.append(float(t.value))
+                if t.user_attrs.get("quality_est_ok") is False:  # see cubic.quality
+                    obs.quality_failed.append(tup)
             elif t.state == TrialState.FAIL:
                 if t.user_attrs.get("status") in SKIP_STATUSES:
                     continue

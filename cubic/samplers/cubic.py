@@ -4,7 +4,8 @@
 2. Warm-up: a space-filling design - each warm-up configuration is the random candidate farthest
    (Hamming distance over knobs) from everything tried, so a few trials touch every knob value.
 3. Proxy: `cubic.proxy.Proxy` (XGBoost rank:pairwise ensemble on log qps with the cost model's
-   derived features, bootstrap spread as uncertainty, feasibility classifier from failed trials),
+   derived features, bootstrap spread as uncertainty, feasibility classifier from failed trials
+   and from trials whose NE over the baseline's samples fails the quality gate, `cubic.quality`),
    refit on every proposal; trials of earlier studies on the same space (`history`) join the
    training set, so a second study starts where the first stopped.
 4. Candidates: random untried configurations, every one-knob neighbour and random two-knob
@@ -53,7 +54,8 @@ class CubicSampler(SpaceSampler):
         qps = [q for _, q in self.hist_ok] + obs.qps
         if n_known < self.n_warmup or len(ok) < 2:
             return self._space_filling(obs, self._prior_agrees(ok, qps)), {"phase": "warmup"}
-        self.proxy.fit(ok, qps, self.hist_failed + obs.failed)
+        # configurations whose NE fails the quality gate teach the feasibility classifier too
+        self.proxy.fit(ok, qps, self.hist_failed + obs.failed + obs.quality_failed)
         pool = self._pool(study, trial, obs, ok, qps)
         if not pool:
             return None, {}

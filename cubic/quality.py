@@ -1,0 +1,42 @@
+"""Quality from search trials, for free: normalized entropy over the baseline's samples.
+
+The harness keys its data by global sample number and records the global loss of every step, so
+the first steps of a trial with a global batch at least the baseline's are exactly the training
+a sample-matched re-run would do (training is causal): the mean loss over the steps that cover
+the baseline's measured samples, divided by the entropy of the labels there (the baseline's
+loss / NE over those same samples), is the NE the confirm's quality gate would see. That lets
+the searcher learn, while it searches, which fast configurations the gate will reject.
+Trials with a smaller global batch do not cover the baseline's samples: no estimate (None).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from harness.config import TrialConfig
+
+
+def matched_steps(cfg: TrialConfig, base: TrialConfig) -> tuple[int, int]:
+    """(first, count) of cfg's steps covering the baseline's measured samples, rounded to whole
+    steps exactly as `cubic.tune.sample_matched` rounds a re-run."""
+    gb, gb0 = cfg.batch_size * cfg.world_size, base.batch_size * base.world_size
+    return round(base.warmup_steps * gb0 / gb), max(1, round(base.measure_steps * gb0 / gb))
+
+
+def matched_ne(losses: Sequence[float], cfg: TrialConfig, base_losses: Sequence[float], base: TrialConfig,
+               base_ne: float) -> float | None:
+    """NE of a trial over the baseline's measured samples, or None where its steps do not cover them."""
+    first, count = matched_steps(cfg, base)
+    w0, m0 = base.warmup_steps, base.measure_steps
+    if (cfg.batch_size * cfg.world_size < base.batch_size * base.world_size or first + count > len(losses)
+            or w0 + m0 > len(base_losses) or not base_ne or base_ne <= 0):
+        return None
+    entropy = (sum(base_losses[w0:w0 + m0]) / m0) / base_ne
+    ne = (sum(losses[first:first + count]) / count) / entropy
+    return ne if math.isfinite(ne) else None
+
+
+def within(ne: float, base_ne: float, tolerance: float) -> bool:
+    """The quality gate's rule: |NE - NE_baseline| / NE_baseline <= tolerance."""
+    return abs(ne - base_ne) / base_ne <= tolerance
