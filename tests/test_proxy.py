@@ -88,3 +88,21 @@ def test_proxy_features_include_the_cost_model(data) -> None:
     assert {"est_qps", "bytes_lookup_per_rank", "a2a_bytes", "mem_mb_per_rank", "load_imbalance"} <= set(names)
     assert rows.shape == (3, len(proxy.features.names) + len(names))
     assert np.isfinite(rows).all()
+
+
+def test_measured_configs_that_fail_quality_teach_the_classifier(data) -> None:
+    """Configurations that ran (their speed stays in the ranking model) but whose NE fails the
+    quality gate are passed as failed too: the classifier must learn them as infeasible although
+    they also appear among the measured ones."""
+    space, train, y_train, test, _ = data
+
+    def bad_quality(t: tuple) -> bool:
+        return space.params_of(t)["emb_optimizer"] == "sgd" and space.params_of(t)["batch_size"] >= 2048
+
+    flagged = [t for t in train if bad_quality(t)]
+    assert flagged
+    proxy = Proxy(space, feature_fn=None, seed=0).fit(train, list(y_train), flagged)
+    assert len(proxy.members) > 0  # the speed model still trains on every measured configuration
+    p = proxy.p_feasible(test)
+    mask = np.array([bad_quality(t) for t in test])
+    assert p[mask].mean() < 0.5 < p[~mask].mean()
