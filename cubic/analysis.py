@@ -15,7 +15,7 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from cubic.store import rdb_storage
+from cubic.store import rdb_storage, safe_url
 from harness.errors import ConfigError
 
 STUDY_FILE = "study.db"
@@ -51,16 +51,6 @@ def storage_url(run_dir_or_storage_url: str | Path) -> str:
     if p.is_file():
         return f"sqlite:///{p.resolve()}"
     raise ConfigError(f"{s}: no such run directory or storage URL")
-
-
-def safe_url(url: str) -> str:
-    """The storage URL without a password, for reports and provenance."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unusual URL: still never print credentials
-        return url.split("@")[-1] if "@" in url else url
 
 
 def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> optuna.Study:

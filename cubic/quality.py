@@ -18,10 +18,18 @@ from harness.config import TrialConfig
 
 
 def matched_steps(cfg: TrialConfig, base: TrialConfig) -> tuple[int, int]:
-    """(first, count) of cfg's steps covering the baseline's measured samples, rounded to whole
-    steps exactly as `cubic.tune.sample_matched` rounds a re-run."""
+    """(first, count) of cfg's steps covering the baseline's measured samples, rounded to whole steps."""
     gb, gb0 = cfg.batch_size * cfg.world_size, base.batch_size * base.world_size
     return round(base.warmup_steps * gb0 / gb), max(1, round(base.measure_steps * gb0 / gb))
+
+
+def sample_matched(cfg: TrialConfig, base: TrialConfig) -> TrialConfig:
+    """`cfg` re-run over the baseline's samples: warm-up and measured steps from `matched_steps`
+    (at least `windows` measured steps, so its throughput still has windows)."""
+    if cfg.batch_size * cfg.world_size == base.batch_size * base.world_size:
+        return cfg
+    first, count = matched_steps(cfg, base)
+    return cfg.replace(warmup_steps=first, measure_steps=max(cfg.windows, count))
 
 
 def matched_ne(losses: Sequence[float], cfg: TrialConfig, base_losses: Sequence[float], base: TrialConfig,

@@ -78,11 +78,12 @@ def storage_url(run_dir: Path | None, storage: str | None) -> str:
     return f"sqlite:///{Path(run_dir).resolve() / 'study.db'}"
 
 
-def _redact(url: str) -> str:
+def safe_url(url: str) -> str:
+    """The storage URL without a password, for messages, reports and provenance."""
     try:
         return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
+    except Exception:  # an unusual URL: still never print credentials
+        return url.split("@")[-1] if "@" in url else url
 
 
 def _schema_race(e: Exception) -> bool:
@@ -115,7 +116,7 @@ def open_storage(url: str) -> RDBStorage:
         return rdb
     except Exception as e:  # sqlalchemy/driver errors of every kind: one clear line
         msg = " ".join(str(getattr(e, "orig", None) or e).split())[:300] or type(e).__name__
-        raise ConfigError(f"--storage {_redact(url)}: cannot open the trial store: {msg}") from None
+        raise ConfigError(f"--storage {safe_url(url)}: cannot open the trial store: {msg}") from None
 
 
 class Store:
@@ -130,7 +131,7 @@ class Store:
         new = space.to_dict()
         if old is not None and fingerprint(old) != fingerprint(new):
             raise ConfigError(
-                f"study {space.name!r} in {_redact(rdb.url)} was made with a different search space "
+                f"study {space.name!r} in {safe_url(rdb.url)} was made with a different search space "
                 f"({old.get('path')}); use another --run-dir/--storage or another space name")
         self.study.set_user_attr("space", new)
         if run_dir is not None:
@@ -173,6 +174,8 @@ class Store:
             self.study.tell(t.number, state=TrialState.FAIL)
             # killed between ask and start: params but no attrs yet -> derive the key from the params
             key = t.user_attrs.get("config_key") or (self.space.config(t.params).key() if t.params else None)
+            if key and "config_key" not in t.user_attrs:
+                self.study._storage.set_trial_user_attr(t._trial_id, "config_key", key)
             if t.params and key not in done and key not in waiting:
                 self.enqueue(t.params, {"phase": t.user_attrs.get("phase", "resume"), "resumed_from": t.number})
                 waiting.add(key)

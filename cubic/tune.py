@@ -6,7 +6,7 @@
   configuration already completed is never launched again (dedupe by `TrialConfig.key()`).
 - Confirm: the top-k and the baseline are re-measured `repeats` times (the first measurement was
   selected for being high - winner's curse - so only re-measurements count). A configuration whose
-  knobs change the numerics is re-measured over the baseline's samples (`sample_matched`: the
+  knobs change the numerics is re-measured over the baseline's samples (`cubic.quality.sample_matched`: the
   steps are scaled by the ratio of global batches) and must keep its normalized entropy within
   the space's tolerance of the baseline's. The fastest confirmed one wins.
 - View: a rich live table on a terminal (one line per trial otherwise), with the proxy's rank
@@ -28,30 +28,16 @@ from rich.table import Table
 from rich.text import Text
 
 from cubic.proxy import kendall_tau
-from cubic.quality import matched_ne, within
+from cubic.quality import matched_ne, sample_matched, within
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.space import SearchSpace
 from cubic.store import Store
-from harness.config import TrialConfig, TrialResult
+from harness.config import TrialResult
 from harness.errors import ConfigError
 
 MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
 SCREEN_FACTOR = 3  # confirm screens at most this many x confirm_top_k configurations
-
-def sample_matched(cfg: TrialConfig, base: TrialConfig) -> TrialConfig:
-    """`cfg` with warm-up and measured steps covering the baseline's samples (rounded to whole steps).
-
-    The harness's data is keyed by global sample number, so after the same number of samples
-    every configuration has trained on the same samples: normalized entropy over the measured
-    steps then compares the configurations, not the data they happened to see.
-    """
-    gb, gb0 = cfg.batch_size * cfg.world_size, base.batch_size * base.world_size
-    if gb == gb0:
-        return cfg
-    return cfg.replace(warmup_steps=round(base.warmup_steps * gb0 / gb),
-                       measure_steps=max(cfg.windows, round(base.measure_steps * gb0 / gb)))
-
 
 # ====================================================================== view
 SHORT = {"sharding": "", "sharding_group_size": "G", "sparse_sync": "sync", "emb_optimizer": "opt",
@@ -435,7 +421,7 @@ class Tuner:
             return False, f"changes {changed} but NE is unavailable (trial {ne_t}, baseline {ne_b})"
         rel = abs(ne_t - ne_b) / ne_b
         tol = self.space.quality_tolerance
-        ok = rel <= tol
+        ok = within(ne_t, ne_b, tol)
         return ok, (f"NE {ne_t:.4f} vs baseline {ne_b:.4f}: {rel:.2%} {'<=' if ok else '>'} {tol:.2%} "
                     f"(changes {', '.join(changed)})")
 

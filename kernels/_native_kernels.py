@@ -46,6 +46,13 @@ def _jit(**kw):
 # -- LLVM intrinsics: prefetch and the 16-bit float conversions ------------------------------------
 
 
+def _item_ptr(context, builder, sig, args):
+    """LLVM pointer to `arr[idx]` for an intrinsic called as (arr, idx)."""
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    i = context.cast(builder, args[1], sig.args[1], types.intp)
+    return cgutils.get_item_pointer(context, builder, sig.args[0], ary, [i])
+
+
 @intrinsic
 def _prefetch(typingctx, arr, idx):
     """Read prefetch (into all cache levels) of the element `arr[idx]` of a 1-D array."""
@@ -53,10 +60,7 @@ def _prefetch(typingctx, arr, idx):
         return None
 
     def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        i = context.cast(builder, args[1], sig.args[1], types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [i])
+        ptr = _item_ptr(context, builder, sig, args)
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
         name = "llvm.prefetch.p0" if getattr(ptr.type, "is_opaque", False) else "llvm.prefetch.p0i8"
@@ -392,10 +396,7 @@ def _fetch_add(typingctx, arr, idx):
         return None
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        i = context.cast(builder, args[1], sig.args[1], types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [i])
-        return builder.atomic_rmw("add", ptr, ir.IntType(64)(1), "monotonic")
+        return builder.atomic_rmw("add", _item_ptr(context, builder, sig, args), ir.IntType(64)(1), "monotonic")
 
     return types.int64(arr, idx), codegen
 

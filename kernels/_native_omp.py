@@ -18,6 +18,7 @@ cannot do this: it links a second libgomp (`libgomp.so.1.0.0`) whose team compet
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -26,8 +27,11 @@ from kernels import _native_kernels as nk
 # -- the driver ----------------------------------------------------------------------------------------
 
 
-def _find_gomp() -> ctypes._CFuncPtr | None:
+@functools.cache
+def gomp() -> ctypes._CFuncPtr | None:
     """torch's GOMP_parallel, or None (torch built without GNU OpenMP: use the thread pool)."""
+    import torch  # noqa: F401 - loads the libgomp whose team we want to share
+
     try:
         fn = ctypes.CDLL(None).GOMP_parallel
     except (OSError, AttributeError):
@@ -37,58 +41,35 @@ def _find_gomp() -> ctypes._CFuncPtr | None:
     return fn
 
 
-_GOMP = None
-_GOMP_LOOKED = False
-
-
-def gomp() -> ctypes._CFuncPtr | None:
-    global _GOMP, _GOMP_LOOKED
-    if not _GOMP_LOOKED:
-        import torch  # noqa: F401 - loads the libgomp whose team we want to share
-
-        _GOMP, _GOMP_LOOKED = _find_gomp(), True
-    return _GOMP
-
-
-def _block(n: int, size: int, wkind: int = 0) -> np.ndarray:
+def _block(size: int, n_items: int, arrays: tuple, scalars: tuple = (), wkind: int = 0) -> np.ndarray:
+    """The argument block [counter, n_items, wkind, (address, length) of each array, scalars] of
+    `size` slots (the length its trampoline reads)."""
     a = np.zeros(size, np.int64)
-    a[1], a[2] = n, wkind
+    a[1], a[2] = n_items, wkind
+    for k, arr in enumerate(arrays):
+        assert arr.flags.c_contiguous, "argument arrays must be contiguous"
+        a[3 + 2 * k], a[4 + 2 * k] = arr.ctypes.data, arr.size
+    a[3 + 2 * len(arrays): 3 + 2 * len(arrays) + len(scalars)] = scalars
     return a
 
 
-def _put(a: np.ndarray, k: int, arr: np.ndarray) -> None:
-    assert arr.flags.c_contiguous, "argument arrays must be contiguous"
-    a[k], a[k + 1] = arr.ctypes.data, arr.size
-
-
-def _run(task, a: np.ndarray, nthreads: int, keep: tuple) -> None:
-    """Run `task` on `nthreads` threads of the OpenMP team (the caller is thread 0). `keep` holds
-    the arrays whose addresses are in `a` alive until the region ends."""
+def _run(task, nthreads: int, size: int, n_items: int, arrays: tuple, scalars: tuple = (), wkind: int = 0) -> None:
+    """Run `task` on `nthreads` threads of the OpenMP team (the caller is thread 0). The arrays
+    whose addresses are in the block stay alive: the caller holds them for the whole call."""
+    a = _block(size, n_items, arrays, scalars, wkind)
     gomp()(task.address, a.ctypes.data, nthreads, 0)
-    del keep
 
 
 def forward(ids, offs, w, w_off, rows, dims, d_off, B, items, out, err, nthreads: int) -> None:
-    a = _block(items.shape[0], 26, nk._WKIND[w.dtype])
-    for k, arr in zip(range(3, 23, 2), (ids, offs, w, w_off, rows, dims, d_off, items, out, err), strict=True):
-        _put(a, k, arr)
-    a[23] = B
-    _run(nk._forward_task, a, nthreads, (ids, offs, w, items, out, err))
+    _run(nk._forward_task, nthreads, 26, items.shape[0], (ids, offs, w, w_off, rows, dims, d_off, items, out, err),
+         (B,), nk._WKIND[w.dtype])
 
 
 def sort_pairs(ids, offs, rows, B, T, keys, tmp, err, nthreads: int) -> None:
-    a = _block(T, 20)
-    for k, arr in zip(range(3, 15, 2), (ids, offs, rows, keys, tmp, err), strict=True):
-        _put(a, k, arr)
-    a[15] = B
-    _run(nk._sort_task, a, nthreads, (ids, offs, keys, tmp, err))
+    _run(nk._sort_task, nthreads, 20, T, (ids, offs, rows, keys, tmp, err), (B,))
 
 
 def update(keys, grad, B, w, state, w_off, s_off, dims, d_off, chunks, lr, eps, adagrad, nthreads: int) -> None:
-    a = _block(chunks.shape[0], 30, nk._WKIND[w.dtype])
-    for k, arr in zip(range(3, 21, 2), (keys, grad, w, state, w_off, s_off, dims, d_off, chunks), strict=True):
-        _put(a, k, arr)
-    a[21], a[22] = B, int(adagrad)
     f = np.array([lr, eps], np.float64)
-    a[23] = f.ctypes.data
-    _run(nk._update_task, a, nthreads, (keys, grad, w, state, chunks, f))
+    _run(nk._update_task, nthreads, 30, chunks.shape[0], (keys, grad, w, state, w_off, s_off, dims, d_off, chunks),
+         (B, int(adagrad), f.ctypes.data), nk._WKIND[w.dtype])

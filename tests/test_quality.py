@@ -39,8 +39,7 @@ def test_search_trial_ne_over_the_baselines_samples_equals_a_sample_matched_reru
     """`cubic.quality.matched_ne`: the first steps of a bigger-batch search trial are the training
     a sample-matched re-run does, so its NE over the baseline's samples comes free with the trial.
     Checked against a real re-run; and a smaller-batch trial, which cannot cover them, gives None."""
-    from cubic.quality import matched_ne
-    from cubic.tune import sample_matched
+    from cubic.quality import matched_ne, sample_matched
     from harness.trial import run_trial
     from tests.helpers import tiny_cfg
 
