@@ -7,9 +7,11 @@ measured device copy bandwidth it reaches on tables much larger than L2 (default
     python benchmarks/bench_gpu_kernels.py                      # defaults
     python benchmarks/bench_gpu_kernels.py --backends triton --rows 4000000 --skew 3
 
-Timing: torch.cuda.Event, warm-up excluded, median of repeats. Byte counts are the useful traffic:
-forward reads each looked-up row once (plus ids) and writes the pooled output; the fused backward
-reads one gradient slice per id and reads+writes each unique row (and its AdaGrad state) once.
+Timing: torch.cuda.Event, warm-up excluded, median of repeats. Byte counts are the floor, the fewest
+bytes device memory must move: forward reads each distinct looked-up row once (plus ids and offsets)
+and writes the pooled output; the fused backward reads the output gradient once, the ids, and
+reads+writes each unique row (and its AdaGrad state) once. Re-reads served by L2 are not counted, so
+"%copy" is the kernel's fraction of the copy roofline on the floor bytes.
 Needs CUDA; exits with a message otherwise.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -26,14 +29,15 @@ import torch
 ELEM = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
-def fwd_bytes(n_ids: int, n_bags: int, dim: int, wbytes: int) -> int:
-    """Useful forward traffic: rows gathered + int64 ids + fp32 pooled output."""
-    return n_ids * dim * wbytes + n_ids * 8 + n_bags * dim * 4
+def fwd_bytes(n_ids: int, n_unique: int, n_bags: int, dim: int, wbytes: int) -> int:
+    """Forward floor: each distinct row once + int64 ids + offsets + fp32 pooled output."""
+    return n_unique * dim * wbytes + n_ids * 8 + n_bags * 8 + n_bags * dim * 4
 
 
-def bwd_bytes(n_ids: int, n_unique: int, dim: int, wbytes: int, adagrad: bool) -> int:
-    """Useful fused backward+update traffic: a grad slice per id, each unique row (and state) r+w."""
-    return n_ids * dim * 4 + n_ids * 8 + 2 * n_unique * dim * wbytes + (2 * n_unique * 4 if adagrad else 0)
+def bwd_bytes(n_ids: int, n_unique: int, n_bags: int, dim: int, wbytes: int, adagrad: bool) -> int:
+    """Fused backward+update floor: output gradient once, ids, offsets, each unique row (and state) r+w."""
+    return (n_bags * dim * 4 + n_ids * 8 + n_bags * 8 + 2 * n_unique * dim * wbytes
+            + (2 * n_unique * 4 if adagrad else 0))
 
 
 def gbps(nbytes: int, ms: float) -> float:
@@ -77,7 +81,7 @@ def make_batch(T: int, B: int, pooling: int, rows: int, skew: float, gen: torch.
     return ids, offsets
 
 
-def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> None:
+def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
     from kernels import OptimSpec, make_kernel
 
     T, R, D, B = args.tables, args.rows, args.dim, args.batch
@@ -91,26 +95,48 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> None:
     grad = torch.randn(B, T * D, device="cuda")
     print(f"\nembeddings: {T} tables x {R:,} rows x {D} {args.dtype} = {T * R * D * wb / 2**30:.2f} GiB, "
           f"B={B}, ids={n:,} (unique {n_unique:,}), optimizer {args.optim}, skew {args.skew}")
-    print(f"{'backend':8} {'fwd ms':>8} {'fwd GB/s':>9} {'%copy':>6} "
+    print(f"{'backend':14} {'fwd ms':>8} {'fwd GB/s':>9} {'%copy':>6} "
           f"{'bwd ms':>8} {'bwd GB/s':>9} {'%copy':>6}")
-    for backend in args.backends.split(","):
+    results: list[dict] = []
+    for spec in args.backends.split(","):
+        backend, _, variant = spec.partition(":")  # triton:32x8 = 32 rows per program, 8 warps
+        kw = {}
+        if variant:
+            br, nw = variant.split("x")
+            kw = dict(block_rows=int(br), num_warps=int(nw))
         try:
             k = make_kernel(backend, [R] * T, [D] * T, weight_dtype=args.dtype, device="cuda",
-                            optim=OptimSpec(args.optim, lr=0.01))
+                            optim=OptimSpec(args.optim, lr=0.01), **kw)
         except Exception as e:  # report and go on with the other backends
-            print(f"{backend:8} unavailable: {type(e).__name__}: {e}")
+            print(f"{spec:14} unavailable: {type(e).__name__}: {e}")
             continue
         for w in k.weights():
             w.uniform_(-0.01, 0.01)
         f_ms = time_ms(lambda k=k: k.forward(ids, offsets), args.repeats)
         b_ms = time_ms(lambda k=k: k.backward_update(ids, offsets, grad), args.repeats)
-        f_bw = gbps(fwd_bytes(n, T * B, D, wb), f_ms)
-        b_bw = gbps(bwd_bytes(n, n_unique, D, wb, args.optim == "rowwise_adagrad"), b_ms)
-        print(f"{backend:8} {f_ms:8.3f} {f_bw:9.1f} {100 * f_bw / copy_gbps:5.0f}% "
+        f_bw = gbps(fwd_bytes(n, n_unique, T * B, D, wb), f_ms)
+        b_bw = gbps(bwd_bytes(n, n_unique, T * B, D, wb, args.optim == "rowwise_adagrad"), b_ms)
+        results.append(dict(backend=spec, fwd_ms=f_ms, fwd_gbps=f_bw, bwd_ms=b_ms, bwd_gbps=b_bw,
+                            fwd_pct_copy=100 * f_bw / copy_gbps, bwd_pct_copy=100 * b_bw / copy_gbps))
+        print(f"{spec:14} {f_ms:8.3f} {f_bw:9.1f} {100 * f_bw / copy_gbps:5.0f}% "
               f"{b_ms:8.3f} {b_bw:9.1f} {100 * b_bw / copy_gbps:5.0f}%")
+        if args.profile and backend == "triton":
+            profile_backward(k, ids, offsets, grad)
         del k
         gc.collect()
         torch.cuda.empty_cache()
+    return results
+
+
+def profile_backward(k, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+    """Where the fused backward's time goes: device time per kernel over 5 calls (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            k.backward_update(ids, offsets, grad)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=48))
 
 
 def mlp_dims(spec: str, d_in: int) -> list[tuple[int, int]]:
@@ -120,7 +146,7 @@ def mlp_dims(spec: str, d_in: int) -> list[tuple[int, int]]:
     return list(zip(ins, outs, strict=True))
 
 
-def bench_fp8(args: argparse.Namespace) -> None:
+def bench_fp8(args: argparse.Namespace) -> list[dict]:
     import torch.nn as nn
 
     from harness.fp8 import fp8_supported, probe_mlp
@@ -146,11 +172,13 @@ def bench_fp8(args: argparse.Namespace) -> None:
               f"{p.err_fp8_tensorwise:8.4f} {p.err_fp8_rowwise:8.4f} {t_b} {t_f} {sp:>7} "
               f"{'yes' if p.use_fp8 else 'no'}")
         print(f"       {p.reason}")
+    return [p.to_dict() for p in probes]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--backends", default="torch,triton", help="comma list of kernels.BACKENDS names")
+    ap.add_argument("--backends", default="torch,triton",
+                    help="comma list of kernels.BACKENDS names; triton:RxW = R rows per backward program, W warps")
     ap.add_argument("--tables", type=int, default=8)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=128)
@@ -166,7 +194,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mlp-batch", type=int, default=16384)
     ap.add_argument("--fp8-threshold", type=float, default=0.1)
     ap.add_argument("--skip-emb", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="per-kernel device time of the triton backward")
     ap.add_argument("--skip-fp8", action="store_true")
+    ap.add_argument("--json", help="also write the measurements to this JSON file")
     return ap.parse_args(argv)
 
 
@@ -179,10 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name()
     copy = copy_bandwidth(args.copy_gib, args.repeats)
     print(f"device: {name}; copy bandwidth {copy:.1f} GB/s (read+write, {args.copy_gib} GiB buffer)")
+    report: dict = {"device": name, "copy_gbps": copy, "args": vars(args)}
     if not args.skip_emb:
-        bench_embeddings(args, copy)
+        report["embeddings"] = bench_embeddings(args, copy)
     if not args.skip_fp8:
-        bench_fp8(args)
+        report["fp8_probe"] = bench_fp8(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
     return 0
 
 

@@ -67,14 +67,28 @@ def _gemm_eligible(in_features: int, out_features: int) -> bool:
 
 # -- quantisation and the fp8 GEMM --------------------------------------------------------------------
 def _scale(t: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> torch.Tensor:
-    """Dequantisation scale (amax / fp8 max), per row `[M, 1]` or per tensor `[]`, fp32."""
-    a = t.detach().abs().amax(dim=1, keepdim=True) if rowwise else t.detach().abs().amax()
+    """Dequantisation scale (amax / fp8 max), per row `[M, 1]` or per tensor `[]`, fp32 (one pass)."""
+    t = t.detach()
+    a = (torch.linalg.vector_norm(t, math.inf, dim=1, keepdim=True) if rowwise
+         else torch.linalg.vector_norm(t, math.inf))
     return (a.float() / FP8_MAX[dtype]).clamp_min(1e-12)
 
 
 def _quant(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
     m = FP8_MAX[dtype]
     return (t.float() / scale).clamp(-m, m).to(dtype)
+
+
+def _quant_pair(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
+                scale_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 `t` under `scale` and fp8 `t.T` (contiguous) under the tensor-wise `scale_t`.
+
+    On CUDA one fused pass (kernels/fp8_quant.py); elsewhere torch ops, the same values."""
+    if t.is_cuda:
+        from kernels.fp8_quant import quantize
+
+        return quantize(t, dtype, scale, scale_t)
+    return _quant(t, dtype, scale), _quant(t, dtype, scale_t).t().contiguous()
 
 
 def _pad_k(t: torch.Tensor, k: int) -> torch.Tensor:
@@ -113,34 +127,31 @@ class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rowwise: bool, emulate: bool,
                 out_dtype: torch.dtype) -> torch.Tensor:
+        # forward operands under the chosen scaling; the backward's transposed operands (x^T for
+        # grad_w, W^T for grad_x) quantised tensor-wise in the same pass and saved (1 byte/elem)
         sx, sw = _scale(x2, E4M3, rowwise), _scale(w, E4M3, rowwise)
-        xq, wq = _quant(x2, E4M3, sx), _quant(w, E4M3, sw)
+        sx_t, sw_t = (sx.amax(), sw.amax()) if rowwise else (sx, sw)
+        xq, xq_t = _quant_pair(x2, E4M3, sx, sx_t)
+        wq, wq_t = _quant_pair(w, E4M3, sw, sw_t)
         y = _mm(xq, sx, wq, sw, out_dtype, emulate)
         if b is not None:
             y = y + b.to(out_dtype)
-        if rowwise:
-            ctx.save_for_backward(x2, w)
-        else:
-            ctx.save_for_backward(xq, sx, wq, sw)
-        ctx.rowwise, ctx.emulate, ctx.has_bias = rowwise, emulate, b is not None
+        ctx.save_for_backward(xq_t, sx_t, wq_t, sw_t)
+        ctx.emulate, ctx.has_bias = emulate, b is not None
         ctx.dtypes = (x2.dtype, w.dtype)
         return y
 
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
-        if ctx.rowwise:
-            x2, w = ctx.saved_tensors
-            sx, sw = _scale(x2, E4M3, False), _scale(w, E4M3, False)
-            xq, wq = _quant(x2, E4M3, sx), _quant(w, E4M3, sw)
-        else:
-            xq, sx, wq, sw = ctx.saved_tensors
+        xq_t, sx_t, wq_t, sw_t = ctx.saved_tensors
+        gy = gy.contiguous()
         sg = _scale(gy, E5M2, False)
-        gq = _quant(gy, E5M2, sg)
+        gq, gq_t = _quant_pair(gy, E5M2, sg, sg)
         # grad_x [M,K] = g [M,N] @ W [N,K];  grad_w [N,K] = g^T [N,M] @ x [M,K]
-        gx = _mm(gq, sg, wq.t().contiguous(), sw, torch.float32, ctx.emulate).to(ctx.dtypes[0])
-        gw = _mm(gq.t().contiguous(), sg, xq.t().contiguous(), sx, torch.float32, ctx.emulate)
-        gb = gy.float().sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None
-        return gx, gw.to(ctx.dtypes[1]), gb, None, None, None
+        gx = _mm(gq, sg, wq_t, sw_t, ctx.dtypes[0], ctx.emulate)
+        gw = _mm(gq_t, sg, xq_t, sx_t, ctx.dtypes[1], ctx.emulate)
+        gb = gy.sum(0, dtype=torch.float32).to(ctx.dtypes[1]) if ctx.has_bias else None
+        return gx, gw, gb, None, None, None
 
 
 class Fp8Linear(nn.Module):

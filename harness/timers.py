@@ -7,6 +7,9 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
+#: Threads whose names start with this run overlapped with the step (the input pipeline).
+BACKGROUND = "cubic-bg"
+
 
 class Timers:
     """Accumulates seconds per phase while `enabled` (the measured steps only)."""
@@ -17,9 +20,10 @@ class Timers:
         self.totals: dict[str, float] = defaultdict(float)
 
     def add(self, phase: str, seconds: float) -> None:
-        # Work on the pipelined input-distribution thread overlaps the step: only the
-        # main thread's time (including its wait for that work) is the step's breakdown.
-        if self.enabled and threading.current_thread() is threading.main_thread():
+        # Work on the pipelined input-distribution thread overlaps the step, so it is left out (the
+        # main thread's wait for it is counted). Every other thread is on the step's critical path:
+        # on CUDA autograd runs the backward, and so the embedding update, on its own device thread.
+        if self.enabled and not threading.current_thread().name.startswith(BACKGROUND):
             self.totals[phase] += seconds
 
     @contextmanager

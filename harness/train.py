@@ -24,7 +24,7 @@ from harness.model import build_dense_arch
 from harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
 from harness.sharding.comm import make_groups
 from harness.sharding.plan import ShardingPlan
-from harness.timers import TIMERS
+from harness.timers import BACKGROUND, TIMERS
 
 PHASES = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
 
@@ -34,7 +34,7 @@ class InputPipeline:
 
     def __init__(self, coll: ShardedEmbeddingCollection, batches, depth: int):
         self.coll, self.batches, self.depth = coll, batches, depth
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="input-dist") if depth else None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"{BACKGROUND}-input-dist") if depth else None
         self.inflight: deque[tuple[int, Future]] = deque()
         self.next_step = 0
 

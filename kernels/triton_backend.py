@@ -67,62 +67,69 @@ def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_o
 
 
 def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, chunk_start_ptr, chunk_end_ptr,
-                        chunk_table_ptr, dims_ptr, col_off_ptr, part_ptr,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Partial gradient sum of one chunk of a long run -> `part[c, :BLOCK_D]` (fp32)."""
-    c = tl.program_id(0).to(tl.int64)
-    s = tl.load(chunk_start_ptr + c)
-    e = tl.load(chunk_end_ptr + c)
-    t = tl.load(chunk_table_ptr + c)
-    D = tl.load(dims_ptr + t).to(tl.int64)
-    c0 = tl.load(col_off_ptr + t).to(tl.int64)
+                        chunk_table_ptr, dims_ptr, col_off_ptr, part_ptr, n_chunks,
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Partial gradient sums of `BLOCK_R` chunks of long runs -> `part[c, :BLOCK_D]` (fp32)."""
+    c = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cm = c < n_chunks
+    s = tl.load(chunk_start_ptr + c, mask=cm, other=0)
+    e = tl.load(chunk_end_ptr + c, mask=cm, other=0)
+    t = tl.load(chunk_table_ptr + c, mask=cm, other=0)
+    D = tl.load(dims_ptr + t, mask=cm, other=0).to(tl.int64)
+    c0 = tl.load(col_off_ptr + t, mask=cm, other=0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for i in range(s, e, BLOCK_N):
-        pos = i + tl.arange(0, BLOCK_N)
+    m2 = cm[:, None] & (cols[None, :] < D[:, None])
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for j in range(0, tl.max(e - s, axis=0)):
+        pos = s + j
         m = pos < e
-        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0)
-        g = tl.load(grad_ptr + bb[:, None] * grad_stride + c0 + cols[None, :],
-                    mask=m[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(g, axis=0)
-    tl.store(part_ptr + c * BLOCK_D + cols, acc)
+        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(tl.int64)
+        acc += tl.load(grad_ptr + bb[:, None] * grad_stride + c0[:, None] + cols[None, :],
+                       mask=m[:, None] & m2, other=0.0).to(tl.float32)
+    tl.store(part_ptr + c[:, None] * BLOCK_D + cols[None, :], acc, mask=cm[:, None])
 
 
 def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_table_ptr,
                        dstart_ptr, dend_ptr, pstart_ptr, pend_ptr, part_ptr,
-                       dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, lr, eps,
-                       ADAGRAD: tl.constexpr, BF16: tl.constexpr, BLOCK_N: tl.constexpr,
+                       dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, n_runs, lr, eps,
+                       ADAGRAD: tl.constexpr, BF16: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_D: tl.constexpr):
-    """One program per unique row: reduce its gradient (ids directly, or chunk partials), update."""
-    u = tl.program_id(0).to(tl.int64)
-    row = tl.load(run_row_ptr + u)
-    t = tl.load(run_table_ptr + u)
-    D = tl.load(dims_ptr + t).to(tl.int64)
-    c0 = tl.load(col_off_ptr + t).to(tl.int64)
-    ds = tl.load(dstart_ptr + u)
-    de = tl.load(dend_ptr + u)
-    ps = tl.load(pstart_ptr + u)
-    pe = tl.load(pend_ptr + u)
+    """`BLOCK_R` unique rows per program: reduce each one's gradient (ids, or chunk partials), update.
+
+    Rows of a tile are independent; each walks its own ids, the loop runs to the tile's longest
+    (masked beyond each row's end). Long runs come as chunk partials, so that loop stays short.
+    """
+    u = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    um = u < n_runs
+    row = tl.load(run_row_ptr + u, mask=um, other=0).to(tl.int64)
+    t = tl.load(run_table_ptr + u, mask=um, other=0)
+    D = tl.load(dims_ptr + t, mask=um, other=1).to(tl.int64)
+    c0 = tl.load(col_off_ptr + t, mask=um, other=0).to(tl.int64)
+    ds = tl.load(dstart_ptr + u, mask=um, other=0)
+    de = tl.load(dend_ptr + u, mask=um, other=0)
+    ps = tl.load(pstart_ptr + u, mask=um, other=0)
+    pe = tl.load(pend_ptr + u, mask=um, other=0)
     cols = tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    g = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for i in range(ds, de, BLOCK_N):  # short run: empty for long runs
-        pos = i + tl.arange(0, BLOCK_N)
+    m2 = um[:, None] & (cols[None, :] < D[:, None])
+    g = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for j in range(0, tl.max(de - ds, axis=0)):  # short runs: their ids (empty for long runs)
+        pos = ds + j
         m = pos < de
-        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0)
-        gv = tl.load(grad_ptr + bb[:, None] * grad_stride + c0 + cols[None, :],
-                     mask=m[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-        g += tl.sum(gv, axis=0)
-    for p in range(ps, pe):  # long run: its chunk partials; empty for short runs
-        g += tl.load(part_ptr + p * BLOCK_D + cols)
-    w_ptrs = w_ptr + tl.load(w_off_ptr + t) + row * D + cols
-    w = tl.load(w_ptrs, mask=cmask, other=0.0).to(tl.float32)
+        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(tl.int64)
+        g += tl.load(grad_ptr + bb[:, None] * grad_stride + c0[:, None] + cols[None, :],
+                     mask=m[:, None] & m2, other=0.0).to(tl.float32)
+    for j in range(0, tl.max(pe - ps, axis=0)):  # long runs: their chunk partials (empty for short)
+        p = ps + j
+        m = p < pe
+        g += tl.load(part_ptr + p[:, None] * BLOCK_D + cols[None, :], mask=m[:, None] & m2, other=0.0)
+    w_base = tl.load(w_off_ptr + t, mask=um, other=0)
+    w_ptrs = w_ptr + (w_base + row * D)[:, None] + cols[None, :]
+    w = tl.load(w_ptrs, mask=m2, other=0.0).to(tl.float32)
     if ADAGRAD:
-        s_p = s_ptr + tl.load(s_off_ptr + t) + row
-        st = tl.load(s_p) + tl.div_rn(tl.sum(g * g, axis=0), D.to(tl.float32))
-        tl.store(s_p, st)
-        w = w - tl.div_rn(lr * g, tl.sqrt_rn(st) + eps)
+        s_p = s_ptr + tl.load(s_off_ptr + t, mask=um, other=0) + row
+        st = tl.load(s_p, mask=um, other=0.0) + tl.div_rn(tl.sum(g * g, axis=1), D.to(tl.float32))
+        tl.store(s_p, st, mask=um)
+        w = w - tl.div_rn(lr * g, tl.sqrt_rn(st)[:, None] + eps)
     else:
         w = w - lr * g
     if BF16:
@@ -130,9 +137,9 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_tab
         # the GPU's rounds; doing it by hand gives torch's `.to(bfloat16)` on both
         bits = w.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        tl.store(w_ptrs, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=cmask)
+        tl.store(w_ptrs, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=m2)
     else:
-        tl.store(w_ptrs, w.to(w_ptr.dtype.element_ty), mask=cmask)
+        tl.store(w_ptrs, w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
 _FWD = triton.jit(_fwd_kernel)
@@ -149,7 +156,8 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
 
     name = "triton"
 
-    def __init__(self, rows, dims, *, split_len: int = 64, **kw) -> None:
+    def __init__(self, rows, dims, *, split_len: int = 32, block_rows: int = 0, num_warps: int = 4,
+                 **kw) -> None:
         super().__init__(rows, dims, **kw)
         if self.device.type != "cuda" and not INTERPRETED:
             raise RuntimeError("triton backend on a non-CUDA device needs Triton's interpreter: set "
@@ -179,6 +187,10 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         self._dims_t = torch.tensor(self.dims, dtype=torch.int32, device=self.device)
         self._col_off = torch.tensor(self.dim_offsets[:-1], dtype=torch.int32, device=self.device)
         self._block_d = _pow2_at_least(max(self.dims))
+        self._key32 = row_base[-1] < 2**31
+        # unique rows per backward program: a ~4K-element fp32 tile (32 rows of 128) unless given
+        self.block_rows = _pow2_at_least(block_rows) if block_rows else max(1, min(64, 4096 // self._block_d))
+        self.num_warps = int(num_warps)
 
     def weights(self) -> list[torch.Tensor]:
         return self._w
@@ -205,28 +217,40 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         return out
 
     def _plan(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> dict[str, torch.Tensor]:
-        """Host-side preparation: sort `(table, row)` keys, find runs, split long runs into chunks."""
+        """Host-side preparation: sort `(table, row)` keys, find runs, split long runs into chunks.
+
+        Two host syncs (the number of runs and of chunks size the grids); everything else stays on
+        the device. Keys are int32 when all tables' rows fit (half the sort's traffic); the sort is
+        stable, so a run's ids keep bag order and the summation order is deterministic.
+        """
         n = ids.numel()
         L = self.split_len
         bag = bag_ids(offsets, n)
         t_of = torch.div(bag, B, rounding_mode="floor")
         key = self._row_base[t_of] + ids.long()
+        if self._key32:
+            key = key.int()
         sorted_key, perm = torch.sort(key, stable=True)
-        sorted_b = (bag - t_of * B)[perm]
-        uniq, counts = torch.unique_consecutive(sorted_key, return_counts=True)
-        run_end = torch.cumsum(counts, 0)
-        run_start = run_end - counts
-        run_table = t_of[perm][run_start]
-        run_row = uniq - self._row_base[run_table]
+        sorted_b = (bag - t_of * B)[perm].int()  # int32: the update kernels' id reads halve
+        new = torch.ones(n, dtype=torch.bool, device=ids.device)
+        torch.ne(sorted_key[1:], sorted_key[:-1], out=new[1:])
+        run_start = new.nonzero().squeeze(1)  # host sync 1: the number of unique rows
+        run_end = torch.empty_like(run_start)
+        run_end[:-1] = run_start[1:]
+        run_end[-1:] = n
+        counts = run_end - run_start
+        run_key = sorted_key[run_start].long()
+        run_table = torch.searchsorted(self._row_base, run_key, right=True) - 1
+        run_row = run_key - self._row_base[run_table]
         long = counts > L
         n_chunks = torch.where(long, (counts + L - 1) // L, torch.zeros_like(counts))
         pend = torch.cumsum(n_chunks, 0)
         pstart = pend - n_chunks
-        total = int(pend[-1].item())
+        total = int(pend[-1].item())  # host sync 2: the number of chunks of long runs
         plan = dict(sorted_b=sorted_b, run_row=run_row, run_table=run_table, dstart=run_start,
                     dend=torch.where(long, run_start, run_end), pstart=pstart, pend=pend)
         if total:
-            chunk_run = torch.repeat_interleave(torch.arange(uniq.numel(), device=ids.device), n_chunks,
+            chunk_run = torch.repeat_interleave(torch.arange(run_start.numel(), device=ids.device), n_chunks,
                                                 output_size=total)
             k = torch.arange(total, device=ids.device) - pstart[chunk_run]
             cs = run_start[chunk_run] + k * L
@@ -241,17 +265,19 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
             return
         grad = grad.contiguous()
         p = self._plan(ids, offsets, B)
-        BD, BN = self._block_d, 16
+        BD, BR, NW = self._block_d, self.block_rows, self.num_warps
         n_chunks = p["chunk_start"].numel() if "chunk_start" in p else 0
         part = torch.empty(max(n_chunks, 1), BD, dtype=torch.float32, device=self.device)
         if n_chunks:
-            _BWD_PARTIAL[(n_chunks,)](
+            _BWD_PARTIAL[(triton.cdiv(n_chunks, BR),)](
                 p["sorted_b"], grad, grad.stride(0), p["chunk_start"], p["chunk_end"], p["chunk_table"],
-                self._dims_t, self._col_off, part, BLOCK_N=BN, BLOCK_D=BD, enable_fp_fusion=False)
-        _BWD_UPDATE[(p["run_row"].numel(),)](
+                self._dims_t, self._col_off, part, n_chunks, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
+                enable_fp_fusion=False)
+        n_runs = p["run_row"].numel()
+        _BWD_UPDATE[(triton.cdiv(n_runs, BR),)](
             p["sorted_b"], grad, grad.stride(0), p["run_row"], p["run_table"], p["dstart"], p["dend"],
             p["pstart"], p["pend"], part, self._dims_t, self._col_off, self._w_off, self._s_off,
-            self._flat_w, self._flat_s if self._flat_s.numel() else part, float(self.optim.lr),
+            self._flat_w, self._flat_s if self._flat_s.numel() else part, n_runs, float(self.optim.lr),
             float(self.optim.eps), ADAGRAD=self.optim.kind == "rowwise_adagrad",
-            BF16=self._flat_w.dtype == torch.bfloat16, BLOCK_N=BN, BLOCK_D=BD,
+            BF16=self._flat_w.dtype == torch.bfloat16, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
             enable_fp_fusion=False)  # no FMA contraction: same roundings as the reference

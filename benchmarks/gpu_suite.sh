@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Everything the GPU path must show, in one call on a CUDA machine (issue 7): the Triton kernels
+# against the torch reference on the GPU, the fp8 probe tests, the kernel bandwidth benchmark, and
+# whole trials (kernel x dense precision) through `cubic trial`.
+#
+#   bash benchmarks/gpu_suite.sh [steps...]     # steps: env tests bench trials (default: all)
+#
+# Logs and JSON land in $OUT (default ./gpu_out). No step stops the others; each has a time limit.
+# Needs only torch, triton, numpy, pyyaml, typer and rich: no fbgemm-gpu, optuna, ray or xgboost.
+set -u
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+STEPS=${*:-env tests bench trials}
+LOG=$OUT/suite.log
+
+run() {  # run NAME SECONDS CMD...: time-limited, output appended to the log
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name ($(date +%T))" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  echo "--- $name rc=$?" | tee -a "$LOG"
+}
+
+for s in $STEPS; do
+  case $s in
+  env)
+    run env 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; \
+      $PY -c 'import torch, triton, numpy, sys; print(sys.version.split()[0], \"torch\", torch.__version__, \
+      \"triton\", triton.__version__, \"numpy\", numpy.__version__, torch.cuda.get_device_name())'"
+    ;;
+  tests)
+    run tests 240 "$PY" -m pytest -q -p no:cacheprovider -k "not fresh" \
+      tests/test_kernel_triton.py tests/test_fp8.py tests/test_gpu.py
+    grep -E "passed|failed|error" "$LOG" | tail -n 3
+    ;;
+  bench)
+    # BACKENDS=torch,triton:16x4,triton:32x8 sweeps the backward's rows per program x warps
+    # BENCH_ARGS=--profile adds where the triton backward's device time goes
+    run bench_uniform 200 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --backends "${BACKENDS:-torch,triton}" \
+      ${BENCH_ARGS:-} --json "$OUT/bench_uniform.json"
+    run bench_hot 150 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --skew 4 --skip-fp8 \
+      --backends "${BACKENDS:-torch,triton}" --json "$OUT/bench_hot.json"
+    ;;
+  trials)
+    echo '{"preset": "criteo-mlperf-mini"}' >"$OUT/mlperf.json"
+    for wl in small mlperf; do
+      extra=()
+      bs=8192
+      if [ "$wl" = mlperf ]; then extra=(--workload "$OUT/mlperf.json"); bs=16384; fi
+      for k in torch triton; do
+        precisions="fp32 bf16 fp8_auto"
+        [ "$k" = triton ] && precisions="$precisions fp8_all"  # blanket fp8, for comparison
+        for dp in $precisions; do
+          run "trial_${wl}_${k}_${dp}" 90 "$PY" -m cubic.cli trial --space search_spaces/dlrm_gpu.yaml \
+            "${extra[@]}" --set kernel=$k --set dense_precision=$dp --set batch_size=$bs --json
+        done
+      done
+    done
+    grep -h '^{"status"' "$LOG" >"$OUT/trials.jsonl" || true
+    "$PY" benchmarks/gpu_trials_table.py "$OUT/trials.jsonl" | tee -a "$LOG"
+    ;;
+  *) echo "unknown step $s (env tests bench trials)" ;;
+  esac
+done
