@@ -147,6 +147,9 @@ _BWD_PARTIAL = triton.jit(_bwd_partial_kernel)
 _BWD_UPDATE = triton.jit(_bwd_update_kernel)
 
 
+MAX_BLOCK_ROWS = 16
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -156,7 +159,7 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
 
     name = "triton"
 
-    def __init__(self, rows, dims, *, split_len: int = 32, block_rows: int = 0, num_warps: int = 4,
+    def __init__(self, rows, dims, *, split_len: int = 32, block_rows: int = 8, num_warps: int = 0,
                  **kw) -> None:
         super().__init__(rows, dims, **kw)
         if self.device.type != "cuda" and not INTERPRETED:
@@ -188,9 +191,12 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         self._col_off = torch.tensor(self.dim_offsets[:-1], dtype=torch.int32, device=self.device)
         self._block_d = _pow2_at_least(max(self.dims))
         self._key32 = row_base[-1] < 2**31
-        # unique rows per backward program: a ~4K-element fp32 tile (32 rows of 128) unless given
-        self.block_rows = _pow2_at_least(block_rows) if block_rows else max(1, min(64, 4096 // self._block_d))
-        self.num_warps = int(num_warps)
+        # Unique rows per backward program, and warps. Measured on an H100 (8 x 1M x 128 fp32, B=16384,
+        # uniform ids): 8 rows 2.77 ms, 16 rows 4.06 ms per fused backward; a tile walks to its longest
+        # run, so small tiles waste less. Triton 3.6 fails to compile the tile at 32+ rows
+        # (TritonGPURemoveLayoutConversions: "mask type matches ptr type"), hence the cap.
+        self.block_rows = min(MAX_BLOCK_ROWS, _pow2_at_least(block_rows or 8))
+        self.num_warps = int(num_warps) if num_warps else max(1, min(4, self.block_rows * self._block_d // 256))
 
     def weights(self) -> list[torch.Tensor]:
         return self._w
