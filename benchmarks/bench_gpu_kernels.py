@@ -178,7 +178,34 @@ def bench_fp8(args: argparse.Namespace) -> list[dict]:
               f"{p.err_fp8_tensorwise:8.4f} {p.err_fp8_rowwise:8.4f} {t_b} {t_f} {sp:>7} "
               f"{'yes' if p.use_fp8 else 'no'}")
         print(f"       {p.reason}")
+    if args.profile and ok:
+        profile_fp8_layer(dims[0], args.mlp_batch)
     return [p.to_dict() for p in probes]
+
+
+def profile_fp8_layer(shape: tuple[int, int], batch: int) -> None:
+    """Where an fp8 layer's fwd+bwd time goes, next to bf16 (device time per kernel, 5 steps)."""
+    import torch.nn as nn
+    from torch.profiler import ProfilerActivity, profile
+
+    from harness.fp8 import Fp8Linear
+
+    lin = nn.Linear(*shape).cuda()
+    x = torch.randn(batch, shape[0], device="cuda", dtype=torch.bfloat16)
+    gy = torch.randn(batch, shape[1], device="cuda", dtype=torch.bfloat16)
+    for name, layer in (("bf16", nn.Linear(*shape).cuda().bfloat16()), ("fp8", Fp8Linear(lin, "tensorwise"))):
+        def step(layer=layer) -> None:
+            xx = x.detach().requires_grad_(True)
+            layer(xx).backward(gy)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        print(f"\n{name} {shape[0]}x{shape[1]} batch {batch}, 5 fwd+bwd steps:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

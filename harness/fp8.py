@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -84,7 +85,7 @@ def _quant_pair(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
     """fp8 `t` under `scale` and fp8 `t.T` (contiguous) under the tensor-wise `scale_t`.
 
     On CUDA one fused pass (kernels/fp8_quant.py); elsewhere torch ops, the same values."""
-    if t.is_cuda:
+    if t.is_cuda and os.environ.get("CUBIC_FP8_QUANT", "fused") == "fused":  # =torch: the op path, to compare
         from kernels.fp8_quant import quantize
 
         return quantize(t, dtype, scale, scale_t)
