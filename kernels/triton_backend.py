@@ -67,13 +67,11 @@ def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_o
 
 
 def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, chunk_start_ptr, chunk_end_ptr,
-                        chunk_table_ptr, dims_ptr, col_off_ptr, part_ptr, n_chunks_ptr,
+                        chunk_table_ptr, dims_ptr, col_off_ptr, part_ptr, n_chunks,
                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Partial gradient sums of `BLOCK_R` chunks of long runs -> `part[c, :BLOCK_D]` (fp32).
-
-    The grid is an upper bound on the chunk count; the count itself is read on the device."""
+    """Partial gradient sums of `BLOCK_R` chunks of long runs -> `part[c, :BLOCK_D]` (fp32)."""
     c = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cm = c < tl.load(n_chunks_ptr)
+    cm = c < n_chunks
     s = tl.load(chunk_start_ptr + c, mask=cm, other=0)
     e = tl.load(chunk_end_ptr + c, mask=cm, other=0)
     t = tl.load(chunk_table_ptr + c, mask=cm, other=0)
@@ -93,18 +91,16 @@ def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, chunk_start_ptr, ch
 
 def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_table_ptr,
                        dstart_ptr, dend_ptr, pstart_ptr, pend_ptr, part_ptr,
-                       dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, n_runs_ptr, lr, eps,
+                       dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, n_runs, lr, eps,
                        ADAGRAD: tl.constexpr, BF16: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_D: tl.constexpr):
     """`BLOCK_R` unique rows per program: reduce each one's gradient (ids, or chunk partials), update.
 
     Rows of a tile are independent; each walks its own ids, the loop runs to the tile's longest
     (masked beyond each row's end). Long runs come as chunk partials, so that loop stays short.
-    The grid is an upper bound (one program per BLOCK_R ids); the run count is read on the device.
-    The rows and their state are loaded before the gradient loop, so their latency overlaps it.
     """
     u = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    um = u < tl.load(n_runs_ptr)
+    um = u < n_runs
     row = tl.load(run_row_ptr + u, mask=um, other=0).to(tl.int64)
     t = tl.load(run_table_ptr + u, mask=um, other=0)
     D = tl.load(dims_ptr + t, mask=um, other=1).to(tl.int64)
@@ -115,12 +111,6 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_tab
     pe = tl.load(pend_ptr + u, mask=um, other=0)
     cols = tl.arange(0, BLOCK_D)
     m2 = um[:, None] & (cols[None, :] < D[:, None])
-    w_base = tl.load(w_off_ptr + t, mask=um, other=0)
-    w_ptrs = w_ptr + (w_base + row * D)[:, None] + cols[None, :]
-    w = tl.load(w_ptrs, mask=m2, other=0.0).to(tl.float32)
-    if ADAGRAD:
-        s_p = s_ptr + tl.load(s_off_ptr + t, mask=um, other=0) + row
-        st = tl.load(s_p, mask=um, other=0.0)
     g = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     for j in range(0, tl.max(de - ds, axis=0)):  # short runs: their ids (empty for long runs)
         pos = ds + j
@@ -132,8 +122,12 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_tab
         p = ps + j
         m = p < pe
         g += tl.load(part_ptr + p[:, None] * BLOCK_D + cols[None, :], mask=m[:, None] & m2, other=0.0)
+    w_base = tl.load(w_off_ptr + t, mask=um, other=0)
+    w_ptrs = w_ptr + (w_base + row * D)[:, None] + cols[None, :]
+    w = tl.load(w_ptrs, mask=m2, other=0.0).to(tl.float32)
     if ADAGRAD:
-        st = st + tl.div_rn(tl.sum(g * g, axis=1), D.to(tl.float32))
+        s_p = s_ptr + tl.load(s_off_ptr + t, mask=um, other=0) + row
+        st = tl.load(s_p, mask=um, other=0.0) + tl.div_rn(tl.sum(g * g, axis=1), D.to(tl.float32))
         tl.store(s_p, st, mask=um)
         w = w - tl.div_rn(lr * g, tl.sqrt_rn(st)[:, None] + eps)
     else:
@@ -229,18 +223,16 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         return out
 
     def _plan(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> dict[str, torch.Tensor]:
-        """Device-side preparation: sort `(table, row)` keys, find runs, split long runs into chunks.
+        """Host-side preparation: sort `(table, row)` keys, find runs, split long runs into chunks.
 
-        No host sync: run and chunk arrays are sized by upper bounds (n ids -> at most n runs and
-        2n/split_len chunks), their real counts (`n_runs`, `n_chunks`) stay on the device, and the
-        kernels mask beyond them. A sync per backward left the GPU idle while the host caught up
-        (~0.4 ms of a 2.9 ms backward on an H100). Keys are int32 when all tables' rows fit (half
-        the sort's traffic); the sort is stable, so a run's ids keep bag order and the summation
-        order is deterministic.
+        Two host syncs (the number of runs and of chunks size the grids); everything else stays on
+        the device. A sync-free variant (arrays sized by upper bounds, counts read on the device,
+        runs found by scatter_reduce) measured slower on an H100: 3.15 vs 2.91 ms per backward, its
+        extra programs and passes cost more than the idle time the syncs leave. Keys are int32 when all tables' rows fit (half the sort's traffic); the sort is
+        stable, so a run's ids keep bag order and the summation order is deterministic.
         """
         n = ids.numel()
         L = self.split_len
-        dev = ids.device
         bag = bag_ids(offsets, n)
         t_of = torch.div(bag, B, rounding_mode="floor")
         key = self._row_base[t_of] + ids.long()
@@ -248,31 +240,31 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
             key = key.int()
         sorted_key, perm = torch.sort(key, stable=True)
         sorted_b = (bag - t_of * B)[perm].int()  # int32: the update kernels' id reads halve
-        new = torch.ones(n, dtype=torch.bool, device=dev)
+        new = torch.ones(n, dtype=torch.bool, device=ids.device)
         torch.ne(sorted_key[1:], sorted_key[:-1], out=new[1:])
-        rid = torch.cumsum(new, 0) - 1  # run of each sorted position
-        pos = torch.arange(n, device=dev)
-        # run u starts at the smallest position with rid == u; unused slots (u >= n_runs) keep n
-        run_start = torch.full((n + 1,), n, dtype=torch.long, device=dev)
-        run_start[:n].scatter_reduce_(0, rid, pos, "amin")
-        run_end = run_start[1:]
-        run_start = run_start[:n]
-        counts = run_end - run_start  # 0 for unused slots
-        run_key = sorted_key[run_start.clamp(max=n - 1)].long()
+        run_start = new.nonzero().squeeze(1)  # host sync 1: the number of unique rows
+        run_end = torch.empty_like(run_start)
+        run_end[:-1] = run_start[1:]
+        run_end[-1:] = n
+        counts = run_end - run_start
+        run_key = sorted_key[run_start].long()
         run_table = torch.searchsorted(self._row_base, run_key, right=True) - 1
         run_row = run_key - self._row_base[run_table]
         long = counts > L
         n_chunks = torch.where(long, (counts + L - 1) // L, torch.zeros_like(counts))
         pend = torch.cumsum(n_chunks, 0)
         pstart = pend - n_chunks
-        c_ub = 2 * n // L + 1  # sum of ceil(c / L) over runs longer than L is below 2n / L
-        cidx = torch.arange(c_ub, device=dev)
-        crun = torch.searchsorted(pend, cidx, right=True).clamp(max=n - 1)
-        cs = run_start[crun] + (cidx - pstart[crun]) * L
-        return dict(sorted_b=sorted_b, run_row=run_row, run_table=run_table, dstart=run_start,
-                    dend=torch.where(long, run_start, run_end), pstart=pstart, pend=pend,
-                    n_runs=rid[-1:] + 1, n_chunks=pend[-1:], chunk_start=cs,
-                    chunk_end=torch.minimum(cs + L, run_end[crun]), chunk_table=run_table[crun])
+        total = int(pend[-1].item())  # host sync 2: the number of chunks of long runs
+        plan = dict(sorted_b=sorted_b, run_row=run_row, run_table=run_table, dstart=run_start,
+                    dend=torch.where(long, run_start, run_end), pstart=pstart, pend=pend)
+        if total:
+            chunk_run = torch.repeat_interleave(torch.arange(run_start.numel(), device=ids.device), n_chunks,
+                                                output_size=total)
+            k = torch.arange(total, device=ids.device) - pstart[chunk_run]
+            cs = run_start[chunk_run] + k * L
+            plan.update(chunk_start=cs, chunk_end=torch.minimum(cs + L, run_end[chunk_run]),
+                        chunk_table=run_table[chunk_run])
+        return plan
 
     @torch.no_grad()
     def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
@@ -282,16 +274,18 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         grad = grad.contiguous()
         p = self._plan(ids, offsets, B)
         BD, BR, NW = self._block_d, self.block_rows, self.num_warps
-        c_ub = p["chunk_start"].numel()
-        part = torch.empty(c_ub, BD, dtype=torch.float32, device=self.device)
-        _BWD_PARTIAL[(triton.cdiv(c_ub, BR),)](
-            p["sorted_b"], grad, grad.stride(0), p["chunk_start"], p["chunk_end"], p["chunk_table"],
-            self._dims_t, self._col_off, part, p["n_chunks"], BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
-            enable_fp_fusion=False)
-        _BWD_UPDATE[(triton.cdiv(ids.numel(), BR),)](
+        n_chunks = p["chunk_start"].numel() if "chunk_start" in p else 0
+        part = torch.empty(max(n_chunks, 1), BD, dtype=torch.float32, device=self.device)
+        if n_chunks:
+            _BWD_PARTIAL[(triton.cdiv(n_chunks, BR),)](
+                p["sorted_b"], grad, grad.stride(0), p["chunk_start"], p["chunk_end"], p["chunk_table"],
+                self._dims_t, self._col_off, part, n_chunks, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
+                enable_fp_fusion=False)
+        n_runs = p["run_row"].numel()
+        _BWD_UPDATE[(triton.cdiv(n_runs, BR),)](
             p["sorted_b"], grad, grad.stride(0), p["run_row"], p["run_table"], p["dstart"], p["dend"],
             p["pstart"], p["pend"], part, self._dims_t, self._col_off, self._w_off, self._s_off,
-            self._flat_w, self._flat_s if self._flat_s.numel() else part, p["n_runs"], float(self.optim.lr),
+            self._flat_w, self._flat_s if self._flat_s.numel() else part, n_runs, float(self.optim.lr),
             float(self.optim.eps), ADAGRAD=self.optim.kind == "rowwise_adagrad",
             BF16=self._flat_w.dtype == torch.bfloat16, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
             enable_fp_fusion=False)  # no FMA contraction: same roundings as the reference

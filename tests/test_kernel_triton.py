@@ -84,7 +84,7 @@ def test_matches_torch_reference(dtype: str, kind: str, device: str) -> None:
     for _ in range(3):
         ids, offsets = _batch(B, gen)
         plan = tri._plan(ids.to(device), offsets.to(device), B)
-        saw_long_run |= int(plan["n_chunks"]) > 0
+        saw_long_run |= "chunk_start" in plan
         out_ref = ref.forward(ids, offsets)
         out_tri = tri.forward(ids.to(device), offsets.to(device))
         assert out_tri.shape == (B, sum(DIMS)) and out_tri.dtype == torch.float32
@@ -112,7 +112,7 @@ def test_hot_row_split_is_exact(device: str) -> None:
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
     ids = torch.full((50,), 3, dtype=torch.long)
     plan = tri._plan(ids.to(device), offsets.to(device), B)
-    assert int(plan["n_chunks"]) == 13 and int(plan["n_runs"]) == 1 and int(plan["run_row"][0]) == 3
+    assert plan["chunk_start"].numel() == 13 and plan["run_row"].tolist() == [3]
     grad = torch.randn(B, sum(DIMS), generator=torch.Generator().manual_seed(3))
     ref.backward_update(ids, offsets, grad)
     tri.backward_update(ids.to(device), offsets.to(device), grad.to(device))
