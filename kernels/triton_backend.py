@@ -228,8 +228,9 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         Two host syncs (the number of runs and of chunks size the grids); everything else stays on
         the device. A sync-free variant (arrays sized by upper bounds, counts read on the device,
         runs found by scatter_reduce) measured slower on an H100: 3.15 vs 2.91 ms per backward, its
-        extra programs and passes cost more than the idle time the syncs leave. Keys are int32 when all tables' rows fit (half the sort's traffic); the sort is
-        stable, so a run's ids keep bag order and the summation order is deterministic.
+        extra programs and passes cost more than the idle time the syncs leave. Keys are int32 when
+        all tables' rows fit (half the sort's traffic); the sort is stable, so a run's ids keep bag
+        order and the summation order is deterministic.
         """
         n = ids.numel()
         L = self.split_len
