@@ -9,12 +9,13 @@ time (masked: tables may have different dims, `BLOCK_D` = next power of two >= m
 fp32.
 
 Backward fused with the optimizer (exact: one update per unique row, as FBGEMM's EXACT_* modes):
-host-side preparation sorts the `(table, row)` keys and cuts them into runs of equal rows; runs of
-at most `split_len` ids are reduced and updated by one program each. Longer runs (hot rows of a
-Zipf distribution) are cut into `split_len` chunks whose partial sums are computed in parallel by a
-first kernel, so a hot row does not serialise the batch on one program; the update kernel then adds
-the run's partials. Both branches are expressed as (possibly empty) loop ranges, so the update
-kernel has no data-dependent `if`.
+device-side preparation sorts the `(table, row)` keys and cuts them into runs of equal rows; each
+program reduces and updates a tile of `block_rows` runs (8 by default: measured fastest on an H100)
+of at most `split_len` ids. Longer runs (hot rows of a Zipf distribution) are cut into `split_len`
+chunks whose partial sums are computed in parallel by a first kernel, so a hot row does not
+serialise the batch on one program; the update kernel then adds the run's partials. Both branches
+are expressed as (possibly empty) loop ranges, so the update kernel has no data-dependent `if`.
+Measured numbers: benchmarks/data/gpu_h100/NOTES.md.
 
 CPU: Triton compiles for GPUs only; on CPU the kernels run under Triton's interpreter, which must be
 chosen before `triton.language` is first imported (its own `tl.sum`/`tl.zeros` are jit functions
