@@ -69,22 +69,22 @@ def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_o
 
 def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, chunk_start_ptr, chunk_end_ptr,
                         chunk_table_ptr, dims_ptr, col_off_ptr, part_ptr, n_chunks,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                        IDX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """Partial gradient sums of `BLOCK_R` chunks of long runs -> `part[c, :BLOCK_D]` (fp32)."""
-    c = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(0).to(IDX) * BLOCK_R + tl.arange(0, BLOCK_R)
     cm = c < n_chunks
     s = tl.load(chunk_start_ptr + c, mask=cm, other=0)
     e = tl.load(chunk_end_ptr + c, mask=cm, other=0)
     t = tl.load(chunk_table_ptr + c, mask=cm, other=0)
-    D = tl.load(dims_ptr + t, mask=cm, other=0).to(tl.int64)
-    c0 = tl.load(col_off_ptr + t, mask=cm, other=0).to(tl.int64)
+    D = tl.load(dims_ptr + t, mask=cm, other=0).to(IDX)
+    c0 = tl.load(col_off_ptr + t, mask=cm, other=0).to(IDX)
     cols = tl.arange(0, BLOCK_D)
     m2 = cm[:, None] & (cols[None, :] < D[:, None])
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     for j in range(0, tl.max(e - s, axis=0)):
         pos = s + j
         m = pos < e
-        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(tl.int64)
+        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
         acc += tl.load(grad_ptr + bb[:, None] * grad_stride + c0[:, None] + cols[None, :],
                        mask=m[:, None] & m2, other=0.0).to(tl.float32)
     tl.store(part_ptr + c[:, None] * BLOCK_D + cols[None, :], acc, mask=cm[:, None])
@@ -93,19 +93,22 @@ def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, chunk_start_ptr, ch
 def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_table_ptr,
                        dstart_ptr, dend_ptr, pstart_ptr, pend_ptr, part_ptr,
                        dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, n_runs, lr, eps,
-                       ADAGRAD: tl.constexpr, BF16: tl.constexpr, BLOCK_R: tl.constexpr,
+                       ADAGRAD: tl.constexpr, BF16: tl.constexpr, IDX: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_D: tl.constexpr):
     """`BLOCK_R` unique rows per program: reduce each one's gradient (ids, or chunk partials), update.
+
+    Index arithmetic runs in `IDX` (int32 when every buffer has fewer than 2**31 elements, which
+    halves the registers the tile's offsets take; int64 otherwise).
 
     Rows of a tile are independent; each walks its own ids, the loop runs to the tile's longest
     (masked beyond each row's end). Long runs come as chunk partials, so that loop stays short.
     """
-    u = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    u = tl.program_id(0).to(IDX) * BLOCK_R + tl.arange(0, BLOCK_R)
     um = u < n_runs
-    row = tl.load(run_row_ptr + u, mask=um, other=0).to(tl.int64)
+    row = tl.load(run_row_ptr + u, mask=um, other=0).to(IDX)
     t = tl.load(run_table_ptr + u, mask=um, other=0)
-    D = tl.load(dims_ptr + t, mask=um, other=1).to(tl.int64)
-    c0 = tl.load(col_off_ptr + t, mask=um, other=0).to(tl.int64)
+    D = tl.load(dims_ptr + t, mask=um, other=1).to(IDX)
+    c0 = tl.load(col_off_ptr + t, mask=um, other=0).to(IDX)
     ds = tl.load(dstart_ptr + u, mask=um, other=0)
     de = tl.load(dend_ptr + u, mask=um, other=0)
     ps = tl.load(pstart_ptr + u, mask=um, other=0)
@@ -116,7 +119,7 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_tab
     for j in range(0, tl.max(de - ds, axis=0)):  # short runs: their ids (empty for long runs)
         pos = ds + j
         m = pos < de
-        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(tl.int64)
+        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
         g += tl.load(grad_ptr + bb[:, None] * grad_stride + c0[:, None] + cols[None, :],
                      mask=m[:, None] & m2, other=0.0).to(tl.float32)
     for j in range(0, tl.max(pe - ps, axis=0)):  # long runs: their chunk partials (empty for short)
@@ -161,7 +164,7 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
     name = "triton"
 
     def __init__(self, rows, dims, *, split_len: int = 32, block_rows: int = 8, num_warps: int = 0,
-                 **kw) -> None:
+                 force_idx64: bool = False, **kw) -> None:
         super().__init__(rows, dims, **kw)
         if self.device.type != "cuda" and not INTERPRETED:
             raise RuntimeError("triton backend on a non-CUDA device needs Triton's interpreter: set "
@@ -192,6 +195,11 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         self._col_off = torch.tensor(self.dim_offsets[:-1], dtype=torch.int32, device=self.device)
         self._block_d = _pow2_at_least(max(self.dims))
         self._key32 = row_base[-1] < 2**31
+        # int32 index arithmetic in the backward when every offset fits (weights, and the gradient
+        # and partial buffers checked per call)
+        self._idx32 = w_off[-1] < 2**31 and not force_idx64
+        if self._idx32:
+            self._w_off32, self._s_off32 = self._w_off.int(), self._s_off.int()
         # Unique rows per backward program, and warps. Measured on an H100 (8 x 1M x 128 fp32, B=16384,
         # uniform ids): 8 rows 2.77 ms, 16 rows 4.06 ms per fused backward; a tile walks to its longest
         # run, so small tiles waste less. Triton 3.6 fails to compile the tile at 32+ rows
@@ -278,16 +286,20 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         BD, BR, NW = self._block_d, self.block_rows, self.num_warps
         n_chunks = p["chunk_start"].numel() if "chunk_start" in p else 0
         part = torch.empty(max(n_chunks, 1), BD, dtype=torch.float32, device=self.device)
+        w_off, s_off, idx = self._w_off, self._s_off, tl.int64
+        if self._idx32 and grad.numel() < 2**31 and part.numel() < 2**31:
+            p = {k: v.int() if v.dtype == torch.int64 else v for k, v in p.items()}
+            w_off, s_off, idx = self._w_off32, self._s_off32, tl.int32
         if n_chunks:
             _BWD_PARTIAL[(triton.cdiv(n_chunks, BR),)](
                 p["sorted_b"], grad, grad.stride(0), p["chunk_start"], p["chunk_end"], p["chunk_table"],
-                self._dims_t, self._col_off, part, n_chunks, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
+                self._dims_t, self._col_off, part, n_chunks, IDX=idx, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
                 enable_fp_fusion=False)
         n_runs = p["run_row"].numel()
         _BWD_UPDATE[(triton.cdiv(n_runs, BR),)](
             p["sorted_b"], grad, grad.stride(0), p["run_row"], p["run_table"], p["dstart"], p["dend"],
-            p["pstart"], p["pend"], part, self._dims_t, self._col_off, self._w_off, self._s_off,
+            p["pstart"], p["pend"], part, self._dims_t, self._col_off, w_off, s_off,
             self._flat_w, self._flat_s if self._flat_s.numel() else part, n_runs, float(self.optim.lr),
             float(self.optim.eps), ADAGRAD=self.optim.kind == "rowwise_adagrad",
-            BF16=self._flat_w.dtype == torch.bfloat16, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
+            BF16=self._flat_w.dtype == torch.bfloat16, IDX=idx, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
             enable_fp_fusion=False)  # no FMA contraction: same roundings as the reference

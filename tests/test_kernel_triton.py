@@ -48,10 +48,10 @@ def _batch(B: int, gen: torch.Generator, max_len: int = 9) -> tuple[torch.Tensor
     return ids, offsets
 
 
-def _pair(dtype: str, kind: str, device: str, lr: float = 0.05):
+def _pair(dtype: str, kind: str, device: str, lr: float = 0.05, force_idx64: bool = False):
     ref = make_kernel("torch", ROWS, DIMS, weight_dtype=dtype, optim=OptimSpec(kind, lr=lr), device="cpu")
     tri = make_kernel("triton", ROWS, DIMS, weight_dtype=dtype, optim=OptimSpec(kind, lr=lr), device=device,
-                      split_len=SPLIT)
+                      split_len=SPLIT, force_idx64=force_idx64)
     gen = torch.Generator().manual_seed(1)
     init = [torch.randn(r, d, generator=gen) * 0.5 for r, d in zip(ROWS, DIMS, strict=True)]
     ref.load(init)
@@ -103,9 +103,11 @@ def test_matches_torch_reference(dtype: str, kind: str, device: str) -> None:
 
 @needs_interp
 @pytest.mark.parametrize("device", DEVICES)
-def test_hot_row_split_is_exact(device: str) -> None:
-    """One row hit 50 times (13 chunks of 4): the two-pass reduction equals one update of the sum."""
-    ref, tri = _pair("fp32", "rowwise_adagrad", device, lr=0.1)
+@pytest.mark.parametrize("idx64", [False, True], ids=["idx32", "idx64"])
+def test_hot_row_split_is_exact(device: str, idx64: bool) -> None:
+    """One row hit 50 times (13 chunks of 4): the two-pass reduction equals one update of the sum
+    (with int32 index arithmetic, the default for buffers under 2**31 elements, and with int64)."""
+    ref, tri = _pair("fp32", "rowwise_adagrad", device, lr=0.1, force_idx64=idx64)
     B = 10
     lens = torch.zeros(len(ROWS) * B, dtype=torch.long)
     lens[:B] = 5  # table 0: 10 bags x 5 ids, all row 3
@@ -153,4 +155,4 @@ def test_cpu_cases_in_fresh_interpreter_process() -> None:
            __file__]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert re.search(r"\b7 passed\b", r.stdout), r.stdout[-2000:]  # all CPU cases ran, none skipped
+    assert re.search(r"\b8 passed\b", r.stdout), r.stdout[-2000:]  # all CPU cases ran, none skipped
