@@ -10,7 +10,7 @@ fp32.
 
 Backward fused with the optimizer (exact: one update per unique row, as FBGEMM's EXACT_* modes):
 device-side preparation sorts the `(table, row)` keys and cuts them into runs of equal rows; each
-program reduces and updates a tile of `block_rows` runs (8 by default: measured fastest on an H100)
+program reduces and updates a tile of `block_rows` runs (4 by default: measured fastest on an H100)
 of at most `split_len` ids. Longer runs (hot rows of a Zipf distribution) are cut into `split_len`
 chunks whose partial sums are computed in parallel by a first kernel, so a hot row does not
 serialise the batch on one program; the update kernel then adds the run's partials. Both branches
@@ -163,7 +163,7 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
 
     name = "triton"
 
-    def __init__(self, rows, dims, *, split_len: int = 32, block_rows: int = 8, num_warps: int = 0,
+    def __init__(self, rows, dims, *, split_len: int = 32, block_rows: int = 4, num_warps: int = 0,
                  force_idx64: bool = False, **kw) -> None:
         super().__init__(rows, dims, **kw)
         if self.device.type != "cuda" and not INTERPRETED:
@@ -201,10 +201,12 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         if self._idx32:
             self._w_off32, self._s_off32 = self._w_off.int(), self._s_off.int()
         # Unique rows per backward program, and warps. Measured on an H100 (8 x 1M x 128 fp32, B=16384,
-        # uniform ids): 8 rows 2.77 ms, 16 rows 4.06 ms per fused backward; a tile walks to its longest
-        # run, so small tiles waste less. Triton 3.6 fails to compile the tile at 32+ rows
-        # (TritonGPURemoveLayoutConversions: "mask type matches ptr type"), hence the cap.
-        self.block_rows = min(MAX_BLOCK_ROWS, _pow2_at_least(block_rows or 8))
+        # uniform ids, int32 indices, one run): 4 rows x 2 warps 2.27 ms, 8x4 2.54, 16x4 2.72, 8x8
+        # 3.32 ms per fused backward. The kernel is latency-bound, and a tile walks to its longest
+        # run, so small tiles with few registers keep the most rows in flight. Triton 3.6 fails to
+        # compile the tile at 32+ rows (TritonGPURemoveLayoutConversions: "mask type matches ptr
+        # type"), hence the cap.
+        self.block_rows = min(MAX_BLOCK_ROWS, _pow2_at_least(block_rows or 4))
         self.num_warps = int(num_warps) if num_warps else max(1, min(4, self.block_rows * self._block_d // 256))
 
     def weights(self) -> list[torch.Tensor]:
