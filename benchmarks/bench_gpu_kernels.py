@@ -100,12 +100,12 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
     results: list[dict] = []
     profiled = False
     for spec in args.backends.split(","):
-        backend, _, variant = spec.partition(":")  # triton:32x8 = 32 rows per program, 8 warps
-        kw = {}
-        if variant:
-            br, nw = variant.split("x")
-            kw = dict(block_rows=int(br), num_warps=int(nw))
+        backend, _, variant = spec.partition(":")  # triton:8x4 = 8 rows per program, 4 warps
         try:
+            kw = {}
+            if variant:
+                br, nw = variant.split("x")
+                kw = dict(block_rows=int(br), num_warps=int(nw))
             k = make_kernel(backend, [R] * T, [D] * T, weight_dtype=args.dtype, device="cuda",
                             optim=OptimSpec(args.optim, lr=0.01), **kw)
         except Exception as e:  # report and go on with the other backends

@@ -14,6 +14,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 STEPS=${*:-env tests bench trials}
 LOG=$OUT/suite.log
+: >"$LOG"  # this run's log only: the trials table and test summary are read back from it
 
 run() {  # run NAME SECONDS CMD...: time-limited, output appended to the log
   local name=$1 limit=$2
@@ -36,7 +37,7 @@ for s in $STEPS; do
     grep -E "passed|failed|error" "$LOG" | tail -n 3
     ;;
   bench)
-    # BACKENDS=torch,triton:16x4,triton:32x8 sweeps the backward's rows per program x warps
+    # BACKENDS=torch,triton:4x2,triton:16x4 sweeps the backward's rows per program x warps
     # BENCH_ARGS=--profile adds where the triton backward's device time goes
     run bench_uniform 200 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --backends "${BACKENDS:-torch,triton}" \
       ${BENCH_ARGS:-} --json "$OUT/bench_uniform.json"
@@ -54,7 +55,7 @@ for s in $STEPS; do
         [ "$k" = triton ] && precisions="$precisions fp8_all"  # blanket fp8, for comparison
         for dp in $precisions; do
           run "trial_${wl}_${k}_${dp}" 90 "$PY" -m cubic.cli trial --space search_spaces/dlrm_gpu.yaml \
-            "${extra[@]}" --set kernel=$k --set dense_precision=$dp --set batch_size=$bs --json
+            "${extra[@]}" --set kernel=$k --set dense_precision=$dp --set batch_size=$bs --set timeout_s=80 --json
         done
       done
     done

@@ -206,7 +206,9 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         # run, so small tiles with few registers keep the most rows in flight. Triton 3.6 fails to
         # compile the tile at 32+ rows (TritonGPURemoveLayoutConversions: "mask type matches ptr
         # type"), hence the cap.
-        self.block_rows = min(MAX_BLOCK_ROWS, _pow2_at_least(block_rows or 4))
+        if not 1 <= block_rows <= MAX_BLOCK_ROWS:
+            raise ValueError(f"block_rows={block_rows}: choose 1..{MAX_BLOCK_ROWS} (Triton 3.6 cannot compile more)")
+        self.block_rows = _pow2_at_least(block_rows)
         self.num_warps = int(num_warps) if num_warps else max(1, min(4, self.block_rows * self._block_d // 256))
 
     def weights(self) -> list[torch.Tensor]:
@@ -289,7 +291,7 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         n_chunks = p["chunk_start"].numel() if "chunk_start" in p else 0
         part = torch.empty(max(n_chunks, 1), BD, dtype=torch.float32, device=self.device)
         w_off, s_off, idx = self._w_off, self._s_off, tl.int64
-        if self._idx32 and grad.numel() < 2**31 and part.numel() < 2**31:
+        if self._idx32 and max(grad.numel(), part.numel(), ids.numel()) < 2**31:  # ids: run positions
             p = {k: v.int() if v.dtype == torch.int64 else v for k, v in p.items()}
             w_off, s_off, idx = self._w_off32, self._s_off32, tl.int32
         if n_chunks:
