@@ -199,6 +199,7 @@ class Tuner:
         self.study.sampler = self.sampler
         self.dists = distributions(space)
         self.base_key = space.config(space.baseline_params()).key()
+        self._base: FrozenTrial | None = None  # the completed baseline trial, once known
 
     # ------------------------------------------------------------------ entry
     def run(self) -> dict[str, Any]:
@@ -227,6 +228,7 @@ class Tuner:
     def _search(self) -> None:
         pending: list[Pending] = []
         stop, skips = False, 0
+        self._estimate_quality()
         while True:
             used = self.store.budget_used()
             self.view.used = used
@@ -250,34 +252,39 @@ class Tuner:
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
                 frozen = self.store.finish(p.tag, res)
-                est = self._estimate_quality()
-                if frozen.number in est:
-                    frozen.user_attrs["quality_est_ok"] = est[frozen.number]
+                self._estimate_quality(frozen)
                 self.view.add(frozen, time.monotonic() - p.started)
             self._eta(pending, self.budget - self.store.budget_used())
 
-    def _estimate_quality(self) -> dict[int, bool]:
+    def _estimate_quality(self, finished: FrozenTrial | None = None) -> None:
         """Free quality estimates (`cubic.quality`) for finished numerics-changing trials, so the
         searcher learns which fast configurations the gate would reject (user attrs "ne_matched",
-        and "quality_est_ok" where the trial's steps cover the baseline's samples). Returns the new
-        verdicts by trial number."""
-        done = self.store.trials(TrialState.COMPLETE)
-        base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
-        verdicts: dict[int, bool] = {}
-        if base is None:
-            return verdicts
-        bres = base.user_attrs.get("result") or {}
-        bcfg = self.space.config(base.params)
-        for t in done:
-            if t is base or "ne_matched" in t.user_attrs or not self.space.differs_in_numerics(t.params):
+        and "quality_est_ok" where the trial's steps cover the baseline's samples).
+
+        Called with no trial when the search starts (a resumed study may hold trials that wait for
+        an estimate) and with each trial as it finishes: once the baseline is in, only that trial
+        needs one; the baseline's own arrival estimates every trial that finished before it."""
+        if finished is not None and self._base is not None:
+            todo = [finished]
+        else:
+            done = self.store.trials(TrialState.COMPLETE)
+            self._base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+            # the view shows the caller's object of the finished trial: update that one
+            todo = [finished if finished is not None and t.number == finished.number else t for t in done]
+        if self._base is None:
+            return
+        bres = self._base.user_attrs.get("result") or {}
+        bcfg = self.space.config(self._base.params)
+        for t in todo:
+            if (t.state != TrialState.COMPLETE or t.user_attrs.get("config_key") == self.base_key
+                    or "ne_matched" in t.user_attrs or not self.space.differs_in_numerics(t.params)):
                 continue
             ne = matched_ne((t.user_attrs.get("result") or {}).get("losses") or [], self.space.config(t.params),
                             bres.get("losses") or [], bcfg, bres.get("ne"))
             attrs: dict[str, Any] = {"ne_matched": ne}
             if ne is not None:
-                attrs["quality_est_ok"] = verdicts[t.number] = within(ne, bres["ne"], self.space.quality_tolerance)
+                attrs["quality_est_ok"] = within(ne, bres["ne"], self.space.quality_tolerance)
             self.store.set_finished_attrs(t, attrs)
-        return verdicts
 
     def _free(self, pending: list[Pending]) -> bool:
         """Room on the cluster for one more trial (asking starts Ray, so only ask with budget left)."""

@@ -222,8 +222,6 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
 def warm_cache() -> None:
     """Compile every kernel specialisation (weight dtypes x optimizers x 1 and 2 threads) into
     numba's on-disk cache, so no trial pays the ~8 s first compile (`make` runs this at install)."""
-    import torch
-
     old = torch.get_num_threads()
     ids, offsets = torch.tensor([0, 1, 1, 3]), torch.tensor([0, 1, 3, 4, 4])
     try:
