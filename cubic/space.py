@@ -39,7 +39,7 @@ CONSTRAINT_KEYS = ("mem_cap_mb", "quality_tolerance", "quality_knobs")
 OBJECTIVES = {"qps": "maximize"}
 NOT_KNOBS = ("workload", "mem_cap_mb")
 # Knobs whose change alters the training numerics: a config that changes one must pass the
-# quality gate (NE within the tolerance of the baseline's). 2D (group < world) counts too.
+# quality gate (NE at most the tolerance above the baseline's). 2D (group < world) counts too.
 DEFAULT_QUALITY_KNOBS = ("emb_precision", "dense_precision", "comm_precision", "batch_size", "emb_optimizer",
                          "sharding", "sparse_sync", "sharding_group_size")
 ENUMERATE_LIMIT = 400_000  # spaces up to this many raw points are enumerated once (grid, pools)

@@ -23,7 +23,7 @@ Schema (analysis and export read exactly this):
   "config_key" (`TrialConfig.key()`), "config" (TrialConfig dict). Trials that change numerics also
   get "ne_matched" (their NE over the baseline's measured samples, from their own per-step losses;
   null where their steps do not cover those samples, see `cubic.quality`) and "quality_est_ok"
-  (that NE within the quality tolerance of the baseline's; absent where ne_matched is null).
+  (that NE at most the quality tolerance above the baseline's; absent where ne_matched is null).
 - State: COMPLETE trials have value = qps. Failed trials are FAIL with "status"
   (oom | error | timeout) and a one-line "error". Trials found RUNNING when a tune resumes
   (the tuner died) become FAIL with status "interrupted" and error "interrupted"; their

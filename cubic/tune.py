@@ -426,10 +426,10 @@ class Tuner:
         ne_b = _median_finite(base.user_attrs.get("confirm_ne")) if base is not None else None
         if ne_t is None or ne_b is None or ne_b <= 0:
             return False, f"changes {changed} but NE is unavailable (trial {ne_t}, baseline {ne_b})"
-        rel = abs(ne_t - ne_b) / ne_b
+        rel = (ne_t - ne_b) / ne_b
         tol = self.space.quality_tolerance
         ok = within(ne_t, ne_b, tol)
-        return ok, (f"NE {ne_t:.4f} vs baseline {ne_b:.4f}: {rel:.2%} {'<=' if ok else '>'} {tol:.2%} "
+        return ok, (f"NE {ne_t:.4f} vs baseline {ne_b:.4f}: {rel:+.2%} {'<=' if ok else '>'} {tol:.2%} "
                     f"(changes {', '.join(changed)})")
 
     # ------------------------------------------------------------------ summary

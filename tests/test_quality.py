@@ -53,3 +53,14 @@ def test_search_trial_ne_over_the_baselines_samples_equals_a_sample_matched_reru
     assert abs(est - rb.ne) / rb.ne > 1e-3  # and it is a real difference from the baseline's NE
     small = base.replace(batch_size=16)
     assert matched_ne(run_trial(small).losses, small, rb.losses, base, rb.ne) is None
+
+
+def test_quality_gate_is_one_sided_better_ne_always_passes():
+    """Lower NE is better quality: the gate bounds how much worse a configuration may train, never
+    how much better (a two-sided gate once crowned the baseline over a faster, better one)."""
+    from cubic.quality import within
+
+    assert within(0.94, 0.974, 0.0)  # 3.5% better NE passes even with no tolerance at all
+    assert within(0.99, 0.974, 0.02)  # 1.6% worse: within 2%
+    assert not within(0.9939, 0.974, 0.02)  # 2.04% worse: rejected
+    assert not within(0.975, 0.974, 0.0)
