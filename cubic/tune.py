@@ -4,6 +4,8 @@
   their configurations are enqueued again; the budget counts trials that ran (COMPLETE, or FAIL
   for a reason of their own), so a resumed tune finishes with exactly the budget, and a
   configuration already completed is never launched again (dedupe by `TrialConfig.key()`).
+  "Dead" is checked, not assumed: a tuner holds the study's lease (`cubic.lease`) while it runs,
+  and a second one on the same study refuses to start.
 - Confirm: the top-k and the baseline are re-measured `repeats` times (the first measurement was
   selected for being high - winner's curse - so only re-measurements count). A configuration whose
   knobs change the numerics is re-measured over the baseline's samples (`cubic.quality.sample_matched`: the
@@ -27,12 +29,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cubic.lease import TunerLease
 from cubic.proxy import kendall_tau
 from cubic.quality import matched_ne, sample_matched, within
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.space import SearchSpace
-from cubic.store import Store
+from cubic.store import Store, safe_url
 from harness.config import TrialResult
 from harness.errors import ConfigError
 
@@ -203,6 +206,16 @@ class Tuner:
 
     # ------------------------------------------------------------------ entry
     def run(self) -> dict[str, Any]:
+        """Hold the study's lease (`cubic.lease`: a second tuner on the same study refuses to
+        start rather than fail this one's running trials) while searching and confirming."""
+        self.lease = TunerLease(self.store.rdb, self.study._study_id,
+                                f"study {self.study.study_name!r} in {safe_url(self.store.rdb.url)}").acquire()
+        try:
+            return self._run()
+        finally:
+            self.lease.release()
+
+    def _run(self) -> dict[str, Any]:
         interrupted = self.store.recover_interrupted()
         self._queue_baseline()
         self.view.seed(self.store.trials(TrialState.COMPLETE, TrialState.FAIL))
@@ -215,6 +228,7 @@ class Tuner:
             self._search()
             self.view.phase = "confirm"
             confirmed = self._confirm() if self.space.confirm_top_k > 0 else []
+            self.lease.check(fresh=True)
         return self._summary(confirmed)
 
     def _queue_baseline(self) -> None:
@@ -230,6 +244,7 @@ class Tuner:
         stop, skips = False, 0
         self._estimate_quality()
         while True:
+            self.lease.check()
             used = self.store.budget_used()
             self.view.used = used
             room = used + len(pending) < self.budget and not stop
@@ -251,7 +266,11 @@ class Tuner:
                 return
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
-                frozen = self.store.finish(p.tag, res)
+                try:
+                    frozen = self.store.finish(p.tag, res)
+                except optuna.exceptions.UpdateFinishedTrialError:  # a new holder failed it meanwhile
+                    self.lease.check(fresh=True)
+                    raise
                 self._estimate_quality(frozen)
                 self.view.add(frozen, time.monotonic() - p.started)
             self._eta(pending, self.budget - self.store.budget_used())
@@ -372,6 +391,7 @@ class Tuner:
             return v is True or (v is None and n == 0) or (t is base)
 
         while True:
+            self.lease.check()
             passed = [t for t in screened if verdict(t) is True]
             undecided = [t for t in screened if verdict(t) is None]
             if len(passed) < k and len(passed) + len(undecided) < k and len(screened) < max_screen:

@@ -1,0 +1,164 @@
+"""One tuner per study: a lease that a second `cubic tune` on the same store must respect.
+
+Why: a tuner that starts treats every RUNNING trial as left behind by a dead tuner (it marks it
+FAIL(interrupted) and queues its configuration again). Were another tuner still alive on that study
+(a second terminal on the same run directory, a second host on the same PostgreSQL study), the live
+one would lose the results of its running trials and crash on its next write. So the tuner holds a
+lease while it runs, and a second one refuses to start (one line, exit 2) until the first stops.
+
+The lease is one row of Optuna's own `study_system_attributes` table (key `cubic:tuner`), taken and
+renewed by compare-and-set in SQL, so it is atomic on SQLite and PostgreSQL alike:
+- taking a free lease is an INSERT (the table's unique (study, key) lets only one of two racing
+  tuners in); taking over a dead holder's lease and every heartbeat are an UPDATE ... WHERE value
+  is what this process last read or wrote (0 rows changed = someone else holds it now);
+- the holder renews it every `HEARTBEAT_S` seconds from a daemon thread;
+- a holder is dead when its process is gone (same host: checked at once, so resuming right after
+  `kill -9` needs no wait) or its heartbeat is older than `GRACE_S` (any host; assumes clocks that
+  agree to within seconds, as NTP gives);
+- a tuner whose lease was taken (it was suspended or cut off from the store for `GRACE_S`) learns
+  it at its next check and stops without writing more: its running trials are the new holder's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import sqlalchemy
+from optuna.storages import RDBStorage
+from optuna.storages._rdb import models
+
+from harness.errors import ConfigError
+
+KEY = "cubic:tuner"
+HEARTBEAT_S = 5.0
+GRACE_S = 30.0
+
+
+class LeaseLost(ConfigError):
+    """Another tuner took this study over; this one must stop writing."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def describe(holder: dict[str, Any], now: float | None = None) -> str:
+    age = (now or time.time()) - float(holder.get("heartbeat", 0))
+    started = time.strftime("%H:%M:%S", time.localtime(float(holder.get("started", 0))))
+    return f"pid {holder.get('pid')} on {holder.get('host')} (started {started}, heartbeat {age:.0f}s ago)"
+
+
+def holder_alive(holder: dict[str, Any], now: float | None = None, host: str | None = None) -> bool:
+    """Whether the tuner that wrote `holder` may still be running."""
+    if (now or time.time()) - float(holder.get("heartbeat", 0)) > GRACE_S:
+        return False
+    if holder.get("host") == (host or socket.gethostname()):
+        return _pid_alive(int(holder.get("pid", -1)))
+    return True
+
+
+class TunerLease:
+    """`acquire()` or ConfigError; `check()` in the tuner's loop; `release()` when it stops."""
+
+    def __init__(self, rdb: RDBStorage, study_id: int, label: str) -> None:
+        self.engine = rdb.engine
+        self.study_id, self.label = study_id, label
+        self.table = models.StudySystemAttributeModel.__table__
+        self.me = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+                   "started": time.time(), "heartbeat": time.time()}
+        self._value: str | None = None  # the row's value as this process last wrote it
+        self._lost: dict[str, Any] | None = None  # who took the lease, once it is gone
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.took_over: dict[str, Any] | None = None  # the dead holder this tuner replaced, if any
+
+    # ------------------------------------------------------------------ SQL
+    def _where(self) -> Any:
+        t = self.table
+        return (t.c.study_id == self.study_id) & (t.c.key == KEY)
+
+    def _read(self) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(sqlalchemy.select(self.table.c.value_json).where(self._where())).scalar_one_or_none()
+
+    def _cas(self, old: str | None, new: str) -> bool:
+        """Set the row to `new` iff it still holds `old` (None: iff there is no row)."""
+        try:
+            with self.engine.begin() as conn:
+                if old is None:
+                    conn.execute(self.table.insert().values(study_id=self.study_id, key=KEY, value_json=new))
+                    return True
+                res = conn.execute(self.table.update().where(self._where() & (self.table.c.value_json == old))
+                                   .values(value_json=new))
+                return res.rowcount == 1
+        except sqlalchemy.exc.IntegrityError:  # another tuner inserted first
+            return False
+
+    def _stamp(self) -> str:
+        self.me["heartbeat"] = time.time()
+        return json.dumps(self.me, sort_keys=True)
+
+    # ------------------------------------------------------------------ protocol
+    def acquire(self) -> TunerLease:
+        for _ in range(5):
+            old = self._read()
+            holder = json.loads(old) if old else None
+            if holder is not None and holder_alive(holder):
+                raise ConfigError(f"{self.label} is being tuned by {describe(holder)}: wait for it to finish, "
+                                  f"or stop it and run this again to resume (a holder silent for {GRACE_S:.0f}s "
+                                  "is taken over)")
+            new = self._stamp()
+            if self._cas(old, new):
+                self._value, self.took_over = new, holder
+                self._thread = threading.Thread(target=self._beat, name="cubic-lease", daemon=True)
+                self._thread.start()
+                return self
+        raise ConfigError(f"{self.label}: another tuner is starting on it at the same moment; run again")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                new = self._stamp()
+                if self._cas(self._value, new):
+                    self._value = new
+                    continue
+                cur = self._read()
+                self._lost = json.loads(cur) if cur else {"pid": "?", "host": "?"}
+                return
+            except sqlalchemy.exc.SQLAlchemyError:  # store briefly unreachable/locked: try next beat
+                continue
+
+    def check(self, fresh: bool = False) -> None:
+        """Raise LeaseLost once another tuner holds this study (this one must not write again).
+        `fresh` reads the row now instead of trusting the last heartbeat (after a failed write)."""
+        if fresh and self._lost is None:
+            cur = self._read()
+            if cur != self._value:
+                self._lost = json.loads(cur) if cur else {"pid": "?", "host": "?"}
+        if self._lost is not None:
+            raise LeaseLost(f"{self.label}: taken over by {describe(self._lost)} after this tuner was silent "
+                            f"for over {GRACE_S:.0f}s; stopping here (the new holder re-runs its running trials)")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=HEARTBEAT_S + 5)
+        if self._value is not None:
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(self.table.delete().where(self._where() & (self.table.c.value_json == self._value)))
+            except sqlalchemy.exc.SQLAlchemyError:
+                pass  # the store is gone: the lease expires on its own
+            self._value = None

@@ -1,0 +1,162 @@
+"""One tuner per study (`cubic.lease`): a second tuner refuses instead of failing the first's trials."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from cubic import lease as lease_mod
+from cubic.lease import KEY, LeaseLost, TunerLease, models
+from cubic.store import open_storage
+from harness.errors import ConfigError
+from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
+
+TABLE = models.StudySystemAttributeModel.__table__
+
+
+def _store(tmp_path: Path) -> tuple[optuna.storages.RDBStorage, int]:
+    rdb = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.create_study(study_name="s", storage=rdb, load_if_exists=True)
+    return rdb, study._study_id
+
+
+def _put(rdb: optuna.storages.RDBStorage, sid: int, holder: dict) -> None:
+    rdb.set_study_system_attr(sid, KEY, holder)  # stored as JSON text, as the lease reads it
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_second_lease_on_a_live_study_is_refused_until_the_first_is_released(tmp_path: Path) -> None:
+    rdb, sid = _store(tmp_path)
+    a = TunerLease(rdb, sid, "study 's'").acquire()
+    try:
+        with pytest.raises(ConfigError, match=r"study 's' is being tuned by pid \d+ on .*heartbeat 0s ago"):
+            TunerLease(rdb, sid, "study 's'").acquire()
+    finally:
+        a.release()
+    b = TunerLease(rdb, sid, "study 's'").acquire()
+    assert b.took_over is None  # a released lease is simply free
+    b.release()
+    assert KEY not in rdb.get_study_system_attrs(sid)
+
+
+@pytest.mark.parametrize("case", ["dead pid, this host", "silent, other host", "silent, this host"])
+def test_a_dead_holders_lease_is_taken_over(tmp_path: Path, case: str) -> None:
+    rdb, sid = _store(tmp_path)
+    now = time.time()
+    holder = {"dead pid, this host": {"host": socket.gethostname(), "pid": _dead_pid(), "heartbeat": now},
+              "silent, other host": {"host": "elsewhere", "pid": 1, "heartbeat": now - lease_mod.GRACE_S - 1},
+              "silent, this host": {"host": socket.gethostname(), "pid": 1,  # pid 1 lives, but is silent
+                                    "heartbeat": now - lease_mod.GRACE_S - 1}}[case]
+    _put(rdb, sid, {**holder, "owner": "x", "started": now - 100})
+    got = TunerLease(rdb, sid, "study 's'").acquire()
+    assert got.took_over is not None and got.took_over["owner"] == "x"
+    got.release()
+
+
+def test_a_live_holder_on_another_host_is_respected(tmp_path: Path) -> None:
+    rdb, sid = _store(tmp_path)
+    _put(rdb, sid, {"owner": "x", "host": "elsewhere", "pid": 1, "started": time.time(), "heartbeat": time.time()})
+    with pytest.raises(ConfigError, match="being tuned by pid 1 on elsewhere"):
+        TunerLease(rdb, sid, "study 's'").acquire()
+
+
+def test_a_holder_whose_lease_was_taken_stops_at_its_next_check(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.05)
+    rdb, sid = _store(tmp_path)
+    a = TunerLease(rdb, sid, "study 's'").acquire()
+    a.check()  # still ours: no error, and the heartbeat moves
+    first = rdb.get_study_system_attrs(sid)[KEY]["heartbeat"]
+    time.sleep(0.3)
+    assert rdb.get_study_system_attrs(sid)[KEY]["heartbeat"] > first
+    # a second tuner takes it over (as it would after this one was silent for GRACE_S)
+    _put(rdb, sid, {"owner": "y", "host": "elsewhere", "pid": 7, "started": time.time(), "heartbeat": time.time()})
+    with pytest.raises(LeaseLost, match="taken over by pid 7 on elsewhere"):
+        a.check(fresh=True)
+    time.sleep(0.3)  # the heartbeat thread noticed too, and stopped beating over the new holder's row
+    with pytest.raises(LeaseLost):
+        a.check()
+    assert rdb.get_study_system_attrs(sid)[KEY]["owner"] == "y"
+    a.release()  # releasing a lost lease leaves the new holder's row alone
+    assert rdb.get_study_system_attrs(sid)[KEY]["owner"] == "y"
+
+
+def _race(url: str, sid: int, go: float, q: mp.Queue) -> None:
+    rdb = open_storage(url)
+    time.sleep(max(0.0, go - time.time()))
+    try:
+        TunerLease(rdb, sid, "s").acquire()  # never released: the winner holds it until the end
+        q.put("won")
+    except ConfigError as e:
+        q.put(f"refused: {e}")
+    time.sleep(1.0)
+
+
+def test_tuners_starting_at_the_same_moment_get_exactly_one_lease(tmp_path: Path) -> None:
+    rdb, sid = _store(tmp_path)
+    url = str(rdb.url)
+    ctx = mp.get_context("spawn")
+    for _ in range(2):
+        _put(rdb, sid, {"owner": "gone", "host": socket.gethostname(), "pid": _dead_pid(),
+                        "started": 0, "heartbeat": time.time()})  # a dead holder: takeover by UPDATE
+        for first_insert in (False, True):
+            if first_insert:  # no row at all: the race is on the INSERT
+                with rdb.engine.begin() as conn:
+                    conn.execute(TABLE.delete().where(TABLE.c.key == KEY))
+            q: mp.Queue = ctx.Queue()
+            go = time.time() + 4.0
+            procs = [ctx.Process(target=_race, args=(url, sid, go, q)) for _ in range(3)]
+            for p in procs:
+                p.start()
+            out = [q.get(timeout=60) for _ in procs]
+            for p in procs:
+                p.join(timeout=30)
+            assert out.count("won") == 1, out
+            assert all(o == "won" or "being tuned" in o or "same moment" in o for o in out), out
+
+
+def test_a_second_tune_on_a_running_study_exits_2_and_the_first_finishes_intact(tmp_path: Path) -> None:
+    """Before the lease, the second tuner marked the first's running trials interrupted and re-ran
+    them, and the first crashed with a traceback when it stored their results."""
+    space = space_file(tmp_path, FAST.replace("confirm_top_k: 1", "confirm_top_k: 0"))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cubic.cli", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            assert first.poll() is None, first.communicate()[0][-2000:]
+            try:
+                if any(t.state == TrialState.RUNNING for t in load(run, "fast").get_trials()):
+                    break
+            except Exception:  # the study is being created
+                continue
+        else:
+            pytest.fail("the first tuner never ran a trial")
+        second = cubic_tune("--space", str(space), "--run-dir", str(run))
+        assert second.returncode == 2, second.stdout + second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"is being tuned by pid {first.pid} on " in lines[0], second.stderr
+        out, _ = first.communicate(timeout=200)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, out[-2000:]
+    trials = load(run, "fast").get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 5, [(t.number, t.user_attrs.get("status"))
+                                                                    for t in trials]
+    study = load(run, "fast")
+    assert KEY not in study._storage.get_study_system_attrs(study._study_id)  # released at the end
