@@ -41,6 +41,7 @@ Schema (analysis and export read exactly this):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import time
@@ -97,11 +98,28 @@ def _schema_race(e: Exception) -> bool:
         isinstance(e, sqlalchemy.exc.OperationalError) and ("locked" in text or "already exists" in text))
 
 
+def normalize_url(url: str) -> str:
+    """`postgresql://` and `postgres://` name no driver; SQLAlchemy then wants psycopg2, while
+    `cubic[postgres]` installs psycopg 3. Use psycopg 3 unless psycopg2 is installed."""
+    try:
+        u = sqlalchemy.engine.make_url(url)
+    except Exception:  # not a URL: RDBStorage says what is wrong
+        return url
+    if u.drivername in ("postgres", "postgresql") and importlib.util.find_spec("psycopg2") is None:
+        return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    return url
+
+
 def rdb_storage(url: str, attempts: int = 20, **kw: Any) -> RDBStorage:
     """`RDBStorage(url)` that survives a concurrent first open of the same store."""
+    url = normalize_url(url)
     for i in range(attempts):
         try:
             return RDBStorage(url, **kw)
+        except ImportError:  # Optuna's "Failed to import DB access module": say which and how
+            driver = url.split("://", 1)[0]
+            hint = "pip install 'cubic[postgres]'" if driver.startswith("postgres") else "install its driver"
+            raise ConfigError(f"no database driver for {driver}:// is installed: {hint}") from None
         except sqlalchemy.exc.SQLAlchemyError as e:
             if i == attempts - 1 or not _schema_race(e):
                 raise
