@@ -3,10 +3,14 @@
 # against the torch reference on the GPU, the fp8 probe tests, the kernel bandwidth benchmark, and
 # whole trials (kernel x dense precision) through `cubic trial`.
 #
-#   bash benchmarks/gpu_suite.sh [steps...]     # steps: env tests bench trials (default: all)
+#   bash benchmarks/gpu_suite.sh [steps...]     # steps: env tests bench trials tune (default: all but tune)
 #
 # Logs and JSON land in $OUT (default ./gpu_out). No step stops the others; each has a time limit.
 # Needs only torch, triton, numpy, pyyaml, typer and rich: no fbgemm-gpu, optuna, ray or xgboost.
+# The `tune` step runs `cubic tune` itself, which needs optuna, ray and xgboost: where the machine
+# lacks them, make their wheels here with `python benchmarks/gpu_wheels.py` (51 MiB, fits the 64 MiB
+# transfer) and carry `.whl`; the step installs them. TUNE_TRIALS (default 8) is the trial budget;
+# a tune cut off by the call's time limit resumes in the next call on the same (warm) machine.
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -62,6 +66,15 @@ for s in $STEPS; do
     grep -h '^{"status"' "$LOG" >"$OUT/trials.jsonl" || true
     "$PY" benchmarks/gpu_trials_table.py "$OUT/trials.jsonl" | tee -a "$LOG"
     ;;
-  *) echo "unknown step $s (env tests bench trials)" ;;
+  tune)
+    if [ -d .whl ]; then
+      run wheels 180 "$PY" -m pip install -q --no-index --no-deps --target /tmp/cubic-site .whl/*.whl
+      export PYTHONPATH=/tmp/cubic-site:$PWD
+    fi
+    run tune 560 "$PY" -m cubic.cli tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
+      --trials "${TUNE_TRIALS:-8}"
+    cp runs/gpu_tune/study.db "$OUT/gpu_tune.db" 2>/dev/null || true  # the whole study comes back
+    ;;
+  *) echo "unknown step $s (env tests bench trials tune)" ;;
   esac
 done

@@ -1,7 +1,10 @@
 """Runs trials as Ray tasks: locally (`ray.init()` on this machine) or on a cluster (`--address`).
 
 Each trial is one task that asks for the CPUs its ranks use (world_size x threads_per_rank, capped
-at the cluster's CPUs so a 4-rank trial still runs on a 2-core machine) and calls
+at the cluster's CPUs so a 4-rank trial still runs on a 2-core machine) and, with device=cuda, one GPU
+per rank (capped likewise: several ranks then share a GPU), so that Ray pins it to its own GPUs
+(CUDA_VISIBLE_DEVICES) and never runs two trials at once on one GPU, where each would time the
+other. The task calls
 `harness.trial.run_trial` in a Ray worker, which starts the rank processes. Whatever happens to
 the task - a crash of the worker, an exception, a hang past the trial's own timeout - comes back
 as a TrialResult with a failed status and a one-line reason; the tuner never dies of a trial.
@@ -34,6 +37,7 @@ class Pending:
     cfg: TrialConfig
     ref: Any
     cpus: float
+    gpus: float = 0.0
     tag: Any = None  # the caller's handle (trial, confirm slot)
     started: float = field(default_factory=time.monotonic)
 
@@ -59,7 +63,7 @@ class RayRunner:
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
-        self._cpus = 0.0
+        self._cpus = self._gpus = 0.0
         self._remote: Any = None
         self._owns = False
 
@@ -74,6 +78,13 @@ class RayRunner:
         if self._remote is None:
             self.start()
         return self._cpus
+
+    @property
+    def gpus(self) -> float:
+        """GPUs of the Ray cluster (starts Ray)."""
+        if self._remote is None:
+            self.start()
+        return self._gpus
 
     def start(self) -> RayRunner:
         import ray
@@ -91,7 +102,8 @@ class RayRunner:
             where = self.address or "local"
             raise ConfigError(f"--address {where}: cannot start/connect to Ray: {' '.join(str(e).split())[:200]}") \
                 from None
-        self._cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        res = ray.cluster_resources()
+        self._cpus, self._gpus = float(res.get("CPU", 1.0)), float(res.get("GPU", 0.0))
         self._remote = ray.remote(max_retries=0)(_run)
         return self
 
@@ -107,10 +119,22 @@ class RayRunner:
     def cpus_for(self, cfg: TrialConfig) -> float:
         return float(min(cfg.world_size * cfg.threads_per_rank, self.cpus))
 
+    def gpus_for(self, cfg: TrialConfig) -> float:
+        """One GPU per rank, at most the cluster's; none on a cluster without GPUs (the trial then
+        fails at once with the harness's own "no CUDA device" error instead of waiting forever)."""
+        return float(min(cfg.world_size, self.gpus)) if cfg.device == "cuda" else 0.0
+
+    def has_room(self, pending: list[Pending]) -> bool:
+        """Whether one more trial fits beside `pending` (CPUs, and GPUs once trials hold some)."""
+        if not pending:
+            return True
+        return (sum(p.cpus for p in pending) < self.cpus
+                and (not any(p.gpus for p in pending) or sum(p.gpus for p in pending) < self.gpus))
+
     def submit(self, cfg: TrialConfig, tag: Any = None) -> Pending:
-        cpus = self.cpus_for(cfg)  # starts Ray if needed
-        ref = self._remote.options(num_cpus=cpus).remote(cfg.to_dict())
-        return Pending(cfg, ref, cpus, tag)
+        cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)  # starts Ray if needed
+        ref = self._remote.options(num_cpus=cpus, num_gpus=gpus).remote(cfg.to_dict())
+        return Pending(cfg, ref, cpus, gpus, tag)
 
     def wait(self, pending: list[Pending], timeout: float = 1.0) -> list[tuple[Pending, TrialResult]]:
         """The pending trials that finished (or were given up on) within `timeout` seconds."""

@@ -309,7 +309,7 @@ class Tuner:
         """Room on the cluster for one more trial (asking starts Ray, so only ask with budget left)."""
         if self.space.max_concurrent and len(pending) >= self.space.max_concurrent:
             return False
-        return sum(p.cpus for p in pending) < self.runner.cpus
+        return self.runner.has_room(pending)
 
     def _launch(self, trial: optuna.Trial, pending: list[Pending]) -> Pending | None:
         # Enqueued trials (baseline, resumed) carry their attrs; the sampler's own proposals its last_info.
@@ -399,7 +399,7 @@ class Tuner:
                 continue
             order = ([base] if base else []) + screened
             job = next((t for t in order if wants(t)), None)
-            if job is not None and (not pending or sum(p.cpus for p in pending) < self.runner.cpus):
+            if job is not None and self.runner.has_room(pending):
                 cfg = self.space.config(job.params)
                 if base is not None and job is not base and self.space.differs_in_numerics(job.params):
                     cfg = sample_matched(cfg, self.space.config(base.params))

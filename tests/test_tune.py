@@ -328,6 +328,44 @@ def test_ray_task_failures_become_failed_results_not_a_dead_tuner() -> None:
         runner.stop()
 
 
+def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
+    """Two trials timed on one GPU at once would measure each other: a cuda trial asks for one GPU
+    per rank (capped at the cluster's), Ray pins it to those (CUDA_VISIBLE_DEVICES), and the tuner
+    starts no second GPU trial while the GPUs are taken. Ray's resource accounting is real; the
+    GPU is a logical one (this machine has none)."""
+    import ray
+
+    from cubic.runner import RayRunner
+    from harness.config import TrialConfig
+
+    def visible(cfg: dict) -> dict:
+        return {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_ids": ray.get_gpu_ids()}
+
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    runner = RayRunner().start()
+    try:
+        runner._remote = ray.remote(max_retries=0)(visible)
+        assert runner.gpus == 1.0
+        gpu_cfg, cpu_cfg = TrialConfig(world_size=2, device="cuda"), TrialConfig(world_size=1)
+        assert runner.gpus_for(gpu_cfg) == 1.0 and runner.gpus_for(cpu_cfg) == 0.0  # 2 ranks share the one GPU
+        g = runner.submit(gpu_cfg)
+        assert g.gpus == 1.0 and not runner.has_room([g])  # the GPU is taken: no second trial beside it
+        c = runner.submit(cpu_cfg)
+        assert runner.has_room([c])
+        got = {}
+        deadline = time.monotonic() + 60
+        pending = [g, c]
+        while pending and time.monotonic() < deadline:
+            for p, _ in runner.wait(pending, timeout=1.0):
+                pending.remove(p)
+                got[p.cfg.device] = ray.get(p.ref)
+        assert got["cuda"]["gpu_ids"] == [0] and got["cuda"]["CUDA_VISIBLE_DEVICES"] == "0"
+        assert got["cpu"]["gpu_ids"] == []
+    finally:
+        runner.stop()
+        ray.shutdown()
+
+
 def _open_and_write(url: str, barrier: Any, i: int) -> None:
     from cubic.store import rdb_storage
 
