@@ -59,7 +59,8 @@ def _check_reachable(address: str) -> None:
 
 class RayRunner:
     """Submit TrialConfigs, wait for any to finish. Ray starts on first use (a finished study that is
-    run again never starts it); `check()` validates the address up front, `stop()` shuts Ray down."""
+    run again never starts it); `check()` validates the address up front, `stop()` shuts down the Ray it
+    started (from a cluster given by `--address` it only disconnects; the cluster keeps running)."""
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
@@ -100,8 +101,14 @@ class RayRunner:
                 self._owns = True
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             where = self.address or "local"
-            raise ConfigError(f"--address {where}: cannot start/connect to Ray: {' '.join(str(e).split())[:200]}") \
-                from None
+            hint = ""
+            if self.address and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+                # Ray 2.60 turns token auth on for `ray start` where ~/.ray/auth_token exists (any local
+                # ray.init writes it), but a driver given an address sends the token only when told to
+                hint = ("; if the cluster uses token authentication (`ray start` turns it on where "
+                        "~/.ray/auth_token exists), set RAY_AUTH_MODE=token")
+            raise ConfigError(f"--address {where}: cannot start/connect to Ray: "
+                              f"{' '.join(str(e).split())[:200]}{hint}") from None
         res = ray.cluster_resources()
         self._cpus, self._gpus = float(res.get("CPU", 1.0)), float(res.get("GPU", 0.0))
         self._remote = ray.remote(max_retries=0)(_run)
