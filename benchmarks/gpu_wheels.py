@@ -44,9 +44,8 @@ def download(pkg: str, out: Path, py: str) -> Path:
     for p in PLATFORMS:
         cmd += ["--platform", p]
     subprocess.run(cmd, check=True)
-    new = set(out.glob("*.whl")) - before
-    name = pkg.replace("-", "_").lower()
-    return next(iter(new)) if new else next(p for p in out.glob("*.whl") if p.name.lower().startswith(name))
+    (new,) = set(out.glob("*.whl")) - before  # the folder starts empty: each download adds one wheel
+    return new
 
 
 def _hash(data: bytes) -> str:
@@ -79,6 +78,8 @@ def main() -> int:
     ap.add_argument("--python", default="3.12", help="the GPU machine's Python (KINDS.md)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    for old in a.out.glob("*.whl"):  # two versions of one package would stop the install there
+        old.unlink()
     total = 0
     for pkg in MISSING:
         w = download(pkg, a.out, a.python)

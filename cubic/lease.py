@@ -12,9 +12,11 @@ renewed by compare-and-set in SQL, so it is atomic on SQLite and PostgreSQL alik
   tuners in); taking over a dead holder's lease and every heartbeat are an UPDATE ... WHERE value
   is what this process last read or wrote (0 rows changed = someone else holds it now);
 - the holder renews it every `HEARTBEAT_S` seconds from a daemon thread;
-- a holder is dead when its process is gone (same host: checked at once, so resuming right after
-  `kill -9` needs no wait) or its heartbeat is older than `GRACE_S` (any host; assumes clocks that
-  agree to within seconds, as NTP gives);
+- a holder is dead when its process is gone (same machine and pid namespace, `node_id`: checked at
+  once, so resuming right after `kill -9` needs no wait) or its heartbeat is older than `GRACE_S`
+  (any host; assumes clocks that agree to within seconds, as NTP gives);
+- ownership is the row's `owner` uuid, not its exact text (a heartbeat whose commit reached the
+  store but whose reply did not is still this tuner's);
 - a tuner whose lease was taken (it was suspended or cut off from the store for `GRACE_S`) learns
   it at its next check and stops without writing more: its running trials are the new holder's.
 """
@@ -27,6 +29,7 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy
@@ -60,13 +63,30 @@ def describe(holder: dict[str, Any], now: float | None = None) -> str:
     return f"pid {holder.get('pid')} on {holder.get('host')} (started {started}, heartbeat {age:.0f}s ago)"
 
 
-def holder_alive(holder: dict[str, Any], now: float | None = None, host: str | None = None) -> bool:
+def node_id() -> str:
+    """Where a pid means the same process: this boot of this kernel and this pid namespace. (The
+    hostname is not enough: containers with host networking share it, but not their pids.)"""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # not Linux: the hostname is the best there is
+        return socket.gethostname()
+
+
+def holder_alive(holder: dict[str, Any], now: float | None = None) -> bool:
     """Whether the tuner that wrote `holder` may still be running."""
     if (now or time.time()) - float(holder.get("heartbeat", 0)) > GRACE_S:
         return False
-    if holder.get("host") == (host or socket.gethostname()):
+    if holder.get("node") == node_id():
         return _pid_alive(int(holder.get("pid", -1)))
     return True
+
+
+def _owner(value: str | None) -> str | None:
+    try:
+        return json.loads(value).get("owner") if value else None
+    except (ValueError, AttributeError):
+        return None
 
 
 class TunerLease:
@@ -76,8 +96,9 @@ class TunerLease:
         self.engine = rdb.engine
         self.study_id, self.label = study_id, label
         self.table = models.StudySystemAttributeModel.__table__
-        self.me = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+        self.me = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "node": node_id(), "pid": os.getpid(),
                    "started": time.time(), "heartbeat": time.time()}
+        self._renewed = time.monotonic()  # the last heartbeat that reached the store
         self._value: str | None = None  # the row's value as this process last wrote it
         self._lost: dict[str, Any] | None = None  # who took the lease, once it is gone
         self._stop = threading.Event()
@@ -121,7 +142,7 @@ class TunerLease:
                                   "is taken over)")
             new = self._stamp()
             if self._cas(old, new):
-                self._value, self.took_over = new, holder
+                self._value, self.took_over, self._renewed = new, holder, time.monotonic()
                 self._thread = threading.Thread(target=self._beat, name="cubic-lease", daemon=True)
                 self._thread.start()
                 return self
@@ -131,21 +152,25 @@ class TunerLease:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 new = self._stamp()
-                if self._cas(self._value, new):
-                    self._value = new
-                    continue
-                cur = self._read()
-                self._lost = json.loads(cur) if cur else {"pid": "?", "host": "?"}
-                return
-            except sqlalchemy.exc.SQLAlchemyError:  # store briefly unreachable/locked: try next beat
+                if not self._cas(self._value, new):
+                    cur = self._read()
+                    if _owner(cur) != self.me["owner"]:
+                        self._lost = json.loads(cur) if cur else {"pid": "?", "host": "?"}
+                        return
+                    new = cur  # our own write, whose commit only looked failed
+                self._value, self._renewed = new, time.monotonic()
+            except Exception:  # store briefly unreachable or locked: try again at the next beat
                 continue
 
     def check(self, fresh: bool = False) -> None:
         """Raise LeaseLost once another tuner holds this study (this one must not write again).
-        `fresh` reads the row now instead of trusting the last heartbeat (after a failed write)."""
-        if fresh and self._lost is None:
+        `fresh` reads the row now instead of trusting the heartbeat thread; so does any check once
+        that thread has not renewed the lease for GRACE_S / 2 (this process was suspended, the store
+        unreachable, or the thread died), since another tuner may take it over at GRACE_S."""
+        stale = time.monotonic() - self._renewed > GRACE_S / 2
+        if (fresh or stale) and self._lost is None:
             cur = self._read()
-            if cur != self._value:
+            if _owner(cur) != self.me["owner"]:
                 self._lost = json.loads(cur) if cur else {"pid": "?", "host": "?"}
         if self._lost is not None:
             raise LeaseLost(f"{self.label}: taken over by {describe(self._lost)} after this tuner was silent "
@@ -157,8 +182,10 @@ class TunerLease:
             self._thread.join(timeout=HEARTBEAT_S + 5)
         if self._value is not None:
             try:
-                with self.engine.begin() as conn:
-                    conn.execute(self.table.delete().where(self._where() & (self.table.c.value_json == self._value)))
+                cur = self._read()
+                if _owner(cur) == self.me["owner"]:  # never delete a new holder's row
+                    with self.engine.begin() as conn:
+                        conn.execute(self.table.delete().where(self._where() & (self.table.c.value_json == cur)))
             except sqlalchemy.exc.SQLAlchemyError:
                 pass  # the store is gone: the lease expires on its own
             self._value = None

@@ -1,8 +1,8 @@
 """Runs trials as Ray tasks: locally (`ray.init()` on this machine) or on a cluster (`--address`).
 
 Each trial is one task that asks for the CPUs its ranks use (world_size x threads_per_rank, capped
-at the cluster's CPUs so a 4-rank trial still runs on a 2-core machine) and, with device=cuda, one GPU
-per rank (capped likewise: several ranks then share a GPU), so that Ray pins it to its own GPUs
+at the largest node's CPUs so a 4-rank trial still runs on a 2-core machine) and, with device=cuda,
+one GPU per rank (capped likewise: several ranks then share a GPU), so that Ray pins it to its own GPUs
 (CUDA_VISIBLE_DEVICES) and never runs two trials at once on one GPU, where each would time the
 other. The task calls
 `harness.trial.run_trial` in a Ray worker, which starts the rank processes. Whatever happens to
@@ -64,7 +64,7 @@ class RayRunner:
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
-        self._cpus = self._gpus = 0.0
+        self._cpus = self._gpus = self._node_cpus = self._node_gpus = 0.0
         self._remote: Any = None
         self._owns = False
 
@@ -111,6 +111,10 @@ class RayRunner:
                               f"{' '.join(str(e).split())[:200]}{hint}") from None
         res = ray.cluster_resources()
         self._cpus, self._gpus = float(res.get("CPU", 1.0)), float(res.get("GPU", 0.0))
+        # one trial is one task on one node: cap what it asks for at the largest node, not the cluster
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")] or [res]
+        self._node_cpus = max(float(n.get("CPU", 0.0)) for n in nodes) or 1.0
+        self._node_gpus = max(float(n.get("GPU", 0.0)) for n in nodes)
         self._remote = ray.remote(max_retries=0)(_run)
         return self
 
@@ -124,12 +128,14 @@ class RayRunner:
         self._owns = False
 
     def cpus_for(self, cfg: TrialConfig) -> float:
-        return float(min(cfg.world_size * cfg.threads_per_rank, self.cpus))
+        self.cpus  # noqa: B018 - starts Ray
+        return float(min(cfg.world_size * cfg.threads_per_rank, self._node_cpus))
 
     def gpus_for(self, cfg: TrialConfig) -> float:
-        """One GPU per rank, at most the cluster's; none on a cluster without GPUs (the trial then
+        """One GPU per rank, at most the largest node's; none on a cluster without GPUs (the trial then
         fails at once with the harness's own "no CUDA device" error instead of waiting forever)."""
-        return float(min(cfg.world_size, self.gpus)) if cfg.device == "cuda" else 0.0
+        self.gpus  # noqa: B018 - starts Ray
+        return float(min(cfg.world_size, self._node_gpus)) if cfg.device == "cuda" else 0.0
 
     def has_room(self, pending: list[Pending]) -> bool:
         """Whether one more trial fits beside `pending` (CPUs, and GPUs once trials hold some)."""

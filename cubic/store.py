@@ -99,14 +99,16 @@ def _schema_race(e: Exception) -> bool:
 
 
 def normalize_url(url: str) -> str:
-    """`postgresql://` and `postgres://` name no driver; SQLAlchemy then wants psycopg2, while
-    `cubic[postgres]` installs psycopg 3. Use psycopg 3 unless psycopg2 is installed."""
+    """`postgresql://` and `postgres://` name no driver; SQLAlchemy then wants psycopg2 (and knows no
+    `postgres://` at all), while `cubic[postgres]` installs psycopg 3: use psycopg 3 where installed."""
     try:
         u = sqlalchemy.engine.make_url(url)
     except Exception:  # not a URL: RDBStorage says what is wrong
         return url
-    if u.drivername in ("postgres", "postgresql") and importlib.util.find_spec("psycopg2") is None:
-        return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    if u.drivername in ("postgres", "postgresql"):
+        driver = "postgresql+psycopg" if importlib.util.find_spec("psycopg") else "postgresql"
+        if driver != u.drivername:
+            return u.set(drivername=driver).render_as_string(hide_password=False)
     return url
 
 
@@ -116,10 +118,11 @@ def rdb_storage(url: str, attempts: int = 20, **kw: Any) -> RDBStorage:
     for i in range(attempts):
         try:
             return RDBStorage(url, **kw)
-        except ImportError:  # Optuna's "Failed to import DB access module": say which and how
+        except ImportError as e:  # Optuna's "Failed to import DB access module": say which and how
             driver = url.split("://", 1)[0]
             hint = "pip install 'cubic[postgres]'" if driver.startswith("postgres") else "install its driver"
-            raise ConfigError(f"no database driver for {driver}:// is installed: {hint}") from None
+            cause = " ".join(str(e.__cause__ or e).split())[:150]
+            raise ConfigError(f"no usable database driver for {driver}:// ({cause}): {hint}") from None
         except sqlalchemy.exc.SQLAlchemyError as e:
             if i == attempts - 1 or not _schema_race(e):
                 raise
@@ -188,10 +191,15 @@ class Store:
         done = self.completed_keys()
         stale = self.trials(TrialState.RUNNING)
         waiting = {t.user_attrs.get("config_key") for t in self.trials(TrialState.WAITING)}
+        recovered = []
         for t in stale:
-            self.study._storage.set_trial_user_attr(t._trial_id, "status", INTERRUPTED)
-            self.study._storage.set_trial_user_attr(t._trial_id, "error", INTERRUPTED)
-            self.study.tell(t.number, state=TrialState.FAIL)
+            try:
+                self.study._storage.set_trial_user_attr(t._trial_id, "status", INTERRUPTED)
+                self.study._storage.set_trial_user_attr(t._trial_id, "error", INTERRUPTED)
+                self.study.tell(t.number, state=TrialState.FAIL)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                continue  # its silent tuner finished it after all, just now: nothing to recover
+            recovered.append(t)
             # killed between ask and start: params but no attrs yet -> derive the key from the params
             key = t.user_attrs.get("config_key") or (self.space.config(t.params).key() if t.params else None)
             if key and "config_key" not in t.user_attrs:
@@ -199,7 +207,7 @@ class Store:
             if t.params and key not in done and key not in waiting:
                 self.enqueue(t.params, {"phase": t.user_attrs.get("phase", "resume"), "resumed_from": t.number})
                 waiting.add(key)
-        return stale
+        return recovered
 
     def enqueue(self, params: dict[str, Any], attrs: dict[str, Any]) -> None:
         key = self.space.config(params).key()

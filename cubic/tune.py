@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import optuna
@@ -254,7 +256,8 @@ class Tuner:
                     stop = True
                     self.view.note(f"{self.searcher}: nothing more worth trying; stopping at {used} trials")
                     continue
-                p = self._launch(self.study.ask(self.dists), pending)
+                with self._writing():
+                    p = self._launch(self.study.ask(self.dists), pending)
                 if p is None:
                     skips += 1
                     stop = skips > MAX_SKIPS or self.sampler.last_info.get("phase") == "exhausted"
@@ -266,14 +269,21 @@ class Tuner:
                 return
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
-                try:
+                with self._writing():
                     frozen = self.store.finish(p.tag, res)
-                except optuna.exceptions.UpdateFinishedTrialError:  # a new holder failed it meanwhile
-                    self.lease.check(fresh=True)
-                    raise
                 self._estimate_quality(frozen)
                 self.view.add(frozen, time.monotonic() - p.started)
             self._eta(pending, self.budget - self.store.budget_used())
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write that fails because its trial is already finished means a new holder of the lease
+        failed it as interrupted: say that (LeaseLost), not a traceback."""
+        try:
+            yield
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):  # ValueError: "Cannot tell a FAIL trial"
+            self.lease.check(fresh=True)
+            raise
 
     def _estimate_quality(self, finished: FrozenTrial | None = None) -> None:
         """Free quality estimates (`cubic.quality`) for finished numerics-changing trials, so the
@@ -411,12 +421,14 @@ class Tuner:
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
                 inflight[p.tag.number] -= 1
+                self.lease.check(fresh=True)  # confirm writes bypass Optuna's state check
                 self._record_confirm(p.tag, res)
                 self.view.add(p.tag, time.monotonic() - p.started, confirm=res)
             left = sum(max(0, reps - runs(t)) for t in order if verdict(t) is not False)
             self.view.set_eta(left, max(1.0, self.runner.cpus / 2))
             self.view.refresh()
         targets = ([base] if base else []) + screened
+        self.lease.check(fresh=True)
         for t in targets:
             ok_, why = self._quality(t, base)
             self.store.set_finished_attrs(t, {"quality_ok": ok_, "quality_reason": why})
@@ -483,7 +495,7 @@ class Tuner:
             "trial": top.number, "qps": top.value, "short_config": short_config(self.space, top.params),
             "speedup": top.value / first_base if first_base else None}
         return {
-            "study": self.space.name, "storage": self.store.rdb.url, "best_measured": best,
+            "study": self.space.name, "storage": safe_url(self.store.rdb.url), "best_measured": best,
             "run_dir": str(self.store.run_dir) if self.store.run_dir else None, "searcher": self.searcher,
             "budget": self.budget, "trials": len(ran),
             "ok": sum(t.state == TrialState.COMPLETE for t in ran),

@@ -56,20 +56,25 @@ def test_second_lease_on_a_live_study_is_refused_until_the_first_is_released(tmp
 def test_a_dead_holders_lease_is_taken_over(tmp_path: Path, case: str) -> None:
     rdb, sid = _store(tmp_path)
     now = time.time()
-    holder = {"dead pid, this host": {"host": socket.gethostname(), "pid": _dead_pid(), "heartbeat": now},
-              "silent, other host": {"host": "elsewhere", "pid": 1, "heartbeat": now - lease_mod.GRACE_S - 1},
-              "silent, this host": {"host": socket.gethostname(), "pid": 1,  # pid 1 lives, but is silent
-                                    "heartbeat": now - lease_mod.GRACE_S - 1}}[case]
+    here = {"host": socket.gethostname(), "node": lease_mod.node_id()}
+    old = now - lease_mod.GRACE_S - 1
+    holder = {"dead pid, this host": {**here, "pid": _dead_pid(), "heartbeat": now},
+              "silent, other host": {"host": "elsewhere", "node": "x", "pid": 1, "heartbeat": old},
+              "silent, this host": {**here, "pid": 1, "heartbeat": old}}[case]  # pid 1 lives, but is silent
     _put(rdb, sid, {**holder, "owner": "x", "started": now - 100})
     got = TunerLease(rdb, sid, "study 's'").acquire()
     assert got.took_over is not None and got.took_over["owner"] == "x"
     got.release()
 
 
-def test_a_live_holder_on_another_host_is_respected(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["elsewhere", socket.gethostname()])
+def test_a_live_holder_on_another_node_is_respected(tmp_path: Path, host: str) -> None:
+    """Another machine, or a container with host networking (same hostname, other pid namespace):
+    its pid means nothing here, so only a silent heartbeat makes it dead."""
     rdb, sid = _store(tmp_path)
-    _put(rdb, sid, {"owner": "x", "host": "elsewhere", "pid": 1, "started": time.time(), "heartbeat": time.time()})
-    with pytest.raises(ConfigError, match="being tuned by pid 1 on elsewhere"):
+    _put(rdb, sid, {"owner": "x", "host": host, "node": "other-boot:1", "pid": _dead_pid(), "started": time.time(),
+                    "heartbeat": time.time()})
+    with pytest.raises(ConfigError, match=f"being tuned by pid \\d+ on {host}"):
         TunerLease(rdb, sid, "study 's'").acquire()
 
 
@@ -83,10 +88,9 @@ def test_a_holder_whose_lease_was_taken_stops_at_its_next_check(tmp_path: Path, 
     assert rdb.get_study_system_attrs(sid)[KEY]["heartbeat"] > first
     # a second tuner takes it over (as it would after this one was silent for GRACE_S)
     _put(rdb, sid, {"owner": "y", "host": "elsewhere", "pid": 7, "started": time.time(), "heartbeat": time.time()})
+    a._thread.join(timeout=2)  # the heartbeat thread notices on its own and stops beating over the new row
+    assert not a._thread.is_alive()
     with pytest.raises(LeaseLost, match="taken over by pid 7 on elsewhere"):
-        a.check(fresh=True)
-    time.sleep(0.3)  # the heartbeat thread noticed too, and stopped beating over the new holder's row
-    with pytest.raises(LeaseLost):
         a.check()
     assert rdb.get_study_system_attrs(sid)[KEY]["owner"] == "y"
     a.release()  # releasing a lost lease leaves the new holder's row alone
@@ -109,7 +113,7 @@ def test_tuners_starting_at_the_same_moment_get_exactly_one_lease(tmp_path: Path
     url = str(rdb.url)
     ctx = mp.get_context("spawn")
     for _ in range(2):
-        _put(rdb, sid, {"owner": "gone", "host": socket.gethostname(), "pid": _dead_pid(),
+        _put(rdb, sid, {"owner": "gone", "host": socket.gethostname(), "node": lease_mod.node_id(), "pid": _dead_pid(),
                         "started": 0, "heartbeat": time.time()})  # a dead holder: takeover by UPDATE
         for first_insert in (False, True):
             if first_insert:  # no row at all: the race is on the INSERT

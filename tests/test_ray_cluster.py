@@ -1,7 +1,8 @@
 """`cubic tune --address`: trials run on an existing Ray cluster, which the tuner neither starts nor stops.
 
 The cluster is a real head node (`ray start --head --block`) in its own session, temp dir and free ports
-(Ray's fixed defaults, 10001 and 52365, collide with any other Ray on the machine), so the test owns
+(Ray's fixed default 52365 for the agent collides with any other Ray on the machine; the client
+server, 10001, needs `ray[client]`, which cubic does not install, and so does not start), so the test owns
 exactly its processes: it is stopped through its own `ray start` process, never with `ray stop` (which
 kills every Ray process on the machine, other tests' included).
 """
@@ -113,15 +114,14 @@ def ray_cluster() -> Iterator[Cluster]:
     """A 2-CPU head node on free ports. Auth is explicit (a fresh token for the head and its clients), so
     the test does not depend on ~/.ray/auth_token: `ray start` turns token auth on when that file exists,
     a driver with an explicit address does not. The temp dir is short: Ray's Unix sockets live in it."""
-    gcs, client_server, agent = _free_ports(3)
+    gcs, agent = _free_ports(2)
     temp_dir = Path(tempfile.mkdtemp(prefix="cubic-ray-", dir="/tmp" if os.path.isdir("/tmp") else None))
     base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
     client_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
                   "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--port", str(gcs),
            "--num-cpus", "2", "--include-dashboard=false", "--object-store-memory", str(100 * 2**20),
-           "--temp-dir", str(temp_dir), "--ray-client-server-port", str(client_server),
-           "--dashboard-agent-listen-port", str(agent), "--disable-usage-stats"]
+           "--temp-dir", str(temp_dir), "--dashboard-agent-listen-port", str(agent), "--disable-usage-stats"]
     with open(temp_dir / "head.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=temp_dir, env={**client_env, MARKER: str(temp_dir)}, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -160,8 +160,16 @@ def _stop(cluster: Cluster) -> None:
     cluster.proc.wait(10)
     _, alive = psutil.wait_procs(left, timeout=10)
     alive += [p for p in cluster.processes() if p not in alive]
+    alive = [p for p in alive if _running(p)]  # a killed orphan stays a zombie where pid 1 does not reap
     shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     assert not alive, f"Ray processes survived the cluster's teardown: {alive}"
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _run_tasks(logs: Path) -> int:
