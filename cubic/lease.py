@@ -57,8 +57,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def describe(holder: dict[str, Any], now: float | None = None) -> str:
-    age = (now or time.time()) - float(holder.get("heartbeat", 0))
+def describe(holder: dict[str, Any]) -> str:
+    age = time.time() - float(holder.get("heartbeat", 0))
     started = time.strftime("%H:%M:%S", time.localtime(float(holder.get("started", 0))))
     return f"pid {holder.get('pid')} on {holder.get('host')} (started {started}, heartbeat {age:.0f}s ago)"
 
@@ -73,20 +73,22 @@ def node_id() -> str:
         return socket.gethostname()
 
 
-def holder_alive(holder: dict[str, Any], now: float | None = None) -> bool:
+def holder_alive(holder: dict[str, Any]) -> bool:
     """Whether the tuner that wrote `holder` may still be running."""
-    if (now or time.time()) - float(holder.get("heartbeat", 0)) > GRACE_S:
+    if time.time() - float(holder.get("heartbeat", 0)) > GRACE_S:
         return False
     if holder.get("node") == node_id():
         return _pid_alive(int(holder.get("pid", -1)))
     return True
 
 
-def _owner(value: str | None) -> str | None:
+def _holder(value: str | None) -> dict[str, Any]:
+    """The lease row's holder ({} for no row or an unreadable one)."""
     try:
-        return json.loads(value).get("owner") if value else None
-    except (ValueError, AttributeError):
-        return None
+        h = json.loads(value) if value else {}
+    except ValueError:
+        return {}
+    return h if isinstance(h, dict) else {}
 
 
 class TunerLease:
@@ -135,7 +137,7 @@ class TunerLease:
     def acquire(self) -> TunerLease:
         for _ in range(5):
             old = self._read()
-            holder = json.loads(old) if old else None
+            holder = _holder(old) or None
             if holder is not None and holder_alive(holder):
                 raise ConfigError(f"{self.label} is being tuned by {describe(holder)}: wait for it to finish, "
                                   f"or stop it and run this again to resume (a holder silent for {GRACE_S:.0f}s "
@@ -153,14 +155,22 @@ class TunerLease:
             try:
                 new = self._stamp()
                 if not self._cas(self._value, new):
-                    cur = self._read()
-                    if _owner(cur) != self.me["owner"]:
-                        self._lost = json.loads(cur) if cur else {"pid": "?", "host": "?"}
+                    new = self._read()
+                    if not self._still_mine(new):
                         return
-                    new = cur  # our own write, whose commit only looked failed
+                    # else: our own write, whose commit only looked failed
                 self._value, self._renewed = new, time.monotonic()
             except Exception:  # store briefly unreachable or locked: try again at the next beat
                 continue
+
+    def _still_mine(self, value: str | None) -> bool:
+        """Whether the row `value` read is this tuner's (its owner id, not its exact text: see the
+        module docstring); if not, remember who holds it now."""
+        holder = _holder(value)
+        if holder.get("owner") == self.me["owner"]:
+            return True
+        self._lost = holder or {"pid": "?", "host": "?"}
+        return False
 
     def check(self, fresh: bool = False) -> None:
         """Raise LeaseLost once another tuner holds this study (this one must not write again).
@@ -169,9 +179,7 @@ class TunerLease:
         unreachable, or the thread died), since another tuner may take it over at GRACE_S."""
         stale = time.monotonic() - self._renewed > GRACE_S / 2
         if (fresh or stale) and self._lost is None:
-            cur = self._read()
-            if _owner(cur) != self.me["owner"]:
-                self._lost = json.loads(cur) if cur else {"pid": "?", "host": "?"}
+            self._still_mine(self._read())
         if self._lost is not None:
             raise LeaseLost(f"{self.label}: taken over by {describe(self._lost)} after this tuner was silent "
                             f"for over {GRACE_S:.0f}s; stopping here (the new holder re-runs its running trials)")
@@ -183,7 +191,7 @@ class TunerLease:
         if self._value is not None:
             try:
                 cur = self._read()
-                if _owner(cur) == self.me["owner"]:  # never delete a new holder's row
+                if _holder(cur).get("owner") == self.me["owner"]:  # never delete a new holder's row
                     with self.engine.begin() as conn:
                         conn.execute(self.table.delete().where(self._where() & (self.table.c.value_json == cur)))
             except sqlalchemy.exc.SQLAlchemyError:

@@ -73,19 +73,18 @@ class RayRunner:
             _check_reachable(self.address)
         return self
 
+    def _started(self) -> RayRunner:
+        return self.start() if self._remote is None else self
+
     @property
     def cpus(self) -> float:
         """CPUs of the Ray cluster (starts Ray)."""
-        if self._remote is None:
-            self.start()
-        return self._cpus
+        return self._started()._cpus
 
     @property
     def gpus(self) -> float:
         """GPUs of the Ray cluster (starts Ray)."""
-        if self._remote is None:
-            self.start()
-        return self._gpus
+        return self._started()._gpus
 
     def start(self) -> RayRunner:
         import ray
@@ -128,14 +127,12 @@ class RayRunner:
         self._owns = False
 
     def cpus_for(self, cfg: TrialConfig) -> float:
-        self.cpus  # noqa: B018 - starts Ray
-        return float(min(cfg.world_size * cfg.threads_per_rank, self._node_cpus))
+        return float(min(cfg.world_size * cfg.threads_per_rank, self._started()._node_cpus))
 
     def gpus_for(self, cfg: TrialConfig) -> float:
         """One GPU per rank, at most the largest node's; none on a cluster without GPUs (the trial then
         fails at once with the harness's own "no CUDA device" error instead of waiting forever)."""
-        self.gpus  # noqa: B018 - starts Ray
-        return float(min(cfg.world_size, self._node_gpus)) if cfg.device == "cuda" else 0.0
+        return float(min(cfg.world_size, self._started()._node_gpus)) if cfg.device == "cuda" else 0.0
 
     def has_room(self, pending: list[Pending]) -> bool:
         """Whether one more trial fits beside `pending` (CPUs, and GPUs once trials hold some)."""

@@ -13,7 +13,7 @@ Schema (analysis and export read exactly this):
     min / baseline's max .. winner's max / baseline's min), "baseline_qps": median baseline confirm
     qps, "config": TrialConfig dict, "config_key", "confirm_qps", "quality_reason", "searcher",
     "short_config" (knobs that differ from the baseline)}.
-- Study system attr "cubic:tuner": the lease of the running tuner ({"owner", "host", "pid",
+- Study system attr "cubic:tuner": the lease of the running tuner ({"owner", "host", "node", "pid",
   "started", "heartbeat"}; absent when none runs), see `cubic.lease`.
 - Trial params = the knob values (categorical distributions, canonical: a knob whose condition
   does not hold carries its default).

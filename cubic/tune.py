@@ -31,7 +31,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cubic.lease import TunerLease
+from cubic.lease import TunerLease, describe
 from cubic.proxy import kendall_tau
 from cubic.quality import matched_ne, sample_matched, within
 from cubic.runner import Pending, RayRunner
@@ -221,6 +221,8 @@ class Tuner:
         interrupted = self.store.recover_interrupted()
         self._queue_baseline()
         self.view.seed(self.store.trials(TrialState.COMPLETE, TrialState.FAIL))
+        if self.lease.took_over:
+            self.view.note(f"took the study over from a tuner that is gone: {describe(self.lease.took_over)}")
         if interrupted:
             self.view.note(f"resumed: {len(interrupted)} interrupted trial(s) "
                            f"{[t.number for t in interrupted]} marked failed and re-queued")
