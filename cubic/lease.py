@@ -14,7 +14,8 @@ renewed by compare-and-set in SQL, so it is atomic on SQLite and PostgreSQL alik
 - the holder renews it every `HEARTBEAT_S` seconds from a daemon thread;
 - a holder is dead when its process is gone (same machine and pid namespace, `node_id`: checked at
   once, so resuming right after `kill -9` needs no wait) or its heartbeat is older than `GRACE_S`
-  (any host; assumes clocks that agree to within seconds, as NTP gives);
+  (any host; one on another host is then watched for two heartbeats before it is taken over, so
+  clocks that disagree cannot kill a live tuner);
 - ownership is the row's `owner` uuid, not its exact text (a heartbeat whose commit reached the
   store but whose reply did not is still this tuner's);
 - a tuner whose lease was taken (it was suspended or cut off from the store for `GRACE_S`) learns
@@ -29,6 +30,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,10 +136,20 @@ class TunerLease:
         return json.dumps(self.me, sort_keys=True)
 
     # ------------------------------------------------------------------ protocol
-    def acquire(self) -> TunerLease:
+    def acquire(self, on_wait: Callable[[str], None] | None = None) -> TunerLease:
+        """Take the lease, or ConfigError naming the live holder. A holder on another node that the
+        clock calls silent is watched for two heartbeats before it is taken over, so a live tuner
+        whose clock runs behind ours is never taken for dead (`on_wait` hears why we wait)."""
         for _ in range(5):
             old = self._read()
             holder = _holder(old) or None
+            if holder is not None and not holder_alive(holder) and holder.get("node") != node_id():
+                if on_wait is not None:
+                    on_wait(f"{self.label}: its last tuner, {describe(holder)}, looks gone; making sure "
+                            f"for {2 * HEARTBEAT_S:.0f}s")
+                time.sleep(2 * HEARTBEAT_S)
+                if self._read() != old:  # it beat meanwhile: alive, whatever the clocks say
+                    holder["heartbeat"] = time.time()
             if holder is not None and holder_alive(holder):
                 raise ConfigError(f"{self.label} is being tuned by {describe(holder)}: wait for it to finish, "
                                   f"or stop it and run this again to resume (a holder silent for {GRACE_S:.0f}s "

@@ -211,7 +211,8 @@ class Tuner:
         """Hold the study's lease (`cubic.lease`: a second tuner on the same study refuses to
         start rather than fail this one's running trials) while searching and confirming."""
         self.lease = TunerLease(self.store.rdb, self.study._study_id,
-                                f"study {self.study.study_name!r} in {safe_url(self.store.rdb.url)}").acquire()
+                                f"study {self.study.study_name!r} in {safe_url(self.store.rdb.url)}").acquire(
+                                    on_wait=self.console.print)
         try:
             return self._run()
         finally:

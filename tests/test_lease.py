@@ -6,6 +6,7 @@ import multiprocessing as mp
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def test_second_lease_on_a_live_study_is_refused_until_the_first_is_released(tmp
 
 
 @pytest.mark.parametrize("case", ["dead pid, this host", "silent, other host", "silent, this host"])
-def test_a_dead_holders_lease_is_taken_over(tmp_path: Path, case: str) -> None:
+def test_a_dead_holders_lease_is_taken_over(tmp_path: Path, case: str, monkeypatch) -> None:
+    monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.05)  # the watch of a holder on another node
     rdb, sid = _store(tmp_path)
     now = time.time()
     here = {"host": socket.gethostname(), "node": lease_mod.node_id()}
@@ -76,6 +78,30 @@ def test_a_live_holder_on_another_node_is_respected(tmp_path: Path, host: str) -
                     "heartbeat": time.time()})
     with pytest.raises(ConfigError, match=f"being tuned by pid \\d+ on {host}"):
         TunerLease(rdb, sid, "study 's'").acquire()
+
+
+def test_a_live_holder_whose_clock_runs_behind_is_not_taken_for_dead(tmp_path: Path, monkeypatch) -> None:
+    """Its heartbeats carry times 60 s old by our clock, but they keep coming: watched, not taken."""
+    monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.2)
+    rdb, sid = _store(tmp_path)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.05):
+            _put(rdb, sid, {"owner": "x", "host": "elsewhere", "node": "other-boot:1", "pid": 1, "started": 0,
+                            "heartbeat": time.time() - 60})
+
+    beat_thread = threading.Thread(target=beat)
+    beat_thread.start()
+    heard: list[str] = []
+    try:
+        time.sleep(0.1)
+        with pytest.raises(ConfigError, match="being tuned by pid 1 on elsewhere"):
+            TunerLease(rdb, sid, "study 's'").acquire(on_wait=heard.append)
+    finally:
+        stop.set()
+        beat_thread.join()
+    assert heard and "looks gone; making sure" in heard[0]
 
 
 def test_a_holder_whose_lease_was_taken_stops_at_its_next_check(tmp_path: Path, monkeypatch) -> None:
