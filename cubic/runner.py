@@ -6,8 +6,9 @@ one GPU per rank (capped likewise: several ranks then share a GPU), so that Ray 
 (CUDA_VISIBLE_DEVICES) and never runs two trials at once on one GPU, where each would time the
 other. The task calls
 `harness.trial.run_trial` in a Ray worker, which starts the rank processes. Whatever happens to
-the task - a crash of the worker, an exception, a hang past the trial's own timeout - comes back
-as a TrialResult with a failed status and a one-line reason; the tuner never dies of a trial.
+the task - a crash of the worker, an exception, a hang past the trial's own timeout (counted from
+when the task started, not from when it was queued) - comes back as a TrialResult with a failed
+status and a one-line reason; the tuner never dies of a trial.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,23 +25,28 @@ from harness.errors import ConfigError
 
 OBJECT_STORE_MB = 200  # results are a few KB; without a cap Ray reserves 30% of RAM
 HARD_TIMEOUT_SLACK_S = 60.0  # run_trial enforces timeout_s itself; this only catches a stuck worker
+STARTED = "started"  # the task's first item: it left Ray's queue and runs (the hard timeout counts from here)
 
 
-def _run(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """The Ray task body (module level, so workers import it by name)."""
+def _run(cfg_dict: dict[str, Any]) -> Iterator[Any]:
+    """The Ray task body (module level, so workers import it by name): a streaming generator that
+    yields STARTED, then the result dict. The marker is how the tuner tells a trial waiting for
+    resources (a cluster shared with other jobs) from one that hangs."""
+    yield STARTED
     from harness.trial import run_trial
 
-    return run_trial(TrialConfig.from_dict(cfg_dict)).to_dict()
+    yield run_trial(TrialConfig.from_dict(cfg_dict)).to_dict()
 
 
 @dataclass
 class Pending:
     cfg: TrialConfig
-    ref: Any
+    ref: Any  # the task's ObjectRefGenerator
     cpus: float
     gpus: float = 0.0
     tag: Any = None  # the caller's handle (trial, confirm slot)
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)  # submitted
+    running: float | None = None  # the STARTED marker arrived
 
 
 def _check_reachable(address: str) -> None:
@@ -147,39 +154,60 @@ class RayRunner:
         return Pending(cfg, ref, cpus, gpus, tag)
 
     def wait(self, pending: list[Pending], timeout: float = 1.0) -> list[tuple[Pending, TrialResult]]:
-        """The pending trials that finished (or were given up on) within `timeout` seconds."""
+        """The pending trials that finished (or were given up on) within `timeout` seconds. A trial
+        still queued for resources is never given up on; a running one after its own timeout_s
+        plus slack (run_trial enforces timeout_s itself: this catches a stuck worker)."""
         import ray
 
         if not pending:
             return []
-        refs = [p.ref for p in pending]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        ready, _ = ray.wait([p.ref for p in pending], num_returns=len(pending), timeout=timeout)
         ready_set = set(ready)
         done = []
         for p in pending:
             if p.ref in ready_set:
-                done.append((p, self._result(p)))
-            elif time.monotonic() - p.started > p.cfg.timeout_s + HARD_TIMEOUT_SLACK_S:
+                res = self._next(p)
+                if res is None and p.running is not None:  # STARTED; is the result already in too?
+                    if ray.wait([p.ref], timeout=0)[0]:
+                        res = self._next(p)
+                if res is not None:
+                    done.append((p, res))
+                    continue
+            limit = p.cfg.timeout_s + HARD_TIMEOUT_SLACK_S
+            if p.running is not None and time.monotonic() - p.running > limit:
                 ray.cancel(p.ref, force=True)
                 done.append((p, TrialResult.failed(
-                    "timeout", f"no result {p.cfg.timeout_s + HARD_TIMEOUT_SLACK_S:g}s after submission; "
-                    "the Ray task was cancelled", p.cfg)))
+                    "timeout", f"no result {limit:g}s after the trial started; the Ray task was cancelled", p.cfg)))
         return done
 
-    def _result(self, p: Pending) -> TrialResult:
+    def _next(self, p: Pending) -> TrialResult | None:
+        """Consume the task's next item: None for STARTED (recorded), else its result."""
+        try:
+            ref = next(p.ref)
+        except StopIteration:
+            return TrialResult.failed("error", "the Ray task ended without a result", p.cfg)
+        res = self._result(ref, p.cfg)
+        if res is None:
+            p.running = time.monotonic()
+        return res
+
+    def _result(self, ref: Any, cfg: TrialConfig) -> TrialResult | None:
+        """The item behind `ref`: None for STARTED, else a TrialResult (a failed one for whatever
+        happened to the task)."""
         import ray
         from ray import exceptions as rex
 
         try:
-            return TrialResult.from_dict(ray.get(p.ref))
+            value = ray.get(ref)
+            return None if value == STARTED else TrialResult.from_dict(value)
         except rex.RayTaskError as e:  # run_trial raised (ConfigError or a bug): the config failed
             cause = e.cause if getattr(e, "cause", None) is not None else e
-            return TrialResult.failed("error", f"{type(cause).__name__}: {cause}", p.cfg)
+            return TrialResult.failed("error", f"{type(cause).__name__}: {cause}", cfg)
         except (rex.WorkerCrashedError, rex.NodeDiedError, rex.LocalRayletDiedError) as e:
-            return TrialResult.failed("error", f"Ray worker died: {type(e).__name__}: {e}", p.cfg)
+            return TrialResult.failed("error", f"Ray worker died: {type(e).__name__}: {e}", cfg)
         except rex.OutOfMemoryError as e:
-            return TrialResult.failed("oom", f"Ray killed the trial for memory: {e}", p.cfg)
+            return TrialResult.failed("oom", f"Ray killed the trial for memory: {e}", cfg)
         except rex.TaskCancelledError:
-            return TrialResult.failed("timeout", "the Ray task was cancelled", p.cfg)
+            return TrialResult.failed("timeout", "the Ray task was cancelled", cfg)
         except rex.RayError as e:
-            return TrialResult.failed("error", f"{type(e).__name__}: {e}", p.cfg)
+            return TrialResult.failed("error", f"{type(e).__name__}: {e}", cfg)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,11 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from cubic.runner import STARTED
 from cubic.samplers import SEARCHERS, distributions, make_sampler
 from cubic.space import load_space
 from cubic.store import FLAT_KEYS, Store, open_storage, storage_url
+from harness.config import TrialResult
 
 ROOT = Path(__file__).resolve().parent.parent
 # One-rank trials of the tiny workload: ~4 s each, two at a time on a 2-core machine.
@@ -303,10 +307,12 @@ def test_ray_task_failures_become_failed_results_not_a_dead_tuner() -> None:
     from cubic.runner import RayRunner
     from harness.config import TrialConfig
 
-    def die(cfg: dict) -> dict:
+    def die(cfg: dict) -> Iterator[Any]:
+        yield STARTED
         os._exit(3)  # the Ray worker process itself dies
 
-    def boom(cfg: dict) -> dict:
+    def boom(cfg: dict) -> Iterator[Any]:
+        yield STARTED
         raise RuntimeError("planner exploded")
 
     runner = RayRunner().start()
@@ -338,8 +344,10 @@ def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
     from cubic.runner import RayRunner
     from harness.config import TrialConfig
 
-    def visible(cfg: dict) -> dict:
-        return {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_ids": ray.get_gpu_ids()}
+    def visible(cfg: dict) -> Iterator[Any]:  # what the trial saw, carried in its result's error field
+        yield STARTED
+        seen = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_ids": ray.get_gpu_ids()}
+        yield TrialResult.failed("error", json.dumps(seen), TrialConfig.from_dict(cfg)).to_dict()
 
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
     runner = RayRunner().start()
@@ -356,11 +364,49 @@ def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
         deadline = time.monotonic() + 60
         pending = [g, c]
         while pending and time.monotonic() < deadline:
-            for p, _ in runner.wait(pending, timeout=1.0):
+            for p, res in runner.wait(pending, timeout=1.0):
                 pending.remove(p)
-                got[p.cfg.device] = ray.get(p.ref)
+                got[p.cfg.device] = json.loads(res.error)
         assert got["cuda"]["gpu_ids"] == [0] and got["cuda"]["CUDA_VISIBLE_DEVICES"] == "0"
         assert got["cpu"]["gpu_ids"] == []
+    finally:
+        runner.stop()
+        ray.shutdown()
+
+
+def test_a_trial_queued_for_resources_is_not_timed_out_but_a_hung_one_is(monkeypatch) -> None:
+    """The hard timeout counts from the task's STARTED marker, not from submission: on a cluster
+    busy with other work a trial may wait in Ray's queue longer than it may run. One CPU: the first
+    trial hangs and is cancelled 3 s after it started; the second, allowed 1 s, waited those 3 s in
+    the queue and still runs (it used to be cancelled as a timeout while queued)."""
+    import ray
+
+    import cubic.runner as runner_mod
+    from cubic.runner import RayRunner
+    from harness.config import TrialConfig
+
+    def trial(cfg: dict) -> Iterator[Any]:
+        yield STARTED
+        c = TrialConfig.from_dict(cfg)
+        if c.seed == 1:
+            time.sleep(60)  # hangs
+        yield TrialResult.failed("error", "ran", c).to_dict()
+
+    monkeypatch.setattr(runner_mod, "HARD_TIMEOUT_SLACK_S", 0.0)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    runner = RayRunner().start()
+    try:
+        runner._remote = ray.remote(max_retries=0)(trial)
+        pending = [runner.submit(TrialConfig(world_size=1, seed=1, timeout_s=3), tag="hung"),
+                   runner.submit(TrialConfig(world_size=1, seed=2, timeout_s=1), tag="queued")]
+        results = {}
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            for p, res in runner.wait(pending, timeout=0.2):
+                pending.remove(p)
+                results[p.tag] = res
+        assert results["hung"].status == "timeout" and "after the trial started" in results["hung"].error
+        assert results["queued"].error == "ran"
     finally:
         runner.stop()
         ray.shutdown()
