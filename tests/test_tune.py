@@ -301,6 +301,17 @@ def test_cubic_warm_starts_from_an_earlier_study_on_the_same_space(tmp_path: Pat
     assert sampler.last_info["predicted_qps"] > 0
 
 
+def _drain(runner: Any, pending: list, poll: float = 0.5) -> dict:
+    """Wait (60 s at most) for every pending trial; their results by tag."""
+    results = {}
+    deadline = time.monotonic() + 60
+    while pending and time.monotonic() < deadline:
+        for p, res in runner.wait(pending, timeout=poll):
+            pending.remove(p)
+            results[p.tag] = res
+    return results
+
+
 def test_ray_task_failures_become_failed_results_not_a_dead_tuner() -> None:
     import ray
 
@@ -321,12 +332,7 @@ def test_ray_task_failures_become_failed_results_not_a_dead_tuner() -> None:
         results = {}
         for name, fn in (("die", die), ("boom", boom)):
             runner._remote = ray.remote(max_retries=0)(fn)
-            pending = [runner.submit(cfg, tag=name)]
-            deadline = time.monotonic() + 60
-            while pending and time.monotonic() < deadline:
-                for p, res in runner.wait(pending, timeout=1.0):
-                    pending.remove(p)
-                    results[p.tag] = res
+            results |= _drain(runner, [runner.submit(cfg, tag=name)])
         assert results["die"].status == "error" and "Ray worker died" in results["die"].error
         assert results["boom"].status == "error" and "planner exploded" in results["boom"].error
         assert "\n" not in results["boom"].error
@@ -356,17 +362,11 @@ def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
         assert runner.gpus == 1.0
         gpu_cfg, cpu_cfg = TrialConfig(world_size=2, device="cuda"), TrialConfig(world_size=1)
         assert runner.gpus_for(gpu_cfg) == 1.0 and runner.gpus_for(cpu_cfg) == 0.0  # 2 ranks share the one GPU
-        g = runner.submit(gpu_cfg)
+        g = runner.submit(gpu_cfg, tag="cuda")
         assert g.gpus == 1.0 and not runner.has_room([g])  # the GPU is taken: no second trial beside it
-        c = runner.submit(cpu_cfg)
+        c = runner.submit(cpu_cfg, tag="cpu")
         assert runner.has_room([c])
-        got = {}
-        deadline = time.monotonic() + 60
-        pending = [g, c]
-        while pending and time.monotonic() < deadline:
-            for p, res in runner.wait(pending, timeout=1.0):
-                pending.remove(p)
-                got[p.cfg.device] = json.loads(res.error)
+        got = {tag: json.loads(res.error) for tag, res in _drain(runner, [g, c]).items()}
         assert got["cuda"]["gpu_ids"] == [0] and got["cuda"]["CUDA_VISIBLE_DEVICES"] == "0"
         assert got["cpu"]["gpu_ids"] == []
     finally:
@@ -397,14 +397,8 @@ def test_a_trial_queued_for_resources_is_not_timed_out_but_a_hung_one_is(monkeyp
     runner = RayRunner().start()
     try:
         runner._remote = ray.remote(max_retries=0)(trial)
-        pending = [runner.submit(TrialConfig(world_size=1, seed=1, timeout_s=3), tag="hung"),
-                   runner.submit(TrialConfig(world_size=1, seed=2, timeout_s=1), tag="queued")]
-        results = {}
-        deadline = time.monotonic() + 60
-        while pending and time.monotonic() < deadline:
-            for p, res in runner.wait(pending, timeout=0.2):
-                pending.remove(p)
-                results[p.tag] = res
+        results = _drain(runner, [runner.submit(TrialConfig(world_size=1, seed=1, timeout_s=3), tag="hung"),
+                                  runner.submit(TrialConfig(world_size=1, seed=2, timeout_s=1), tag="queued")], 0.2)
         assert results["hung"].status == "timeout" and "after the trial started" in results["hung"].error
         assert results["queued"].error == "ran"
     finally:
