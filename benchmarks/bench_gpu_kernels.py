@@ -7,11 +7,12 @@ measured device copy bandwidth it reaches on tables much larger than L2 (default
     python benchmarks/bench_gpu_kernels.py                      # defaults
     python benchmarks/bench_gpu_kernels.py --backends triton --rows 4000000 --skew 3
 
-Timing: torch.cuda.Event, warm-up excluded, median of repeats. Byte counts are the floor, the fewest
-bytes device memory must move: forward reads each distinct looked-up row once (plus ids and offsets)
-and writes the pooled output; the fused backward reads the output gradient once, the ids, and
-reads+writes each unique row (and its AdaGrad state) once. Re-reads served by L2 are not counted, so
-"%copy" is the kernel's fraction of the copy roofline on the floor bytes.
+Timing: torch.cuda.Event, warm-up excluded, median of repeats; the backward also "queued" (10 calls
+back to back, no sync between: launch overheads overlap device work, as in a training step).
+Byte counts are the floor, the fewest bytes device memory must move: forward reads each distinct
+looked-up row once (plus ids and offsets) and writes the pooled output; the fused backward reads the
+output gradient once, the ids, and reads+writes each unique row (and its AdaGrad state) once.
+Re-reads served by L2 are not counted, so "%copy" is the kernel's fraction of the copy roofline on the floor bytes.
 Needs CUDA; exits with a message otherwise.
 """
 
@@ -60,6 +61,25 @@ def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
     return statistics.median(out)
 
 
+def queued_ms(fn: Callable[[], object], calls: int, repeats: int = 5) -> float:
+    """Median over `repeats` of the mean ms per call of `calls` back-to-back calls, no sync between.
+
+    What a training step sees when the host runs ahead of the GPU: launch overheads overlap the
+    previous call's device work. `time_ms` (one synced call) also charges them."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / calls)
+    return statistics.median(out)
+
+
 def copy_bandwidth(gib: float, repeats: int) -> float:
     """Device-to-device copy GB/s (read + write counted), the roofline for gather kernels."""
     n = int(gib * 2**30) // 4
@@ -96,16 +116,21 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
     print(f"\nembeddings: {T} tables x {R:,} rows x {D} {args.dtype} = {T * R * D * wb / 2**30:.2f} GiB, "
           f"B={B}, ids={n:,} (unique {n_unique:,}), optimizer {args.optim}, skew {args.skew}")
     print(f"{'backend':14} {'fwd ms':>8} {'fwd GB/s':>9} {'%copy':>6} "
-          f"{'bwd ms':>8} {'bwd GB/s':>9} {'%copy':>6}")
+          f"{'bwd ms':>8} {'bwd GB/s':>9} {'%copy':>6} {'queued':>8} {'%copy':>6}")
     results: list[dict] = []
     profiled = False
     for spec in args.backends.split(","):
-        backend, _, variant = spec.partition(":")  # triton:8x4 = 8 rows per program, 4 warps
+        backend, *variant = spec.split(":")  # triton:8x4:p2048 = 8 rows per program, 4 warps, 2048 programs
         try:
-            kw = {}
-            if variant:
-                br, nw = variant.split("x")
-                kw = dict(block_rows=int(br), num_warps=int(nw))
+            kw: dict = {}
+            for v in variant:
+                if v == "noevict":
+                    kw["evict"] = False
+                elif v.startswith("p"):
+                    kw["max_programs"] = int(v[1:])
+                else:
+                    br, nw = v.split("x")
+                    kw.update(block_rows=int(br), num_warps=int(nw))
             k = make_kernel(backend, [R] * T, [D] * T, weight_dtype=args.dtype, device="cuda",
                             optim=OptimSpec(args.optim, lr=0.01), **kw)
         except Exception as e:  # report and go on with the other backends
@@ -116,15 +141,18 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
         try:
             f_ms = time_ms(lambda k=k: k.forward(ids, offsets), args.repeats)
             b_ms = time_ms(lambda k=k: k.backward_update(ids, offsets, grad), args.repeats)
+            q_ms = queued_ms(lambda k=k: k.backward_update(ids, offsets, grad), 10)
         except Exception as e:  # e.g. a variant the compiler rejects: report and go on
             print(f"{spec:14} failed: {type(e).__name__}: {str(e)[:200]}")
             continue
         f_bw = gbps(fwd_bytes(n, n_unique, T * B, D, wb), f_ms)
-        b_bw = gbps(bwd_bytes(n, n_unique, T * B, D, wb, args.optim == "rowwise_adagrad"), b_ms)
+        b_bytes = bwd_bytes(n, n_unique, T * B, D, wb, args.optim == "rowwise_adagrad")
+        b_bw, q_bw = gbps(b_bytes, b_ms), gbps(b_bytes, q_ms)
         results.append(dict(backend=spec, fwd_ms=f_ms, fwd_gbps=f_bw, bwd_ms=b_ms, bwd_gbps=b_bw,
+                            bwd_queued_ms=q_ms, bwd_queued_pct_copy=100 * q_bw / copy_gbps,
                             fwd_pct_copy=100 * f_bw / copy_gbps, bwd_pct_copy=100 * b_bw / copy_gbps))
         print(f"{spec:14} {f_ms:8.3f} {f_bw:9.1f} {100 * f_bw / copy_gbps:5.0f}% "
-              f"{b_ms:8.3f} {b_bw:9.1f} {100 * b_bw / copy_gbps:5.0f}%")
+              f"{b_ms:8.3f} {b_bw:9.1f} {100 * b_bw / copy_gbps:5.0f}% {q_ms:8.3f} {100 * q_bw / copy_gbps:5.0f}%")
         if args.profile and backend == "triton" and not profiled:
             profile_backward(k, ids, offsets, grad)
             profiled = True
@@ -211,7 +239,8 @@ def profile_fp8_layer(shape: tuple[int, int], batch: int) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backends", default="torch,triton",
-                    help="comma list of kernels.BACKENDS names; triton:RxW = R rows per backward program, W warps")
+                    help="comma list of kernels.BACKENDS names; triton:RxW = R rows per backward program, W warps; "
+                         "add :pN (N backward programs striding over the tiles) or :noevict (no L2 eviction hints)")
     ap.add_argument("--tables", type=int, default=8)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=128)

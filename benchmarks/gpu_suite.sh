@@ -71,7 +71,7 @@ for s in $STEPS; do
       run wheels 180 "$PY" -m pip install -q --no-index --no-deps --target /tmp/cubic-site .whl/*.whl
       export PYTHONPATH=/tmp/cubic-site:$PWD
     fi
-    run tune 560 "$PY" -m cubic.cli tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
+    run tune "${TUNE_LIMIT:-560}" "$PY" -m cubic.cli tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
       --trials "${TUNE_TRIALS:-8}"
     cp runs/gpu_tune/study.db "$OUT/gpu_tune.db" 2>/dev/null || true  # the whole study comes back
     ;;

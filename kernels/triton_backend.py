@@ -38,14 +38,14 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from kernels.base import DTYPES, EmbeddingBagKernel, bag_ids  # noqa: E402
+from kernels.base import DTYPES, EmbeddingBagKernel  # noqa: E402
 
 #: True when Triton's stdlib (and so our kernels) run under the interpreter in this process.
 INTERPRETED: bool = isinstance(tl.sum, InterpretedFunction)
 
 
 def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_off_ptr, B, out_stride,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
     bag = t.to(tl.int64) * B + b
@@ -53,100 +53,170 @@ def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_o
     end = tl.load(offsets_ptr + bag + 1).to(tl.int64)
     D = tl.load(dims_ptr + t).to(tl.int64)
     w_base = tl.load(w_off_ptr + t)
-    c0 = tl.load(col_off_ptr + t).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
-    cmask = cols < D
+    cmask = (cols // VEC) < (D // VEC)  # constant over VEC columns: lets the loads be VEC wide
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for i in range(start, end, BLOCK_N):
         pos = i + tl.arange(0, BLOCK_N)
         m = pos < end
         rows = tl.load(ids_ptr + pos, mask=m, other=0).to(tl.int64)
-        ptrs = w_ptr + w_base + rows[:, None] * D + cols[None, :]
-        vals = tl.load(ptrs, mask=m[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(vals, axis=0)
-    tl.store(out_ptr + b * out_stride + c0 + cols, acc, mask=cmask)
+        addr = tl.multiple_of(w_base + rows * D, VEC)
+        vals = tl.load(w_ptr + addr[:, None] + cols[None, :], mask=m[:, None] & cmask[None, :], other=0.0)
+        acc += tl.sum(vals.to(tl.float32), axis=0)
+    o = tl.multiple_of(b * out_stride + tl.load(col_off_ptr + t).to(tl.int64), VEC)
+    tl.store(out_ptr + o + cols, acc, mask=cmask)
 
 
-def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, chunk_start_ptr, chunk_end_ptr,
-                        chunk_table_ptr, dims_ptr, col_off_ptr, part_ptr, n_chunks,
-                        IDX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Partial gradient sums of `BLOCK_R` chunks of long runs -> `part[c, :BLOCK_D]` (fp32)."""
-    c = tl.program_id(0).to(IDX) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cm = c < n_chunks
-    s = tl.load(chunk_start_ptr + c, mask=cm, other=0)
-    e = tl.load(chunk_end_ptr + c, mask=cm, other=0)
-    t = tl.load(chunk_table_ptr + c, mask=cm, other=0)
-    D = tl.load(dims_ptr + t, mask=cm, other=0).to(IDX)
-    c0 = tl.load(col_off_ptr + t, mask=cm, other=0).to(IDX)
-    cols = tl.arange(0, BLOCK_D)
-    m2 = cm[:, None] & (cols[None, :] < D[:, None])
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for j in range(0, tl.max(e - s, axis=0)):
-        pos = s + j
-        m = pos < e
-        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
-        acc += tl.load(grad_ptr + bb[:, None] * grad_stride + c0[:, None] + cols[None, :],
-                       mask=m[:, None] & m2, other=0.0).to(tl.float32)
-    tl.store(part_ptr + c[:, None] * BLOCK_D + cols[None, :], acc, mask=cm[:, None])
+def _keys_kernel(ids_ptr, offsets_ptr, key_ptr, b_ptr, B, ROW_BITS: tl.constexpr, BAGS: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """Sort keys `table << ROW_BITS | row` and each id's bag row `b`; one program per `BAGS` bags.
 
-
-def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_row_ptr, run_table_ptr,
-                       dstart_ptr, dend_ptr, pstart_ptr, pend_ptr, part_ptr,
-                       dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, n_runs, lr, eps,
-                       ADAGRAD: tl.constexpr, BF16: tl.constexpr, IDX: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
-    """`BLOCK_R` unique rows per program: reduce each one's gradient (ids, or chunk partials), update.
-
-    Index arithmetic runs in `IDX` (int32 when every buffer has fewer than 2**31 elements, which
-    halves the registers the tile's offsets take; int64 otherwise).
-
-    Rows of a tile are independent; each walks its own ids, the loop runs to the tile's longest
-    (masked beyond each row's end). Long runs come as chunk partials, so that loop stays short.
+    The bags' ids are contiguous, so the program streams them in `BLOCK`s and finds each id's bag by
+    counting the bag ends at or before it (one program per bag was latency-bound: 4x slower).
     """
-    u = tl.program_id(0).to(IDX) * BLOCK_R + tl.arange(0, BLOCK_R)
-    um = u < n_runs
-    row = tl.load(run_row_ptr + u, mask=um, other=0).to(IDX)
-    t = tl.load(run_table_ptr + u, mask=um, other=0)
-    D = tl.load(dims_ptr + t, mask=um, other=1).to(IDX)
-    c0 = tl.load(col_off_ptr + t, mask=um, other=0).to(IDX)
-    ds = tl.load(dstart_ptr + u, mask=um, other=0)
-    de = tl.load(dend_ptr + u, mask=um, other=0)
-    ps = tl.load(pstart_ptr + u, mask=um, other=0)
-    pe = tl.load(pend_ptr + u, mask=um, other=0)
+    b0 = tl.program_id(0) * BAGS
+    t = tl.program_id(1).to(tl.int64)
+    k = tl.arange(0, BAGS)
+    ends = tl.load(offsets_ptr + t * B + b0 + 1 + k, mask=b0 + k < B, other=0).to(tl.int64)
+    ends = tl.where(b0 + k < B, ends, 2**62)  # bags past B: never counted
+    lo = tl.load(offsets_ptr + t * B + b0).to(tl.int64)
+    hi = tl.load(offsets_ptr + t * B + tl.minimum(b0 + BAGS, B)).to(tl.int64)
+    table = t << ROW_BITS
+    for i in range(lo, hi, BLOCK):
+        pos = i + tl.arange(0, BLOCK)
+        m = pos < hi
+        row = tl.load(ids_ptr + pos, mask=m, other=0).to(tl.int64)
+        tl.store(key_ptr + pos, (table | row).to(key_ptr.dtype.element_ty), mask=m)
+        bag = b0 + tl.sum((pos[:, None] >= ends[None, :]).to(tl.int32), axis=1)
+        tl.store(b_ptr + pos, bag, mask=m)
+
+
+def _slots_kernel(run_start_ptr, sorted_key_ptr, sorted_b_ptr, run_key_ptr, first_b_ptr, nch_ptr, n_runs_ptr, n,
+                  SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Per run slot: its key, its first id's bag row, its chunk count (ceil(len / SPLIT) for runs longer
+    than SPLIT, else 0); and the number of runs. Slot-indexed copies let the update kernel start
+    every row's weight, state and first-gradient loads at once instead of after a dependent load."""
+    u = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = u < n
+    s = tl.load(run_start_ptr + u, mask=m, other=n)
+    e = tl.load(run_start_ptr + u + 1, mask=m, other=n)
+    live = m & (e > s)
+    tl.store(run_key_ptr + u, tl.load(sorted_key_ptr + s, mask=live, other=0), mask=m)
+    tl.store(first_b_ptr + u, tl.load(sorted_b_ptr + s, mask=live, other=0), mask=m)
+    ln = e - s
+    tl.store(nch_ptr + u, tl.where(ln > SPLIT, (ln + SPLIT - 1) // SPLIT, 0).to(nch_ptr.dtype.element_ty), mask=m)
+    tl.store(n_runs_ptr + 0 * u, (u + 1).to(n_runs_ptr.dtype.element_ty), mask=live & (e == n))  # the last run
+
+
+def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, run_start_ptr, pend_ptr,
+                        chunk_run_ptr, dims_ptr, col_off_ptr, part_ptr, n_slots, cap,
+                        IDX: tl.constexpr, ROW_BITS: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
+                        EVICT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Partial gradient sums of chunks of long runs -> `part[c, :BLOCK_D]` (fp32), `BLOCK_R` at a time.
+
+    Chunk `c` belongs to run `chunk_run[c]`. The number of chunks is read on the device (the last
+    `pend`): programs stride over the chunk tiles up to it, so a batch without long runs costs one
+    wave of programs that find nothing to do, and no host sync sizes the grid.
+    """
+    total = tl.minimum(tl.load(pend_ptr + n_slots - 1).to(IDX), cap)
     cols = tl.arange(0, BLOCK_D)
-    m2 = um[:, None] & (cols[None, :] < D[:, None])
-    g = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for j in range(0, tl.max(de - ds, axis=0)):  # short runs: their ids (empty for long runs)
-        pos = ds + j
-        m = pos < de
-        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
-        g += tl.load(grad_ptr + bb[:, None] * grad_stride + c0[:, None] + cols[None, :],
-                     mask=m[:, None] & m2, other=0.0).to(tl.float32)
-    for j in range(0, tl.max(pe - ps, axis=0)):  # long runs: their chunk partials (empty for short)
-        p = ps + j
-        m = p < pe
-        g += tl.load(part_ptr + p[:, None] * BLOCK_D + cols[None, :], mask=m[:, None] & m2, other=0.0)
-    w_base = tl.load(w_off_ptr + t, mask=um, other=0)
-    w_ptrs = w_ptr + (w_base + row * D)[:, None] + cols[None, :]
-    w = tl.load(w_ptrs, mask=m2, other=0.0).to(tl.float32)
-    if ADAGRAD:
-        s_p = s_ptr + tl.load(s_off_ptr + t, mask=um, other=0) + row
-        st = tl.load(s_p, mask=um, other=0.0) + tl.div_rn(tl.sum(g * g, axis=1), D.to(tl.float32))
-        tl.store(s_p, st, mask=um)
-        w = w - tl.div_rn(lr * g, tl.sqrt_rn(st)[:, None] + eps)
-    else:
-        w = w - lr * g
-    if BF16:
-        # explicit round-to-nearest-even on the bits: the interpreter's fp32->bf16 cast truncates,
-        # the GPU's rounds; doing it by hand gives torch's `.to(bfloat16)` on both
-        bits = w.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        tl.store(w_ptrs, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=m2)
-    else:
-        tl.store(w_ptrs, w.to(w_ptr.dtype.element_ty), mask=m2)
+    for tile in range(tl.program_id(0), tl.cdiv(total, BLOCK_R), tl.num_programs(0)):
+        c = (tl.zeros([BLOCK_R], IDX) + tile) * BLOCK_R + tl.arange(0, BLOCK_R)  # tile: int in the interpreter
+        cm = c < total
+        u = tl.load(chunk_run_ptr + c, mask=cm, other=0).to(IDX)
+        s = tl.load(run_start_ptr + u, mask=cm, other=0).to(IDX)
+        e = tl.load(run_start_ptr + u + 1, mask=cm, other=0).to(IDX)
+        first = tl.load(pend_ptr + u, mask=cm, other=0).to(IDX) - (e - s + SPLIT - 1) // SPLIT
+        cs = s + (c - first) * SPLIT
+        ce = tl.where(cm, tl.minimum(cs + SPLIT, e), cs)
+        t = (tl.load(run_key_ptr + u, mask=cm, other=0) >> ROW_BITS).to(tl.int32)
+        D = tl.load(dims_ptr + t, mask=cm, other=1).to(IDX)
+        c0 = tl.load(col_off_ptr + t, mask=cm, other=0).to(IDX)
+        m2 = cm[:, None] & ((cols // VEC)[None, :] < (D // VEC)[:, None])
+        acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+        for j in range(0, tl.max(ce - cs, axis=0)):
+            pos = cs + j
+            m = pos < ce
+            bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
+            g_row = tl.multiple_of(bb * grad_stride + c0, VEC)
+            acc += tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m[:, None] & m2, other=0.0,
+                           eviction_policy="evict_last" if EVICT else "")
+        tl.store(part_ptr + c[:, None] * BLOCK_D + cols[None, :], acc, mask=cm[:, None])
+
+
+def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, first_b_ptr, run_start_ptr, pend_ptr,
+                       part_ptr, dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, n_runs_ptr, lr, eps,
+                       ADAGRAD: tl.constexpr, BF16: tl.constexpr, IDX: tl.constexpr, ROW_BITS: tl.constexpr,
+                       SPLIT: tl.constexpr, VEC: tl.constexpr, EVICT: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
+    """`BLOCK_R` unique rows per tile: reduce each one's gradient (ids, or chunk partials), update.
+
+    Run `u` is `[run_start[u], run_start[u+1])` of the sorted ids; programs stride over the tiles up
+    to the device-side run count, so the grid may be an upper bound. A row's weights, state and
+    first gradient row are all loaded at once from slot-indexed arrays (for uniform ids most runs
+    have one id, so that is the whole reduction); only longer runs walk `sorted_b`. Index
+    arithmetic runs in `IDX` (int32 when every buffer has fewer than 2**31 elements: fewer
+    registers per row, more rows in flight). With EVICT, gradient reads ask L2 to keep them (each
+    is re-read by every id of its bag) and weight traffic to go first (each row is touched once).
+    """
+    n_runs = tl.load(n_runs_ptr).to(IDX)
+    cols = tl.arange(0, BLOCK_D)
+    for tile in range(tl.program_id(0), tl.cdiv(n_runs, BLOCK_R), tl.num_programs(0)):
+        u = (tl.zeros([BLOCK_R], IDX) + tile) * BLOCK_R + tl.arange(0, BLOCK_R)
+        um = u < n_runs
+        key = tl.load(run_key_ptr + u, mask=um, other=0)
+        b0 = tl.load(first_b_ptr + u, mask=um, other=0).to(IDX)
+        s = tl.load(run_start_ptr + u, mask=um, other=0).to(IDX)
+        e = tl.load(run_start_ptr + u + 1, mask=um, other=0).to(IDX)
+        t = (key >> ROW_BITS).to(tl.int32)
+        row = (key & ((1 << ROW_BITS) - 1)).to(IDX)
+        D = tl.load(dims_ptr + t, mask=um, other=1).to(IDX)
+        c0 = tl.load(col_off_ptr + t, mask=um, other=0).to(IDX)
+        m2 = um[:, None] & ((cols // VEC)[None, :] < (D // VEC)[:, None])
+        w_row = tl.multiple_of(tl.load(w_off_ptr + t, mask=um, other=0).to(IDX) + row * D, VEC)
+        w_ptrs = w_ptr + w_row[:, None] + cols[None, :]
+        w = tl.load(w_ptrs, mask=m2, other=0.0, eviction_policy="evict_first" if EVICT else "").to(tl.float32)
+        if ADAGRAD:
+            s_p = s_ptr + tl.load(s_off_ptr + t, mask=um, other=0).to(IDX) + row
+            st = tl.load(s_p, mask=um, other=0.0)
+        ln = e - s
+        long = ln > SPLIT
+        g_row = tl.multiple_of(b0 * grad_stride + c0, VEC)
+        g = tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=(~long)[:, None] & m2, other=0.0,
+                    eviction_policy="evict_last" if EVICT else "")
+        de = tl.where(long, s, e)
+        for j in range(1, tl.max(de - s, axis=0)):  # short runs: their other ids (none for long runs)
+            pos = s + j
+            m = pos < de
+            bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
+            g_row = tl.multiple_of(bb * grad_stride + c0, VEC)
+            g += tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m[:, None] & m2, other=0.0,
+                         eviction_policy="evict_last" if EVICT else "")
+        nch = tl.where(long, (ln + SPLIT - 1) // SPLIT, 0)
+        first = tl.load(pend_ptr + u, mask=um & long, other=0).to(IDX) - nch
+        for j in range(0, tl.max(nch, axis=0)):  # long runs: their chunk partials (none for short runs)
+            g += tl.load(part_ptr + (first + j)[:, None] * BLOCK_D + cols[None, :],
+                         mask=(j < nch)[:, None] & m2, other=0.0)
+        if ADAGRAD:
+            st = st + tl.div_rn(tl.sum(g * g, axis=1), D.to(tl.float32))
+            tl.store(s_p, st, mask=um)
+            w = w - tl.div_rn(lr * g, tl.sqrt_rn(st)[:, None] + eps)
+        else:
+            w = w - lr * g
+        if BF16:
+            # explicit round-to-nearest-even on the bits: the interpreter's fp32->bf16 cast truncates,
+            # the GPU's rounds; doing it by hand gives torch's `.to(bfloat16)` on both
+            bits = w.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            w_new = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            w_new = w.to(w_ptr.dtype.element_ty)
+        tl.store(w_ptrs, w_new, mask=m2, eviction_policy="evict_first" if EVICT else "")
 
 
 _FWD = triton.jit(_fwd_kernel)
+_KEYS = triton.jit(_keys_kernel)
+_SLOTS = triton.jit(_slots_kernel)
 _BWD_PARTIAL = triton.jit(_bwd_partial_kernel)
 _BWD_UPDATE = triton.jit(_bwd_update_kernel)
 
@@ -158,13 +228,21 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _vec_width(dims: list[int]) -> int:
+    """Widest power of two (<= 4: 16-byte fp32 loads) dividing every dim."""
+    v = 4
+    while any(d % v for d in dims):
+        v //= 2
+    return v
+
+
 class TritonEmbeddingBags(EmbeddingBagKernel):
     """All tables in one flat buffer; one forward launch; sorted, split-run fused backward."""
 
     name = "triton"
 
     def __init__(self, rows, dims, *, split_len: int = 32, block_rows: int = 4, num_warps: int = 0,
-                 force_idx64: bool = False, **kw) -> None:
+                 force_idx64: bool = False, evict: bool = True, max_programs: int = 0, **kw) -> None:
         super().__init__(rows, dims, **kw)
         if self.device.type != "cuda" and not INTERPRETED:
             raise RuntimeError("triton backend on a non-CUDA device needs Triton's interpreter: set "
@@ -172,6 +250,8 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         if split_len < 1:
             raise ValueError("split_len must be >= 1")
         self.split_len = int(split_len)
+        self.evict = bool(evict)
+        self.max_programs = int(max_programs)  # 0: one backward program per tile of rows
         dt = DTYPES[self.weight_dtype]
         sizes = [r * d for r, d in zip(self.rows, self.dims, strict=True)]
         w_off = [0]
@@ -190,22 +270,21 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         i64 = dict(dtype=torch.int64, device=self.device)
         self._w_off = torch.tensor(w_off[:-1], **i64)
         self._s_off = torch.tensor(row_base[:-1], **i64)
-        self._row_base = torch.tensor(row_base, **i64)
         self._dims_t = torch.tensor(self.dims, dtype=torch.int32, device=self.device)
         self._col_off = torch.tensor(self.dim_offsets[:-1], dtype=torch.int32, device=self.device)
         self._block_d = _pow2_at_least(max(self.dims))
-        self._key32 = row_base[-1] < 2**31
+        self._vec = _vec_width(self.dims)
+        # sort key = table << row_bits | row: the kernels read the table and row back with a shift
+        self._row_bits = max(1, (max(self.rows) - 1).bit_length())
+        key_max = ((self.num_tables - 1) << self._row_bits) | ((1 << self._row_bits) - 1)
+        self._key_dtype = torch.int32 if key_max < 2**31 else torch.int64
         # int32 index arithmetic in the backward when every offset fits (weights, and the gradient
         # and partial buffers checked per call)
         self._idx32 = w_off[-1] < 2**31 and not force_idx64
-        if self._idx32:
-            self._w_off32, self._s_off32 = self._w_off.int(), self._s_off.int()
-        # Unique rows per backward program, and warps. Measured on an H100 (8 x 1M x 128 fp32, B=16384,
-        # uniform ids, int32 indices, one run): 4 rows x 2 warps 2.27 ms, 8x4 2.54, 16x4 2.72, 8x8
-        # 3.32 ms per fused backward. The kernel is latency-bound, and a tile walks to its longest
-        # run, so small tiles with few registers keep the most rows in flight. Triton 3.6 fails to
-        # compile the tile at 32+ rows (TritonGPURemoveLayoutConversions: "mask type matches ptr
-        # type"), hence the cap.
+        # Unique rows per backward program, and warps: measured on an H100 (benchmarks/data/gpu_h100/
+        # NOTES.md). The kernel is latency-bound and a tile walks to its longest run, so small tiles
+        # with few registers keep the most rows in flight. Triton 3.6 fails to compile the tile at 32+
+        # rows (TritonGPURemoveLayoutConversions: "mask type matches ptr type"), hence the cap.
         if not 1 <= block_rows <= MAX_BLOCK_ROWS:
             raise ValueError(f"block_rows={block_rows}: choose 1..{MAX_BLOCK_ROWS} (Triton 3.6 cannot compile more)")
         self.block_rows = _pow2_at_least(block_rows)
@@ -220,65 +299,54 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
     def _batch(self, offsets: torch.Tensor) -> int:
         return (offsets.numel() - 1) // self.num_tables
 
+    @staticmethod
+    def _block_n(n_ids: int, n_bags: int) -> int:
+        """Ids per gather step from the mean bag length (few distinct values -> few compilations)."""
+        return min(32, max(4, _pow2_at_least(-(-n_ids // n_bags))))
+
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         T, B = self.num_tables, self._batch(offsets)
         out = torch.empty(B, self.total_dim, dtype=torch.float32, device=self.device)
         if B == 0:
             return out
-        # ids per bag on average picks the gather width; few distinct values -> few compilations
-        mean_len = -(-ids.numel() // (T * B))
-        block_n = min(32, max(4, _pow2_at_least(mean_len)))
         _FWD[(B, T)](
             ids.contiguous(), offsets.contiguous(), self._flat_w, out, self._w_off, self._dims_t,
-            self._col_off, B, out.stride(0), BLOCK_N=block_n, BLOCK_D=self._block_d,
-            enable_fp_fusion=False)
+            self._col_off, B, out.stride(0), VEC=self._vec, BLOCK_N=self._block_n(ids.numel(), T * B),
+            BLOCK_D=self._block_d, enable_fp_fusion=False)
         return out
 
-    def _plan(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> dict[str, torch.Tensor]:
-        """Host-side preparation: sort `(table, row)` keys, find runs, split long runs into chunks.
+    def _plan(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> dict:
+        """Device-side preparation: sort `(table, row)` keys, cut them into runs, count long-run chunks.
 
-        Two host syncs (the number of runs and of chunks size the grids); everything else stays on
-        the device. A sync-free variant (arrays sized by upper bounds, counts read on the device,
-        runs found by scatter_reduce) measured slower on an H100: 3.15 vs 2.91 ms per backward, its
-        extra programs and passes cost more than the idle time the syncs leave. Keys are int32 when
-        all tables' rows fit (half the sort's traffic); the sort is stable, so a run's ids keep bag
-        order and the summation order is deterministic.
+        No host sync: arrays are sized by upper bounds (`n` run slots, `run_start` padded with `n`;
+        `2n / split_len` chunk slots) and the kernels read the actual counts on the device. (v1 read
+        them back: two syncs, and the GPU idled while the host queued what followed each; on an H100
+        the sync-free plan measured 1.62 vs 1.69 ms per backward with the same kernels.) The sort is
+        stable, so a run's ids keep bag order and the summation order is deterministic.
         """
-        n = ids.numel()
-        L = self.split_len
-        bag = bag_ids(offsets, n)
-        t_of = torch.div(bag, B, rounding_mode="floor")
-        key = self._row_base[t_of] + ids.long()
-        if self._key32:
-            key = key.int()
+        n, L, T = ids.numel(), self.split_len, self.num_tables
+        dev = ids.device
+        key = torch.empty(n, dtype=self._key_dtype, device=dev)
+        b_of = torch.empty(n, dtype=torch.int32, device=dev)  # int32: the update kernels' reads halve
+        _KEYS[(triton.cdiv(B, 32), T)](ids, offsets, key, b_of, B, ROW_BITS=self._row_bits, BAGS=32, BLOCK=128)
         sorted_key, perm = torch.sort(key, stable=True)
-        sorted_b = (bag - t_of * B)[perm].int()  # int32: the update kernels' id reads halve
-        new = torch.ones(n, dtype=torch.bool, device=ids.device)
+        sorted_b = b_of[perm]
+        new = torch.ones(n, dtype=torch.bool, device=dev)
         torch.ne(sorted_key[1:], sorted_key[:-1], out=new[1:])
-        run_start = new.nonzero().squeeze(1)  # host sync 1: the number of unique rows
-        run_end = torch.empty_like(run_start)
-        run_end[:-1] = run_start[1:]
-        run_end[-1:] = n
-        counts = run_end - run_start
-        run_key = sorted_key[run_start].long()
-        run_table = torch.searchsorted(self._row_base, run_key, right=True) - 1
-        run_row = run_key - self._row_base[run_table]
-        long = counts > L
-        n_chunks = torch.where(long, (counts + L - 1) // L, torch.zeros_like(counts))
-        pend = torch.cumsum(n_chunks, 0)
-        pstart = pend - n_chunks
-        total = int(pend[-1].item())  # host sync 2: the number of chunks of long runs
-        plan = dict(sorted_b=sorted_b, run_row=run_row, run_table=run_table, dstart=run_start,
-                    dend=torch.where(long, run_start, run_end), pstart=pstart, pend=pend)
-        if total:
-            chunk_run = torch.repeat_interleave(torch.arange(run_start.numel(), device=ids.device), n_chunks,
-                                                output_size=total)
-            k = torch.arange(total, device=ids.device) - pstart[chunk_run]
-            cs = run_start[chunk_run] + k * L
-            plan.update(chunk_start=cs, chunk_end=torch.minimum(cs + L, run_end[chunk_run]),
-                        chunk_table=run_table[chunk_run])
-        return plan
+        run_start = torch.nonzero_static(new, size=n + 1, fill_value=n).view(-1)
+        idx_dt = torch.int32 if self._idx32 else torch.int64
+        run_key, first_b = torch.empty_like(sorted_key), torch.empty_like(sorted_b)
+        nch = torch.empty(n, dtype=idx_dt, device=dev)
+        n_runs = torch.empty(1, dtype=idx_dt, device=dev)
+        _SLOTS[(triton.cdiv(n, 1024),)](run_start, sorted_key, sorted_b, run_key, first_b, nch, n_runs, n,
+                                        SPLIT=L, BLOCK=1024)
+        pend = torch.cumsum(nch, 0, dtype=idx_dt)
+        cap = triton.cdiv(2 * n, L)  # a long run (len > L) has ceil(len / L) < 2 len / L chunks
+        chunk_run = torch.searchsorted(pend, torch.arange(cap, dtype=idx_dt, device=dev), right=True,
+                                       out_int32=self._idx32) if cap else pend[:0]
+        return dict(sorted_key=sorted_key, sorted_b=sorted_b, run_start=run_start, run_key=run_key,
+                    first_b=first_b, pend=pend, n_runs=n_runs, chunk_run=chunk_run, cap=cap)
 
     @torch.no_grad()
     def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
@@ -286,24 +354,22 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         if B == 0 or ids.numel() == 0:
             return
         grad = grad.contiguous()
-        p = self._plan(ids, offsets, B)
-        BD, BR, NW = self._block_d, self.block_rows, self.num_warps
-        n_chunks = p["chunk_start"].numel() if "chunk_start" in p else 0
-        part = torch.empty(max(n_chunks, 1), BD, dtype=torch.float32, device=self.device)
-        w_off, s_off, idx = self._w_off, self._s_off, tl.int64
-        if self._idx32 and max(grad.numel(), part.numel(), ids.numel()) < 2**31:  # ids: run positions
-            p = {k: v.int() if v.dtype == torch.int64 else v for k, v in p.items()}
-            w_off, s_off, idx = self._w_off32, self._s_off32, tl.int32
-        if n_chunks:
-            _BWD_PARTIAL[(triton.cdiv(n_chunks, BR),)](
-                p["sorted_b"], grad, grad.stride(0), p["chunk_start"], p["chunk_end"], p["chunk_table"],
-                self._dims_t, self._col_off, part, n_chunks, IDX=idx, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
-                enable_fp_fusion=False)
-        n_runs = p["run_row"].numel()
-        _BWD_UPDATE[(triton.cdiv(n_runs, BR),)](
-            p["sorted_b"], grad, grad.stride(0), p["run_row"], p["run_table"], p["dstart"], p["dend"],
-            p["pstart"], p["pend"], part, self._dims_t, self._col_off, w_off, s_off,
-            self._flat_w, self._flat_s if self._flat_s.numel() else part, n_runs, float(self.optim.lr),
+        p = self._plan(ids.contiguous(), offsets.contiguous(), B)
+        n, BD, BR, NW, L = ids.numel(), self._block_d, self.block_rows, self.num_warps, self.split_len
+        cap = p["cap"]
+        part = torch.empty(max(cap, 1), BD, dtype=torch.float32, device=self.device)
+        idx32 = self._idx32 and max(grad.numel(), part.numel(), n + 1) < 2**31
+        idx = tl.int32 if idx32 else tl.int64
+        common = dict(IDX=idx, ROW_BITS=self._row_bits, SPLIT=L, VEC=self._vec, EVICT=self.evict, BLOCK_R=BR,
+                      BLOCK_D=BD, num_warps=NW, enable_fp_fusion=False)  # no FMA: the reference's roundings
+        if cap:  # a wave of programs is plenty: long runs are few (hot rows)
+            _BWD_PARTIAL[(min(triton.cdiv(cap, BR), 2048),)](
+                p["sorted_b"], grad, grad.stride(0), p["run_key"], p["run_start"], p["pend"], p["chunk_run"],
+                self._dims_t, self._col_off, part, n, cap, **common)
+        tiles = triton.cdiv(n, BR)
+        _BWD_UPDATE[(min(tiles, self.max_programs) if self.max_programs else tiles,)](
+            p["sorted_b"], grad, grad.stride(0), p["run_key"], p["first_b"], p["run_start"], p["pend"], part,
+            self._dims_t, self._col_off, self._w_off, self._s_off, self._flat_w,
+            self._flat_s if self._flat_s.numel() else part, p["n_runs"], float(self.optim.lr),
             float(self.optim.eps), ADAGRAD=self.optim.kind == "rowwise_adagrad",
-            BF16=self._flat_w.dtype == torch.bfloat16, IDX=idx, BLOCK_R=BR, BLOCK_D=BD, num_warps=NW,
-            enable_fp_fusion=False)  # no FMA contraction: same roundings as the reference
+            BF16=self._flat_w.dtype == torch.bfloat16, **common)
