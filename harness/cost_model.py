@@ -237,13 +237,12 @@ def _dense_param_counts(cfg: TrialConfig) -> list[int]:
 
 def _batch_mb(cfg: TrialConfig) -> float:
     """Pre-generated input batches held by one rank (see data.rank_batches)."""
-    from harness.data import SAMPLE_CYCLE
-
     wl = cfg.workload
     per = cfg.batch_size * (sum(t.pooling for t in wl.tables) * 8 + wl.dense_features * 4 + 4)
     gb = cfg.batch_size * cfg.world_size
     steps = cfg.warmup_steps + cfg.measure_steps
-    return per * (min(steps, SAMPLE_CYCLE // gb) if SAMPLE_CYCLE % gb == 0 else steps) / 2**20
+    cyc = wl.sample_cycle
+    return per * (min(steps, cyc // gb) if cyc % gb == 0 else steps) / 2**20
 
 
 def table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:

@@ -2,7 +2,7 @@
 
 Every value is a hash of (seed, global sample number g, field), where step s
 of a global batch GB = W*B gives rank r the samples g = s*GB + r*B + [0, B)
-(modulo SAMPLE_CYCLE). A sample therefore depends neither on how the global
+(modulo the workload's sample_cycle). A sample therefore depends neither on how the global
 batch is split across ranks (one process training batch W*B sees exactly the
 samples of W ranks: the sharding tests' reference is exact) nor on the batch
 size: N samples into training, every configuration has seen the same samples,
@@ -22,7 +22,6 @@ import torch
 
 from harness.workload import TableSpec, Workload
 
-SAMPLE_CYCLE = 1 << 16  # distinct samples; training cycles over them (batches are generated before timing)
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -76,8 +75,8 @@ class Batch:
 
 
 def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int) -> Batch:
-    """Global samples [first_sample, first_sample + batch_size) (modulo SAMPLE_CYCLE)."""
-    g = ((first_sample + np.arange(batch_size, dtype=np.int64)) % SAMPLE_CYCLE).astype(np.uint64)
+    """Global samples [first_sample, first_sample + batch_size) (modulo `wl.sample_cycle`)."""
+    g = ((first_sample + np.arange(batch_size, dtype=np.int64)) % wl.sample_cycle).astype(np.uint64)
     s = g[:, None]
     dense = _uniform(seed, s, 1_000 + np.arange(wl.dense_features, dtype=np.uint64))
     teacher_w = _uniform(seed, 7, np.arange(wl.dense_features, dtype=np.uint64)) * 2 - 1
@@ -107,9 +106,10 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int) -> B
 def rank_batches(wl: Workload, seed: int, rank: int, batch_size: int, world: int, steps: int) -> list[Batch]:
     """The local batches of `rank` for `steps` steps; step s uses batches[s % len(batches)].
 
-    When the global batch divides SAMPLE_CYCLE the data repeats every SAMPLE_CYCLE / GB steps and
+    When the global batch divides `wl.sample_cycle` the data repeats every sample_cycle / GB steps and
     only that many batches are generated; otherwise every step's batch is.
     """
     gb = batch_size * world
-    n = min(steps, SAMPLE_CYCLE // gb) if SAMPLE_CYCLE % gb == 0 else steps
+    cyc = wl.sample_cycle
+    n = min(steps, cyc // gb) if cyc % gb == 0 else steps
     return [make_batch(wl, seed, s * gb + rank * batch_size, batch_size) for s in range(max(1, n))]

@@ -16,6 +16,8 @@ from typing import Any
 from harness.errors import ConfigError
 
 ID_DISTRIBUTIONS = ("uniform", "zipf")
+#: Distinct samples of the synthetic stream by default; training cycles over them (harness/data.py).
+SAMPLE_CYCLE = 1 << 16
 INTERACTIONS = ("dot",)
 
 # MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot) table rows and multi-hot sizes.
@@ -51,6 +53,10 @@ class Workload:
     bottom_mlp: list[int] = field(default_factory=lambda: [256, 128, 64])
     top_mlp: list[int] = field(default_factory=lambda: [512, 256, 1])
     interaction: str = "dot"
+    # Distinct samples before the stream repeats. Trials pre-generate their batches, so this bounds
+    # that cost; but a trial that cycles many times memorises its labels, and then NE compares how
+    # fast configurations memorise, not how well they learn: raise it for large batches (GPU).
+    sample_cycle: int = SAMPLE_CYCLE
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -97,6 +103,8 @@ class Workload:
             if t.id_dist not in ID_DISTRIBUTIONS:
                 raise ConfigError(f"{where}: table {t.name!r} id_dist={t.id_dist!r}; "
                                   f"choose one of {list(ID_DISTRIBUTIONS)}")
+        if not isinstance(self.sample_cycle, int) or self.sample_cycle < 1:
+            raise ConfigError(f"{where}: sample_cycle={self.sample_cycle!r} must be a positive integer")
         if len({t.dim for t in self.tables}) != 1:
             raise ConfigError(f"{where}: dot interaction needs one embedding dim for all tables")
         if self.interaction not in INTERACTIONS:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from harness.data import SAMPLE_CYCLE, make_batch, rank_batches
-from harness.workload import Workload
+from harness.data import make_batch, rank_batches
+from harness.errors import ConfigError
+from harness.workload import SAMPLE_CYCLE, Workload
 
 
 def _bags(b, T):
@@ -31,3 +33,14 @@ def test_data_cycles_over_sample_cycle_and_labels_are_learnable():
     assert len(rank_batches(wl, 0, 0, 1024, 2, 100)) == SAMPLE_CYCLE // 2048
     labels = make_batch(wl, 0, 0, 4096).labels
     assert 0.2 < labels.mean() < 0.8  # a teacher, not a constant
+
+
+def test_sample_cycle_is_a_workload_setting():
+    """`workload: {preset: ..., sample_cycle: N}` (the GPU space's large batches) moves the repeat."""
+    wl = Workload.from_dict({"preset": "tiny", "sample_cycle": 1 << 20})
+    assert wl.sample_cycle == 1 << 20 and Workload.tiny().sample_cycle == SAMPLE_CYCLE
+    assert not torch.equal(make_batch(wl, 0, 5, 32).dense, make_batch(wl, 0, 5 + SAMPLE_CYCLE, 32).dense)
+    assert torch.equal(make_batch(wl, 0, 5, 32).dense, make_batch(wl, 0, 5 + (1 << 20), 32).dense)
+    assert len(rank_batches(wl, 0, 0, 1024, 2, 100)) == 100  # no repeat within the trial: every step generated
+    with pytest.raises(ConfigError, match="sample_cycle=0 must be a positive integer"):
+        Workload.from_dict({"preset": "tiny", "sample_cycle": 0})
