@@ -6,15 +6,17 @@ per-table views into them. One flat buffer is what lets a single launch serve ev
 
 Forward: one launch, grid `(B, T)`; program `(b, t)` gathers `BLOCK_N` ids x `BLOCK_D` columns at a
 time (masked: tables may have different dims, `BLOCK_D` = next power of two >= max dim) and sums in
-fp32.
+fp32. Column masks are constant over groups of `VEC` (4 when every dim is a multiple of 4) columns,
+so the compiler issues 16-byte loads; a per-column mask made every load 4 bytes wide.
 
 Backward fused with the optimizer (exact: one update per unique row, as FBGEMM's EXACT_* modes):
-device-side preparation sorts the `(table, row)` keys and cuts them into runs of equal rows; each
-program reduces and updates a tile of `block_rows` runs (4 by default: measured fastest on an H100)
-of at most `split_len` ids. Longer runs (hot rows of a Zipf distribution) are cut into `split_len`
-chunks whose partial sums are computed in parallel by a first kernel, so a hot row does not
-serialise the batch on one program; the update kernel then adds the run's partials. Both branches
-are expressed as (possibly empty) loop ranges, so the update kernel has no data-dependent `if`.
+device-side preparation sorts the keys `table << row_bits | row` and cuts them into runs of equal
+rows, with no host sync (arrays sized by upper bounds, counts read on the device); each program
+reduces and updates a tile of `block_rows` runs (4 by default) of at most `split_len` ids. Longer
+runs (hot rows of a Zipf distribution) are cut into `split_len` chunks whose partial sums are
+computed in parallel by a first kernel, so a hot row does not serialise the batch on one program;
+the update kernel then adds the run's partials. Both branches are expressed as (possibly empty)
+loop ranges, so the update kernel has no data-dependent `if`.
 Measured numbers: benchmarks/data/gpu_h100/NOTES.md.
 
 CPU: Triton compiles for GPUs only; on CPU the kernels run under Triton's interpreter, which must be
