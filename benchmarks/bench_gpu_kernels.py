@@ -45,28 +45,13 @@ def gbps(nbytes: int, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
-    """Median ms of `fn` over `repeats` event-timed calls, after `warmup` untimed calls."""
+def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3, calls: int = 1) -> float:
+    """Median ms per call of `fn` over `repeats` event-timed groups of `calls` calls, after `warmup`.
+
+    `calls=1` syncs around every call, so launch overheads are charged; `calls>1` runs them back to
+    back with no sync between, as a training step does when the host runs ahead of the GPU."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
-
-
-def queued_ms(fn: Callable[[], object], calls: int, repeats: int = 5) -> float:
-    """Median over `repeats` of the mean ms per call of `calls` back-to-back calls, no sync between.
-
-    What a training step sees when the host runs ahead of the GPU: launch overheads overlap the
-    previous call's device work. `time_ms` (one synced call) also charges them."""
-    fn()
     torch.cuda.synchronize()
     out = []
     for _ in range(repeats):
@@ -141,7 +126,7 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
         try:
             f_ms = time_ms(lambda k=k: k.forward(ids, offsets), args.repeats)
             b_ms = time_ms(lambda k=k: k.backward_update(ids, offsets, grad), args.repeats)
-            q_ms = queued_ms(lambda k=k: k.backward_update(ids, offsets, grad), 10)
+            q_ms = time_ms(lambda k=k: k.backward_update(ids, offsets, grad), 5, warmup=1, calls=10)
         except Exception as e:  # e.g. a variant the compiler rejects: report and go on
             print(f"{spec:14} failed: {type(e).__name__}: {str(e)[:200]}")
             continue
