@@ -68,7 +68,7 @@ for s in $STEPS; do
     ;;
   tune)
     if [ -d .whl ]; then
-      run wheels 180 "$PY" -m pip install -q --no-index --no-deps --target /tmp/cubic-site .whl/*.whl
+      run wheels 180 "$PY" -m pip install -q --no-index --no-deps --upgrade --target /tmp/cubic-site .whl/*.whl
       export PYTHONPATH=/tmp/cubic-site:$PWD
     fi
     run tune "${TUNE_LIMIT:-560}" "$PY" -m cubic.cli tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
