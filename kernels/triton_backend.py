@@ -110,6 +110,20 @@ def _slots_kernel(run_start_ptr, sorted_key_ptr, sorted_b_ptr, run_key_ptr, firs
     tl.store(n_runs_ptr + 0 * u, (u + 1).to(n_runs_ptr.dtype.element_ty), mask=live & (e == n))  # the last run
 
 
+def _add_grad_rows(acc, sorted_b_ptr, grad_ptr, grad_stride, c0, cols, m2, start, stop, first_j,
+                   IDX: tl.constexpr, VEC: tl.constexpr, EVICT: tl.constexpr):
+    """`acc` plus the gradient rows of sorted ids `start + j` for `first_j <= j`, `start + j < stop`
+    (per tile row). With EVICT they ask L2 to keep them: each is re-read by every id of its bag."""
+    for j in range(first_j, tl.max(stop - start, axis=0)):
+        pos = start + j
+        m = pos < stop
+        bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
+        g_row = tl.multiple_of(bb * grad_stride + c0, VEC)
+        acc += tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m[:, None] & m2, other=0.0,
+                       eviction_policy="evict_last" if EVICT else "")
+    return acc
+
+
 def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, run_start_ptr, pend_ptr,
                         chunk_run_ptr, dims_ptr, col_off_ptr, part_ptr, n_slots, cap,
                         IDX: tl.constexpr, ROW_BITS: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
@@ -135,14 +149,8 @@ def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, run_st
         D = tl.load(dims_ptr + t, mask=cm, other=1).to(IDX)
         c0 = tl.load(col_off_ptr + t, mask=cm, other=0).to(IDX)
         m2 = cm[:, None] & ((cols // VEC)[None, :] < (D // VEC)[:, None])
-        acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-        for j in range(0, tl.max(ce - cs, axis=0)):
-            pos = cs + j
-            m = pos < ce
-            bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
-            g_row = tl.multiple_of(bb * grad_stride + c0, VEC)
-            acc += tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m[:, None] & m2, other=0.0,
-                           eviction_policy="evict_last" if EVICT else "")
+        acc = _add_grad_rows(tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), sorted_b_ptr, grad_ptr, grad_stride,
+                             c0, cols, m2, cs, ce, 0, IDX, VEC, EVICT)
         tl.store(part_ptr + c[:, None] * BLOCK_D + cols[None, :], acc, mask=cm[:, None])
 
 
@@ -186,14 +194,9 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, first_b
         g_row = tl.multiple_of(b0 * grad_stride + c0, VEC)
         g = tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=(~long)[:, None] & m2, other=0.0,
                     eviction_policy="evict_last" if EVICT else "")
-        de = tl.where(long, s, e)
-        for j in range(1, tl.max(de - s, axis=0)):  # short runs: their other ids (none for long runs)
-            pos = s + j
-            m = pos < de
-            bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
-            g_row = tl.multiple_of(bb * grad_stride + c0, VEC)
-            g += tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m[:, None] & m2, other=0.0,
-                         eviction_policy="evict_last" if EVICT else "")
+        # short runs: their other ids (none for long runs)
+        g = _add_grad_rows(g, sorted_b_ptr, grad_ptr, grad_stride, c0, cols, m2, s, tl.where(long, s, e), 1,
+                           IDX, VEC, EVICT)
         nch = tl.where(long, (ln + SPLIT - 1) // SPLIT, 0)
         first = tl.load(pend_ptr + u, mask=um & long, other=0).to(IDX) - nch
         for j in range(0, tl.max(nch, axis=0)):  # long runs: their chunk partials (none for short runs)
@@ -216,6 +219,7 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, first_b
         tl.store(w_ptrs, w_new, mask=m2, eviction_policy="evict_first" if EVICT else "")
 
 
+_add_grad_rows = triton.jit(_add_grad_rows)
 _FWD = triton.jit(_fwd_kernel)
 _KEYS = triton.jit(_keys_kernel)
 _SLOTS = triton.jit(_slots_kernel)
@@ -346,7 +350,7 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         pend = torch.cumsum(nch, 0, dtype=idx_dt)
         cap = triton.cdiv(2 * n, L)  # a long run (len > L) has ceil(len / L) < 2 len / L chunks
         chunk_run = torch.searchsorted(pend, torch.arange(cap, dtype=idx_dt, device=dev), right=True,
-                                       out_int32=self._idx32) if cap else pend[:0]
+                                       out_int32=self._idx32)
         return dict(sorted_key=sorted_key, sorted_b=sorted_b, run_start=run_start, run_key=run_key,
                     first_b=first_b, pend=pend, n_runs=n_runs, chunk_run=chunk_run, cap=cap)
 
@@ -359,15 +363,15 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         p = self._plan(ids.contiguous(), offsets.contiguous(), B)
         n, BD, BR, NW, L = ids.numel(), self._block_d, self.block_rows, self.num_warps, self.split_len
         cap = p["cap"]
-        part = torch.empty(max(cap, 1), BD, dtype=torch.float32, device=self.device)
+        part = torch.empty(cap, BD, dtype=torch.float32, device=self.device)
         idx32 = self._idx32 and max(grad.numel(), part.numel(), n + 1) < 2**31
         idx = tl.int32 if idx32 else tl.int64
         common = dict(IDX=idx, ROW_BITS=self._row_bits, SPLIT=L, VEC=self._vec, EVICT=self.evict, BLOCK_R=BR,
                       BLOCK_D=BD, num_warps=NW, enable_fp_fusion=False)  # no FMA: the reference's roundings
-        if cap:  # a wave of programs is plenty: long runs are few (hot rows)
-            _BWD_PARTIAL[(min(triton.cdiv(cap, BR), 2048),)](
-                p["sorted_b"], grad, grad.stride(0), p["run_key"], p["run_start"], p["pend"], p["chunk_run"],
-                self._dims_t, self._col_off, part, n, cap, **common)
+        # a wave of programs is plenty: long runs are few (hot rows)
+        _BWD_PARTIAL[(min(triton.cdiv(cap, BR), 2048),)](
+            p["sorted_b"], grad, grad.stride(0), p["run_key"], p["run_start"], p["pend"], p["chunk_run"],
+            self._dims_t, self._col_off, part, n, cap, **common)
         tiles = triton.cdiv(n, BR)
         _BWD_UPDATE[(min(tiles, self.max_programs) if self.max_programs else tiles,)](
             p["sorted_b"], grad, grad.stride(0), p["run_key"], p["first_b"], p["run_start"], p["pend"], part,
