@@ -111,6 +111,8 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
             for v in variant:
                 if v == "noevict":
                     kw["evict"] = False
+                elif v == "singles":
+                    kw["singles"] = True
                 elif v.startswith("p"):
                     kw["max_programs"] = int(v[1:])
                 else:
@@ -225,7 +227,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backends", default="torch,triton",
                     help="comma list of kernels.BACKENDS names; triton:RxW = R rows per backward program, W warps; "
-                         "add :pN (N backward programs striding over the tiles) or :noevict (no L2 eviction hints)")
+                         "add :pN (N backward programs striding over the tiles), :noevict (no L2 eviction hints) or "
+                         ":singles (rows hit once skip the sort)")
     ap.add_argument("--tables", type=int, default=8)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=128)

@@ -42,11 +42,12 @@ for s in $STEPS; do
     ;;
   bench)
     # BACKENDS=torch,triton:4x2,triton:16x4 sweeps the backward's rows per program x warps
+    # (default: torch, triton, and triton:singles, the sort-free path for rows hit once, side by side)
     # BENCH_ARGS=--profile adds where the triton backward's device time goes
-    run bench_uniform 200 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --backends "${BACKENDS:-torch,triton}" \
+    run bench_uniform 200 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --backends "${BACKENDS:-torch,triton,triton:singles}" \
       ${BENCH_ARGS:-} --json "$OUT/bench_uniform.json"
     run bench_hot 150 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --skew 4 --skip-fp8 \
-      --backends "${BACKENDS:-torch,triton}" --json "$OUT/bench_hot.json"
+      --backends "${BACKENDS:-torch,triton,triton:singles}" --json "$OUT/bench_hot.json"
     ;;
   trials)
     echo '{"preset": "criteo-mlperf-mini"}' >"$OUT/mlperf.json"

@@ -19,6 +19,13 @@ the update kernel then adds the run's partials. Both branches are expressed as (
 loop ranges, so the update kernel has no data-dependent `if`.
 Measured numbers: benchmarks/data/gpu_h100/NOTES.md.
 
+`singles=True` (opt-in, not yet timed on a GPU): the keys kernel also counts each row's hits with
+atomics; rows hit once (~88% of ids for uniform ids over tables far larger than the batch) are
+updated straight from their one gradient row by an unsorted kernel, and only the other ids are
+sorted. The same bits as the all-sorted path (a row hit once has nothing to sum; the rest keep batch
+order), for a smaller sort and run preparation, at the cost of one host sync queued behind the
+singles kernel. `bash benchmarks/gpu_suite.sh bench` times both side by side.
+
 CPU: Triton compiles for GPUs only; on CPU the kernels run under Triton's interpreter, which must be
 chosen before `triton.language` is first imported (its own `tl.sum`/`tl.zeros` are jit functions
 decorated at import). So on a machine without CUDA, importing this module first sets
@@ -69,9 +76,10 @@ def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_o
     tl.store(out_ptr + o + cols, acc, mask=cmask)
 
 
-def _keys_kernel(ids_ptr, offsets_ptr, key_ptr, b_ptr, B, ROW_BITS: tl.constexpr, BAGS: tl.constexpr,
-                 BLOCK: tl.constexpr):
+def _keys_kernel(ids_ptr, offsets_ptr, key_ptr, b_ptr, count_ptr, row_base_ptr, B, ROW_BITS: tl.constexpr,
+                 COUNT: tl.constexpr, BAGS: tl.constexpr, BLOCK: tl.constexpr):
     """Sort keys `table << ROW_BITS | row` and each id's bag row `b`; one program per `BAGS` bags.
+    With COUNT, also how many ids hit each row (`count`, indexed by `row_base[table] + row`).
 
     The bags' ids are contiguous, so the program streams them in `BLOCK`s and finds each id's bag by
     counting the bag ends at or before it (one program per bag was latency-bound: 4x slower).
@@ -91,6 +99,8 @@ def _keys_kernel(ids_ptr, offsets_ptr, key_ptr, b_ptr, B, ROW_BITS: tl.constexpr
         tl.store(key_ptr + pos, (table | row).to(key_ptr.dtype.element_ty), mask=m)
         bag = b0 + tl.sum((pos[:, None] >= ends[None, :]).to(tl.int32), axis=1)
         tl.store(b_ptr + pos, bag, mask=m)
+        if COUNT:
+            tl.atomic_add(count_ptr + tl.load(row_base_ptr + t) + row, 1, mask=m)
 
 
 def _slots_kernel(run_start_ptr, sorted_key_ptr, sorted_b_ptr, run_key_ptr, first_b_ptr, nch_ptr, n_runs_ptr, n,
@@ -122,6 +132,68 @@ def _add_grad_rows(acc, sorted_b_ptr, grad_ptr, grad_stride, c0, cols, m2, start
         acc += tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m[:, None] & m2, other=0.0,
                        eviction_policy="evict_last" if EVICT else "")
     return acc
+
+
+def _locate_rows(key, um, cols, dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr,
+                 IDX: tl.constexpr, ROW_BITS: tl.constexpr, VEC: tl.constexpr):
+    """For a tile of keys `table << ROW_BITS | row` (live where `um`): the table's dim and gradient
+    column offset, the tile's column mask, and pointers to each row's weights and AdaGrad state."""
+    t = (key >> ROW_BITS).to(tl.int32)
+    row = (key & ((1 << ROW_BITS) - 1)).to(IDX)
+    D = tl.load(dims_ptr + t, mask=um, other=1).to(IDX)
+    c0 = tl.load(col_off_ptr + t, mask=um, other=0).to(IDX)
+    m2 = um[:, None] & ((cols // VEC)[None, :] < (D // VEC)[:, None])
+    w_row = tl.multiple_of(tl.load(w_off_ptr + t, mask=um, other=0).to(IDX) + row * D, VEC)
+    s_p = s_ptr + tl.load(s_off_ptr + t, mask=um, other=0).to(IDX) + row
+    return D, c0, m2, w_ptr + w_row[:, None] + cols[None, :], s_p
+
+
+def _store_update(w, st, g, w_ptrs, s_p, D, m2, um, lr, eps, ADAGRAD: tl.constexpr, BF16: tl.constexpr,
+                  EVICT: tl.constexpr):
+    """Exact row-wise AdaGrad (`st += mean(g*g)`, `w -= lr g / (sqrt(st) + eps)`) or SGD on a tile of
+    rows given their fp32 weights `w`, state `st` and summed gradient `g`; stores weights and state."""
+    if ADAGRAD:
+        st = st + tl.div_rn(tl.sum(g * g, axis=1), D.to(tl.float32))
+        tl.store(s_p, st, mask=um)
+        w = w - tl.div_rn(lr * g, tl.sqrt_rn(st)[:, None] + eps)
+    else:
+        w = w - lr * g
+    if BF16:
+        # explicit round-to-nearest-even on the bits: the interpreter's fp32->bf16 cast truncates,
+        # the GPU's rounds; doing it by hand gives torch's `.to(bfloat16)` on both
+        bits = w.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        w_new = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        w_new = w.to(w_ptrs.dtype.element_ty)
+    tl.store(w_ptrs, w_new, mask=m2, eviction_policy="evict_first" if EVICT else "")
+
+
+def _bwd_singles_kernel(key_ptr, b_ptr, count_ptr, multi_ptr, grad_ptr, grad_stride, dims_ptr, col_off_ptr,
+                        w_off_ptr, s_off_ptr, w_ptr, s_ptr, n, lr, eps, ADAGRAD: tl.constexpr, BF16: tl.constexpr,
+                        IDX: tl.constexpr, ROW_BITS: tl.constexpr, VEC: tl.constexpr, EVICT: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """`BLOCK_R` ids per program, unsorted: an id whose row no other id of the batch hits (`count` 1;
+    most rows for uniform ids) updates that row from its one gradient row, with no sort and nothing to
+    reduce; the ids of rows hit more than once are flagged in `multi` for the sorted path."""
+    i = tl.program_id(0).to(IDX) * BLOCK_R + tl.arange(0, BLOCK_R)
+    im = i < n
+    key = tl.load(key_ptr + i, mask=im, other=0)
+    b = tl.load(b_ptr + i, mask=im, other=0).to(IDX)
+    t = (key >> ROW_BITS).to(tl.int32)
+    row = (key & ((1 << ROW_BITS) - 1)).to(IDX)
+    hits = tl.load(count_ptr + tl.load(s_off_ptr + t, mask=im, other=0).to(IDX) + row, mask=im, other=0)
+    tl.store(multi_ptr + i, (hits > 1).to(tl.int8), mask=im)
+    um = im & (hits == 1)
+    cols = tl.arange(0, BLOCK_D)
+    D, c0, m2, w_ptrs, s_p = _locate_rows(key, um, cols, dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr,
+                                          s_ptr, IDX, ROW_BITS, VEC)
+    w = tl.load(w_ptrs, mask=m2, other=0.0, eviction_policy="evict_first" if EVICT else "").to(tl.float32)
+    st = tl.load(s_p, mask=um, other=0.0) if ADAGRAD else tl.zeros([BLOCK_R], tl.float32)
+    g_row = tl.multiple_of(b * grad_stride + c0, VEC)
+    g = tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m2, other=0.0,
+                eviction_policy="evict_last" if EVICT else "")
+    _store_update(w, st, g, w_ptrs, s_p, D, m2, um, lr, eps, ADAGRAD, BF16, EVICT)
 
 
 def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, run_start_ptr, pend_ptr,
@@ -178,17 +250,10 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, first_b
         b0 = tl.load(first_b_ptr + u, mask=um, other=0).to(IDX)
         s = tl.load(run_start_ptr + u, mask=um, other=0).to(IDX)
         e = tl.load(run_start_ptr + u + 1, mask=um, other=0).to(IDX)
-        t = (key >> ROW_BITS).to(tl.int32)
-        row = (key & ((1 << ROW_BITS) - 1)).to(IDX)
-        D = tl.load(dims_ptr + t, mask=um, other=1).to(IDX)
-        c0 = tl.load(col_off_ptr + t, mask=um, other=0).to(IDX)
-        m2 = um[:, None] & ((cols // VEC)[None, :] < (D // VEC)[:, None])
-        w_row = tl.multiple_of(tl.load(w_off_ptr + t, mask=um, other=0).to(IDX) + row * D, VEC)
-        w_ptrs = w_ptr + w_row[:, None] + cols[None, :]
+        D, c0, m2, w_ptrs, s_p = _locate_rows(key, um, cols, dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr,
+                                              s_ptr, IDX, ROW_BITS, VEC)
         w = tl.load(w_ptrs, mask=m2, other=0.0, eviction_policy="evict_first" if EVICT else "").to(tl.float32)
-        if ADAGRAD:
-            s_p = s_ptr + tl.load(s_off_ptr + t, mask=um, other=0).to(IDX) + row
-            st = tl.load(s_p, mask=um, other=0.0)
+        st = tl.load(s_p, mask=um, other=0.0) if ADAGRAD else tl.zeros([BLOCK_R], tl.float32)
         ln = e - s
         long = ln > SPLIT
         g_row = tl.multiple_of(b0 * grad_stride + c0, VEC)
@@ -202,27 +267,16 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, first_b
         for j in range(0, tl.max(nch, axis=0)):  # long runs: their chunk partials (none for short runs)
             g += tl.load(part_ptr + (first + j)[:, None] * BLOCK_D + cols[None, :],
                          mask=(j < nch)[:, None] & m2, other=0.0)
-        if ADAGRAD:
-            st = st + tl.div_rn(tl.sum(g * g, axis=1), D.to(tl.float32))
-            tl.store(s_p, st, mask=um)
-            w = w - tl.div_rn(lr * g, tl.sqrt_rn(st)[:, None] + eps)
-        else:
-            w = w - lr * g
-        if BF16:
-            # explicit round-to-nearest-even on the bits: the interpreter's fp32->bf16 cast truncates,
-            # the GPU's rounds; doing it by hand gives torch's `.to(bfloat16)` on both
-            bits = w.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            w_new = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            w_new = w.to(w_ptr.dtype.element_ty)
-        tl.store(w_ptrs, w_new, mask=m2, eviction_policy="evict_first" if EVICT else "")
+        _store_update(w, st, g, w_ptrs, s_p, D, m2, um, lr, eps, ADAGRAD, BF16, EVICT)
 
 
 _add_grad_rows = triton.jit(_add_grad_rows)
+_locate_rows = triton.jit(_locate_rows)
+_store_update = triton.jit(_store_update)
 _FWD = triton.jit(_fwd_kernel)
 _KEYS = triton.jit(_keys_kernel)
 _SLOTS = triton.jit(_slots_kernel)
+_BWD_SINGLES = triton.jit(_bwd_singles_kernel)
 _BWD_PARTIAL = triton.jit(_bwd_partial_kernel)
 _BWD_UPDATE = triton.jit(_bwd_update_kernel)
 
@@ -248,7 +302,8 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
     name = "triton"
 
     def __init__(self, rows, dims, *, split_len: int = 32, block_rows: int = 4, num_warps: int = 0,
-                 force_idx64: bool = False, evict: bool = True, max_programs: int = 0, **kw) -> None:
+                 force_idx64: bool = False, evict: bool = True, max_programs: int = 0, singles: bool = False,
+                 **kw) -> None:
         super().__init__(rows, dims, **kw)
         if self.device.type != "cuda" and not INTERPRETED:
             raise RuntimeError("triton backend on a non-CUDA device needs Triton's interpreter: set "
@@ -258,6 +313,8 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         self.split_len = int(split_len)
         self.evict = bool(evict)
         self.max_programs = int(max_programs)  # 0: one backward program per tile of rows
+        # singles: rows hit once skip the sort (one host sync per backward); not yet measured on a GPU
+        self.singles = bool(singles)
         dt = DTYPES[self.weight_dtype]
         sizes = [r * d for r, d in zip(self.rows, self.dims, strict=True)]
         w_off = [0]
@@ -275,7 +332,9 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
                    if adagrad else [self._flat_s[:0] for _ in self.rows])
         i64 = dict(dtype=torch.int64, device=self.device)
         self._w_off = torch.tensor(w_off[:-1], **i64)
-        self._s_off = torch.tensor(row_base[:-1], **i64)
+        self._s_off = torch.tensor(row_base[:-1], **i64)  # also the row base of the hit counts
+        self._flat_s_rows = row_base[-1]
+        self._no_state = torch.zeros(1, dtype=torch.float32, device=self.device)  # state pointer for SGD
         self._dims_t = torch.tensor(self.dims, dtype=torch.int32, device=self.device)
         self._col_off = torch.tensor(self.dim_offsets[:-1], dtype=torch.int32, device=self.device)
         self._block_d = _pow2_at_least(max(self.dims))
@@ -322,8 +381,22 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
             BLOCK_D=self._block_d, enable_fp_fusion=False)
         return out
 
+    def _keys(self, ids: torch.Tensor, offsets: torch.Tensor, B: int,
+              count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each id's sort key `table << row_bits | row` and bag row; with `count`, per-row hit counts."""
+        n, T = ids.numel(), self.num_tables
+        key = torch.empty(n, dtype=self._key_dtype, device=ids.device)
+        b_of = torch.empty(n, dtype=torch.int32, device=ids.device)  # int32: the update kernels' reads halve
+        _KEYS[(triton.cdiv(B, 32), T)](ids, offsets, key, b_of, key if count is None else count, self._s_off, B,
+                                       ROW_BITS=self._row_bits, COUNT=count is not None, BAGS=32, BLOCK=128)
+        return key, b_of
+
     def _plan(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> dict:
-        """Device-side preparation: sort `(table, row)` keys, cut them into runs, count long-run chunks.
+        """The sorted plan of every id of a batch (see `_runs`)."""
+        return self._runs(*self._keys(ids, offsets, B))
+
+    def _runs(self, key: torch.Tensor, b_of: torch.Tensor) -> dict:
+        """Device-side preparation: sort the keys, cut them into runs, count long-run chunks.
 
         No host sync: arrays are sized by upper bounds (`n` run slots, `run_start` padded with `n`;
         `2n / split_len` chunk slots) and the kernels read the actual counts on the device. (v1 read
@@ -331,11 +404,8 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         the sync-free plan measured 1.62 vs 1.69 ms per backward with the same kernels.) The sort is
         stable, so a run's ids keep bag order and the summation order is deterministic.
         """
-        n, L, T = ids.numel(), self.split_len, self.num_tables
-        dev = ids.device
-        key = torch.empty(n, dtype=self._key_dtype, device=dev)
-        b_of = torch.empty(n, dtype=torch.int32, device=dev)  # int32: the update kernels' reads halve
-        _KEYS[(triton.cdiv(B, 32), T)](ids, offsets, key, b_of, B, ROW_BITS=self._row_bits, BAGS=32, BLOCK=128)
+        n, L = key.numel(), self.split_len
+        dev = key.device
         sorted_key, perm = torch.sort(key, stable=True)
         sorted_b = b_of[perm]
         new = torch.ones(n, dtype=torch.bool, device=dev)
@@ -354,28 +424,64 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         return dict(sorted_key=sorted_key, sorted_b=sorted_b, run_start=run_start, run_key=run_key,
                     first_b=first_b, pend=pend, n_runs=n_runs, chunk_run=chunk_run, cap=cap)
 
+    def _common(self, grad: torch.Tensor, n_part: int, n: int) -> dict:
+        """Constexprs and launch options shared by the backward kernels."""
+        idx32 = self._idx32 and max(grad.numel(), n_part, n + 1) < 2**31
+        return dict(IDX=tl.int32 if idx32 else tl.int64, ROW_BITS=self._row_bits, VEC=self._vec, EVICT=self.evict,
+                    BLOCK_R=self.block_rows, BLOCK_D=self._block_d, num_warps=self.num_warps,
+                    enable_fp_fusion=False)  # no FMA: the reference's roundings
+
+    def _update_args(self) -> tuple:
+        """Table geometry and the buffers every row update reads and writes."""
+        return (self._dims_t, self._col_off, self._w_off, self._s_off, self._flat_w,
+                self._flat_s if self._flat_s.numel() else self._no_state)
+
+    def _optim_args(self) -> tuple[dict, tuple]:
+        """(constexpr flags, (lr, eps)) of the optimizer."""
+        return (dict(ADAGRAD=self.optim.kind == "rowwise_adagrad", BF16=self._flat_w.dtype == torch.bfloat16),
+                (float(self.optim.lr), float(self.optim.eps)))
+
+    def _singles(self, ids: torch.Tensor, offsets: torch.Tensor, B: int,
+                 grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Update every row hit by one id of the batch straight from its gradient row; return the keys
+        and bag rows of the other ids (rows hit more than once), in batch order, for the sorted path.
+
+        Costs one host sync (the number of ids left), queued behind the singles kernel so the GPU
+        stays busy while the host waits."""
+        n = ids.numel()
+        count = torch.zeros(self._flat_s_rows, dtype=torch.int32, device=ids.device)
+        key, b_of = self._keys(ids, offsets, B, count)
+        multi = torch.empty(n, dtype=torch.int8, device=ids.device)
+        flags, (lr, eps) = self._optim_args()
+        _BWD_SINGLES[(triton.cdiv(n, self.block_rows),)](
+            key, b_of, count, multi, grad, grad.stride(0), *self._update_args(), n, lr, eps, **flags,
+            **self._common(grad, 0, n))
+        rest = torch.nonzero(multi).view(-1)
+        return key[rest], b_of[rest]
+
     @torch.no_grad()
     def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
         B = self._batch(offsets)
         if B == 0 or ids.numel() == 0:
             return
         grad = grad.contiguous()
-        p = self._plan(ids.contiguous(), offsets.contiguous(), B)
-        n, BD, BR, NW, L = ids.numel(), self._block_d, self.block_rows, self.num_warps, self.split_len
-        cap = p["cap"]
+        ids, offsets = ids.contiguous(), offsets.contiguous()
+        if self.singles:
+            key, b_of = self._singles(ids, offsets, B, grad)
+            if key.numel() == 0:
+                return
+        else:
+            key, b_of = self._keys(ids, offsets, B)
+        p = self._runs(key, b_of)
+        n, BD, BR, L, cap = key.numel(), self._block_d, self.block_rows, self.split_len, p["cap"]
         part = torch.empty(cap, BD, dtype=torch.float32, device=self.device)
-        idx32 = self._idx32 and max(grad.numel(), part.numel(), n + 1) < 2**31
-        idx = tl.int32 if idx32 else tl.int64
-        common = dict(IDX=idx, ROW_BITS=self._row_bits, SPLIT=L, VEC=self._vec, EVICT=self.evict, BLOCK_R=BR,
-                      BLOCK_D=BD, num_warps=NW, enable_fp_fusion=False)  # no FMA: the reference's roundings
+        common = dict(self._common(grad, part.numel(), n), SPLIT=L)
         # a wave of programs is plenty: long runs are few (hot rows)
         _BWD_PARTIAL[(min(triton.cdiv(cap, BR), 2048),)](
             p["sorted_b"], grad, grad.stride(0), p["run_key"], p["run_start"], p["pend"], p["chunk_run"],
             self._dims_t, self._col_off, part, n, cap, **common)
         tiles = triton.cdiv(n, BR)
+        flags, (lr, eps) = self._optim_args()
         _BWD_UPDATE[(min(tiles, self.max_programs) if self.max_programs else tiles,)](
             p["sorted_b"], grad, grad.stride(0), p["run_key"], p["first_b"], p["run_start"], p["pend"], part,
-            self._dims_t, self._col_off, self._w_off, self._s_off, self._flat_w,
-            self._flat_s if self._flat_s.numel() else part, p["n_runs"], float(self.optim.lr),
-            float(self.optim.eps), ADAGRAD=self.optim.kind == "rowwise_adagrad",
-            BF16=self._flat_w.dtype == torch.bfloat16, **common)
+            *self._update_args(), p["n_runs"], lr, eps, **flags, **common)

@@ -144,6 +144,37 @@ def test_hot_row_split_is_exact(device: str, idx64: bool) -> None:
 
 @needs_interp
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,kind", [("fp32", "rowwise_adagrad"), ("bf16", "sgd")])
+def test_singles_path_gives_the_sorted_paths_bits(dtype: str, kind: str, device: str) -> None:
+    """`singles=True` updates rows hit once without sorting and sends the rest down the sorted path:
+    the same weights and state, bit for bit, as sorting everything (and the torch reference's values),
+    on batches with both kinds of rows, with only singles, and with one hot row only."""
+    ref, tri = _pair(dtype, kind, device)
+    _, one = _pair(dtype, kind, device, singles=True)
+    gen = torch.Generator().manual_seed(6)
+    B, T = 8, len(ROWS)
+    unique = torch.tensor([0, 5, 9, 1, 2, 3, 30, 7, 11, 4], dtype=torch.long)  # table 0, every row once
+    lens = torch.zeros(T * B, dtype=torch.long)
+    lens[:5] = 2
+    batches = [_batch(B, gen) for _ in range(2)] + [
+        (unique, torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])),
+        (torch.full((10,), 3, dtype=torch.long), torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]))]
+    for ids, offsets in batches:
+        grad = torch.randn(B, sum(DIMS), generator=gen)
+        ref.backward_update(ids, offsets, grad)
+        tri.backward_update(ids.to(device), offsets.to(device), grad.to(device))
+        one.backward_update(ids.to(device), offsets.to(device), grad.to(device))
+        for a, b in zip(tri.weights() + tri.states(), one.weights() + one.states(), strict=True):
+            assert torch.equal(a, b)
+        for w_ref, w_one in zip(ref.weights(), one.weights(), strict=True):
+            _close(w_one, w_ref, **TOL[dtype])
+    table = torch.repeat_interleave(torch.arange(T), batches[0][1][B::B] - batches[0][1][:-1:B])
+    hits = torch.unique(table * 100 + batches[0][0], return_counts=True)[1]
+    assert (hits == 1).any() and (hits > 1).any(), "the Zipf batch must hold rows hit once and rows hit more"
+
+
+@needs_interp
+@pytest.mark.parametrize("device", DEVICES)
 def test_int32_indices_empty_batch_and_live_views(device: str) -> None:
     ref, tri = _pair("fp32", "sgd", device)
     gen = torch.Generator().manual_seed(4)
@@ -172,7 +203,7 @@ def test_cpu_cases_in_fresh_interpreter_process() -> None:
            __file__]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert re.search(r"\b10 passed\b", r.stdout), r.stdout[-2000:]  # all CPU cases ran, none skipped
+    assert re.search(r"\b12 passed\b", r.stdout), r.stdout[-2000:]  # all CPU cases ran, none skipped
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the claim is about host syncs")
@@ -223,9 +254,15 @@ upd = ptx(tb._BWD_UPDATE, dict(sorted_b_ptr=i32, grad_ptr=f32, grad_stride="i32"
           w_off_ptr="*i64", s_off_ptr="*i64", w_ptr=f32, s_ptr=f32, n_runs_ptr=i32, lr="fp32", eps="fp32"),
           dict(ADAGRAD=True, BF16=False, IDX=tl.int32, ROW_BITS=20, SPLIT=32, VEC=4, EVICT=True, BLOCK_R=4,
                BLOCK_D=128), 2)
+one = ptx(tb._BWD_SINGLES, dict(key_ptr=i32, b_ptr=i32, count_ptr=i32, multi_ptr="*i8", grad_ptr=f32,
+          grad_stride="i32", dims_ptr=i32, col_off_ptr=i32, w_off_ptr="*i64", s_off_ptr="*i64", w_ptr=f32,
+          s_ptr=f32, n="i32", lr="fp32", eps="fp32"),
+          dict(ADAGRAD=True, BF16=False, IDX=tl.int32, ROW_BITS=20, VEC=4, EVICT=True, BLOCK_R=4,
+               BLOCK_D=128), 2)
 fwd = ptx(tb._FWD, dict(ids_ptr="*i64", offsets_ptr="*i64", w_ptr=f32, out_ptr=f32, w_off_ptr="*i64",
           dims_ptr=i32, col_off_ptr=i32, B="i32", out_stride="i32"), dict(VEC=4, BLOCK_N=32, BLOCK_D=128), 4)
 print(len(re.findall(r"ld\.global\S*\.v4", upd)), len(re.findall(r"st\.global\S*\.v4", upd)),
+      len(re.findall(r"ld\.global\S*\.v4", one)), len(re.findall(r"st\.global\S*\.v4", one)),
       len(re.findall(r"ld\.global\S*\.v4", fwd)))
 '''
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -234,7 +271,8 @@ print(len(re.findall(r"ld\.global\S*\.v4", upd)), len(re.findall(r"st\.global\S*
     if r.returncode and "ptxas" in r.stderr and "not found" in r.stderr:
         pytest.skip("this Triton build has no bundled ptxas")
     assert r.returncode == 0, r.stderr[-3000:]
-    upd_ld, upd_st, fwd_ld = map(int, r.stdout.split()[-3:])
+    upd_ld, upd_st, one_ld, one_st, fwd_ld = map(int, r.stdout.split()[-5:])
     # update: weight row, first gradient row, looped gradient rows, chunk partials (2 per thread each at
-    # 4 rows x 128 cols over 64 threads); store: the weight row. forward: the gathered rows.
-    assert upd_ld >= 8 and upd_st >= 2 and fwd_ld >= 8, (upd_ld, upd_st, fwd_ld)
+    # 4 rows x 128 cols over 64 threads); store: the weight row. singles: weight and gradient row, weight
+    # store. forward: the gathered rows.
+    assert upd_ld >= 8 and upd_st >= 2 and one_ld >= 4 and one_st >= 2 and fwd_ld >= 8, r.stdout
