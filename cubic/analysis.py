@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import optuna
 import pandas as pd
+import sqlalchemy
 
-from cubic.store import rdb_storage, safe_url
+from cubic.store import NOT_RUN, rdb_storage, safe_url
 from harness.errors import ConfigError
 
 STUDY_FILE = "study.db"
@@ -59,8 +60,18 @@ def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     where = safe_url(url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
+        # look before Optuna opens it: RDBStorage creates its tables in any database it is given
+        engine = sqlalchemy.create_engine(url)
+        try:
+            is_store = sqlalchemy.inspect(engine).has_table("studies")
+        finally:
+            engine.dispose()
+        if not is_store:
+            raise ConfigError(f"{where}: not a cubic/Optuna trial store (no 'studies' table)")
         storage = rdb_storage(url, skip_compatibility_check=False)
         names = [s.study_name for s in storage.get_all_studies()]
+    except ConfigError:
+        raise
     except Exception as e:  # not a database, not an Optuna schema, server unreachable
         msg = " ".join(str(e).split())[:200]
         raise ConfigError(f"{where}: cannot read the trial store ({type(e).__name__}: {msg})") from None
@@ -159,7 +170,9 @@ def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     """One row per trial: knobs, every TrialResult metric (breakdown as `bd_*`), status/reason, timing,
     searcher, phase and the proxy's prediction at proposal time.
 
-    Also `ok` (a usable measurement), `speedup` (qps / baseline qps) and `is_winner`. `df.attrs` carries
+    Also `ok` (a usable measurement), `speedup` (qps / baseline qps, both first measurements),
+    `confirm_speedup` (median re-measured qps / the baseline's, as the tune's headline) and `is_winner`.
+    `df.attrs` carries
     study, storage, knobs, baseline_qps, winner (the confirmed one, or the best ok trial) and space.
     """
     st = open_study(run_dir_or_storage_url, study)
@@ -181,6 +194,9 @@ def study_frame(st: optuna.Study, storage: str = "") -> pd.DataFrame:
     df.attrs.update(study=st.study_name, storage=storage, knobs=knobs, space=st.user_attrs.get("space") or {})
     base = baseline_qps(df, st.user_attrs.get("winner"))
     df["speedup"] = df["qps"] / base if base else math.nan
+    # the confirm's re-measurements over the baseline's: the ratio the tune's verdict and headline use
+    base_conf = baseline_rows(df)["confirm_qps_median"].dropna()
+    df["confirm_speedup"] = df["confirm_qps_median"] / float(base_conf.iloc[0]) if len(base_conf) else math.nan
     df.attrs["baseline_qps"] = base
     win = winner_info(df, st.user_attrs.get("winner"))
     df["is_winner"] = df["number"] == (win["trial"] if win else -1)
@@ -284,8 +300,8 @@ def top_k(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     """The k fastest usable trials with what makes them differ, for tables in the notebook and report."""
     ok = usable(df).sort_values("qps", ascending=False).head(k)
     cols = ["number", "phase", "searcher", "qps", "speedup", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne",
-            "confirm_qps_median", *varying_knobs(df)]
-    cols = [c for c in cols if c in ok and not (c == "confirm_qps_median" and ok[c].isna().all())]
+            "confirm_qps_median", "confirm_speedup", *varying_knobs(df)]
+    cols = [c for c in cols if c in ok and not (c.startswith("confirm_") and ok[c].isna().all())]
     return ok[cols].reset_index(drop=True)
 
 
@@ -312,8 +328,10 @@ def failed(df: pd.DataFrame) -> pd.DataFrame:
 def summary(df: pd.DataFrame) -> dict[str, Any]:
     """Headline numbers: counts, baseline, winner and its speed-up."""
     win = df.attrs.get("winner")
-    return {"study": df.attrs.get("study"), "storage": df.attrs.get("storage"), "trials": len(df),
-            "ok": int(df["ok"].sum()), "failed": len(failed(df)),
+    ran = ~df["status"].isin(NOT_RUN)  # proposals refused or re-queued spent no budget: as the tune counts
+    return {"study": df.attrs.get("study"), "storage": df.attrs.get("storage"), "trials": int(ran.sum()),
+            "ok": int(df["ok"].sum()), "failed": int(failed(df)["number"].isin(df.loc[ran, "number"]).sum()),
+            "not_run": int((~ran).sum()),
             "baseline_qps": df.attrs.get("baseline_qps"),
             "winner_trial": win["trial"] if win else None, "winner_qps": win["qps"] if win else None,
             "speedup": win.get("speedup") if win else None,

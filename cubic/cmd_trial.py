@@ -11,10 +11,8 @@ from pathlib import Path
 import typer
 import yaml
 
-from harness.config import CHOICES, TrialConfig
+from harness.config import CHOICES, TrialConfig, TrialResult
 from harness.errors import ConfigError
-
-DEFAULT_SPACE = Path("search_spaces/dlrm_cpu.yaml")
 
 
 def _fail(msg: str) -> None:
@@ -23,11 +21,14 @@ def _fail(msg: str) -> None:
 
 
 def base_config(space: Path | None) -> TrialConfig:
-    if space is None and not DEFAULT_SPACE.exists():
-        return TrialConfig()
-    from cubic.space import load_space
+    """The baseline of `space` (default: the shipped CPU space; TrialConfig's defaults without one)."""
+    from cubic.space import load_space, shipped_space
 
-    return load_space(space or DEFAULT_SPACE).baseline
+    if space is None:
+        space = shipped_space("dlrm_cpu.yaml")
+        if not space.exists():
+            return TrialConfig()
+    return load_space(space).baseline
 
 
 def apply_workload_file(cfg: TrialConfig, path: Path) -> TrialConfig:
@@ -109,7 +110,7 @@ def trial(
     print_result(res)
 
 
-def print_result(res) -> None:
+def print_result(res: TrialResult) -> None:
     from rich.console import Console
     from rich.table import Table
 

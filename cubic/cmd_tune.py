@@ -14,7 +14,9 @@ def default_space() -> Path:
     """The GPU space where CUDA is present, the CPU space otherwise."""
     import torch
 
-    return Path("search_spaces") / ("dlrm_gpu.yaml" if torch.cuda.is_available() else "dlrm_cpu.yaml")
+    from cubic.space import shipped_space
+
+    return shipped_space("dlrm_gpu.yaml" if torch.cuda.is_available() else "dlrm_cpu.yaml")
 
 
 def tune(

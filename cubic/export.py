@@ -10,7 +10,6 @@ Plain data only (yaml.safe_dump / json), so loading an export never executes any
 from __future__ import annotations
 
 import json
-import math
 import platform
 import sys
 from datetime import UTC, datetime
@@ -20,7 +19,7 @@ from typing import Any
 import yaml
 
 from cubic import analysis
-from harness.config import TrialConfig
+from harness.config import TrialConfig, json_safe
 from harness.errors import ConfigError
 
 FORMATS = ("yaml", "json", "torchrec")
@@ -35,17 +34,6 @@ DATA_TYPES = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}  # torchrec.types.
 EMB_OPTIMIZERS = {"rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
                   "momentum_scaled_rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
                   "sgd": "torch.optim.SGD"}
-
-
-def _clean(v: Any) -> Any:
-    """NaN/inf -> None, recursively: JSON has no NaN and consumers should not have to guess."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_clean(x) for x in v]
-    return v
 
 
 def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) -> dict[str, Any]:
@@ -123,7 +111,7 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
             "exported_on": platform.node(),
         },
     }
-    return _clean(out)
+    return json_safe(out)
 
 
 # ---------------------------------------------------------------------------------------------- torchrec
@@ -235,7 +223,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
                   "interaction": wl.interaction},
         "notes": notes,
     }
-    return _clean(out)
+    return json_safe(out)
 
 
 # ---------------------------------------------------------------------------------------------- entry
@@ -258,6 +246,9 @@ def write_export(run_dir_or_storage_url: str | Path, fmt: str, out: str | Path |
         sys.stdout.write(text)
     else:
         p = Path(out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"{p}: cannot write the export: {e.strerror or e}") from None
     return text

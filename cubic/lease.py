@@ -130,6 +130,8 @@ class TunerLease:
                 return res.rowcount == 1
         except sqlalchemy.exc.IntegrityError:  # another tuner inserted first
             return False
+        except sqlalchemy.exc.OperationalError:  # e.g. SQLite "database is locked": not set; callers retry
+            return False
 
     def _stamp(self) -> str:
         self.me["heartbeat"] = time.time()

@@ -6,7 +6,8 @@ a sample-matched re-run would do (training is causal): the mean loss over the st
 the baseline's measured samples, divided by the entropy of the labels there (the baseline's
 loss / NE over those same samples), is the NE the confirm's quality gate would see. That lets
 the searcher learn, while it searches, which fast configurations the gate will reject.
-Trials with a smaller global batch do not cover the baseline's samples: no estimate (None).
+Search trials with a smaller global batch do not cover the baseline's samples: no estimate (None);
+the confirm runs them longer (`covering`) so they do.
 """
 
 from __future__ import annotations
@@ -17,28 +18,35 @@ from collections.abc import Sequence
 from harness.config import TrialConfig
 
 
+def _global_batch(cfg: TrialConfig) -> int:
+    return cfg.batch_size * cfg.world_size
+
+
 def matched_steps(cfg: TrialConfig, base: TrialConfig) -> tuple[int, int]:
-    """(first, count) of cfg's steps covering the baseline's measured samples, rounded to whole steps."""
-    gb, gb0 = cfg.batch_size * cfg.world_size, base.batch_size * base.world_size
-    return round(base.warmup_steps * gb0 / gb), max(1, round(base.measure_steps * gb0 / gb))
+    """(first, count) of cfg's steps over the baseline's measured samples: the whole steps inside
+    them; where not one step fits inside, the step that holds their start. Either way the window
+    never begins after more training than the baseline's did (a later window would flatter cfg)."""
+    gb, gb0 = _global_batch(cfg), _global_batch(base)
+    start, stop = base.warmup_steps * gb0, (base.warmup_steps + base.measure_steps) * gb0
+    first, end = -(-start // gb), stop // gb  # ceil, floor
+    return (first, end - first) if end > first else (start // gb, 1)
 
 
-def sample_matched(cfg: TrialConfig, base: TrialConfig) -> TrialConfig:
-    """`cfg` re-run over the baseline's samples: warm-up and measured steps from `matched_steps`
-    (at least `windows` measured steps, so its throughput still has windows)."""
-    if cfg.batch_size * cfg.world_size == base.batch_size * base.world_size:
-        return cfg
+def covering(cfg: TrialConfig, base: TrialConfig) -> TrialConfig:
+    """`cfg` with its own warm-up and measured steps (so its speed is measured like any trial's),
+    run longer where its steps end before the baseline's samples do (a smaller global batch), so
+    `matched_ne` can read its NE over those samples from its per-step losses."""
     first, count = matched_steps(cfg, base)
-    return cfg.replace(warmup_steps=first, measure_steps=max(cfg.windows, count))
+    short = first + count - (cfg.warmup_steps + cfg.measure_steps)
+    return cfg.replace(measure_steps=cfg.measure_steps + short) if short > 0 else cfg
 
 
 def matched_ne(losses: Sequence[float], cfg: TrialConfig, base_losses: Sequence[float], base: TrialConfig,
-               base_ne: float) -> float | None:
+               base_ne: float | None) -> float | None:
     """NE of a trial over the baseline's measured samples, or None where its steps do not cover them."""
     first, count = matched_steps(cfg, base)
     w0, m0 = base.warmup_steps, base.measure_steps
-    if (cfg.batch_size * cfg.world_size < base.batch_size * base.world_size or first + count > len(losses)
-            or w0 + m0 > len(base_losses) or not base_ne or base_ne <= 0):
+    if first + count > len(losses) or w0 + m0 > len(base_losses) or not base_ne or base_ne <= 0:
         return None
     entropy = (sum(base_losses[w0:w0 + m0]) / m0) / base_ne
     ne = (sum(losses[first:first + count]) / count) / entropy

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from cubic import analysis, plots
+from harness.errors import ConfigError
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;
@@ -96,7 +97,8 @@ def render_html(df: pd.DataFrame, k: int = 5) -> str:
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="muted">store {html.escape(str(s["storage"]))} &middot; {s["trials"]} trials '
-        f'({s["ok"]} ok, {s["failed"]} without a measurement) &middot; generated '
+        f'({s["ok"]} ok, {s["failed"]} without a measurement'
+        + (f', and {s["not_run"]} proposals not run' if s["not_run"] else "") + ") &middot; generated "
         f'{datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}</p>',
         f'<p class="win">{_speedup_text(s)}</p>',
         f"<h2>Top {k} configurations</h2>", _top_html(df, k),
@@ -129,12 +131,13 @@ def top_table(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
 
 LEFT = ' class="l"'
 HEADS = {"number": "trial", "phase": "phase", "searcher": "searcher", "qps": "qps", "speedup": "speed-up",
-         "qps_cv": "cv", "confirm_qps_median": "re-measured", "step_ms_p50": "step ms p50",
+         "qps_cv": "cv", "confirm_qps_median": "re-measured",
+         "confirm_speedup": "re-measured speed-up", "step_ms_p50": "step ms p50",
          "peak_mem_mb": "mem MB", "ne": "NE"}
 
 
 def _cell(col: str, v: Any) -> str:
-    if isinstance(v, float) and v == v and col == "speedup":
+    if isinstance(v, float) and v == v and col in ("speedup", "confirm_speedup"):
         return f"{v:.2f}x"
     if isinstance(v, float) and v == v and col == "qps_cv":
         return f"{100 * v:.1f}%"
@@ -160,7 +163,7 @@ def rich_table(df: pd.DataFrame, k: int = 5) -> Any:
     from rich.table import Table
 
     s = analysis.summary(df)
-    cols = ["number", "phase", "qps", "speedup", "qps_cv", "confirm_qps_median", "peak_mem_mb"]
+    cols = ["number", "phase", "qps", "speedup", "qps_cv", "confirm_qps_median", "confirm_speedup", "peak_mem_mb"]
     heads, nums, rows = top_cells(df, k, cols)
     t = Table(title=f"{s['study']}: top {k} of {s['trials']} trials ({s['failed']} failed)")
     for i, h in enumerate(heads):  # values never fold (a narrow terminal folds the headers instead)
@@ -176,9 +179,12 @@ def write_report(run_dir_or_storage_url: str | Path, out: str | Path, study: str
     """Load the study, write the HTML, and return (path, frame) for the terminal summary."""
     df = analysis.load_study(run_dir_or_storage_url, study)
     analysis.require_completed(df, str(run_dir_or_storage_url))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(df, k), encoding="utf-8")
+    out, text = Path(out), render_html(df, k)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{out}: cannot write the report: {e.strerror or e}") from None
     return out, df
 
 

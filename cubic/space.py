@@ -40,8 +40,9 @@ OBJECTIVES = {"qps": "maximize"}
 NOT_KNOBS = ("workload", "mem_cap_mb")
 # Knobs whose change alters the training numerics: a config that changes one must pass the
 # quality gate (NE at most the tolerance above the baseline's). 2D (group < world) counts too.
-DEFAULT_QUALITY_KNOBS = ("emb_precision", "dense_precision", "comm_precision", "batch_size", "emb_optimizer",
-                         "sharding", "sparse_sync", "sharding_group_size")
+# batch_size and world_size count through the global batch they make (per-rank batch x ranks).
+DEFAULT_QUALITY_KNOBS = ("emb_precision", "dense_precision", "comm_precision", "batch_size", "world_size",
+                         "emb_optimizer", "emb_lr", "dense_lr", "sharding", "sparse_sync", "sharding_group_size")
 ENUMERATE_LIMIT = 400_000  # spaces up to this many raw points are enumerated once (grid, pools)
 
 _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
@@ -207,9 +208,12 @@ class SearchSpace:
 
     def differs_in_numerics(self, params: dict[str, Any]) -> list[str]:
         """The numerics-changing knobs where params differ from the baseline."""
-        cfg = self.config(params)
-        out = [k for k in self.quality_knobs if k not in ("sharding_group_size", "sharding")
-               and getattr(cfg, k) != getattr(self.baseline, k)]
+        cfg, base = self.config(params), self.baseline
+        special = ("sharding_group_size", "sharding", "batch_size", "world_size")
+        out = [k for k in self.quality_knobs if k not in special and getattr(cfg, k) != getattr(base, k)]
+        if cfg.batch_size * cfg.world_size != base.batch_size * base.world_size:
+            out += [k for k in ("batch_size", "world_size")
+                    if k in self.quality_knobs and getattr(cfg, k) != getattr(base, k)]
         # Every sharding type trains the same model, except that column shards keep their own
         # row-wise AdaGrad state (as in FBGEMM/TorchRec): only going to/from column-wise counts.
         if "sharding" in self.quality_knobs and cfg.emb_optimizer != "sgd" and (
@@ -299,6 +303,14 @@ class _Loader:
         return d
 
 
+def shipped_space(name: str) -> Path:
+    """`search_spaces/NAME` of the working directory, else the one next to this package (a source
+    checkout installed with `pip install -e`), so the defaults work from any directory."""
+    here = Path("search_spaces") / name
+    repo = Path(__file__).resolve().parent.parent / "search_spaces" / name
+    return here if here.exists() or not repo.exists() else repo
+
+
 def load_space(path: str | Path) -> SearchSpace:
     """Parse and validate a search-space YAML file (ConfigError with file:line on any problem)."""
     path = Path(path)
@@ -367,8 +379,9 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     for k, kn in knobs.items():
         for c in kn.when:
             for n in (c.lhs, c.rhs if c.rhs_is_field else None):
-                if n is not None and n not in _FIELDS:
-                    raise ld.err(f"knobs.{k}.when", f"unknown name {n!r} in condition '{c}'")
+                if n is not None and (n not in _FIELDS or n in NOT_KNOBS):
+                    raise ld.err(f"knobs.{k}.when", f"unknown name {n!r} in condition '{c}'; allowed: "
+                                 f"{sorted(_FIELDS - set(NOT_KNOBS))}")
 
     try:
         baseline.validate("baseline")

@@ -25,7 +25,8 @@ Schema (analysis and export read exactly this):
   "config_key" (`TrialConfig.key()`), "config" (TrialConfig dict). Trials that change numerics also
   get "ne_matched" (their NE over the baseline's measured samples, from their own per-step losses;
   null where their steps do not cover those samples, see `cubic.quality`) and "quality_est_ok"
-  (that NE at most the quality tolerance above the baseline's; absent where ne_matched is null).
+  (that NE at most the quality tolerance above the baseline's; absent where ne_matched is null),
+  with "quality_est_tol" (the tolerance it was judged with: a resume with another one re-judges).
 - State: COMPLETE trials have value = qps. Failed trials are FAIL with "status"
   (oom | error | timeout) and a one-line "error". Trials found RUNNING when a tune resumes
   (the tuner died) become FAIL with status "interrupted" and error "interrupted"; their
@@ -35,7 +36,8 @@ Schema (analysis and export read exactly this):
 - Confirm walks down the ranking (skipping trials with quality_est_ok false) until confirm_top_k
   configurations pass the quality gate, screening at most 3 x confirm_top_k.
 - Confirm re-measurements are not new trials: they are stored on the original trial as user_attrs
-  "confirm_qps" (list of floats), "confirm_ne" (list of floats), "quality_ok" (bool),
+  "confirm_qps" (list of floats), "confirm_ne" (list: NE over the baseline's samples per
+  re-measurement, null where unavailable), "quality_ok" (bool),
   "quality_reason" (str), and "confirm_failed" (list of "status: error" strings) if one failed.
 """
 
@@ -55,7 +57,7 @@ from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 
 from cubic.space import SearchSpace, fingerprint
-from harness.config import TrialResult
+from harness.config import TrialResult, json_safe
 from harness.errors import ConfigError
 
 FLAT_KEYS = ("status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne")
@@ -63,15 +65,7 @@ INTERRUPTED = "interrupted"
 NOT_RUN = (INTERRUPTED, "skipped")  # FAIL statuses that did not spend budget
 
 
-def clean(x: Any) -> Any:
-    """Strict-JSON copy: NaN/inf -> None (SQL JSON columns and pandas both read null)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [clean(v) for v in x]
-    return x
+clean = json_safe  # the name the store and its readers use
 
 
 def storage_url(run_dir: Path | None, storage: str | None) -> str:
@@ -156,9 +150,13 @@ class Store:
             raise ConfigError(
                 f"study {space.name!r} in {safe_url(rdb.url)} was made with a different search space "
                 f"({old.get('path')}); use another --run-dir/--storage or another space name")
-        self.study.set_user_attr("space", new)
         if run_dir is not None:
             (run_dir / "trials").mkdir(parents=True, exist_ok=True)
+
+    def record_space(self) -> None:
+        """Store the resolved space (with its constraints) as the study's "space" attr: only by the
+        tuner holding the lease, so a refused second tuner never rewrites a running study's record."""
+        self.study.set_user_attr("space", self.space.to_dict())
 
     # ------------------------------------------------------------------ reading
     def trials(self, *states: TrialState) -> list[FrozenTrial]:
@@ -193,17 +191,18 @@ class Store:
         waiting = {t.user_attrs.get("config_key") for t in self.trials(TrialState.WAITING)}
         recovered = []
         for t in stale:
+            # killed between ask and start: params but no attrs yet -> derive the key from the params
+            # (before the FAIL: a finished trial's attrs can no longer be set)
+            key = t.user_attrs.get("config_key") or (self.space.config(t.params).key() if t.params else None)
             try:
+                if key and "config_key" not in t.user_attrs:
+                    self.study._storage.set_trial_user_attr(t._trial_id, "config_key", key)
                 self.study._storage.set_trial_user_attr(t._trial_id, "status", INTERRUPTED)
                 self.study._storage.set_trial_user_attr(t._trial_id, "error", INTERRUPTED)
                 self.study.tell(t.number, state=TrialState.FAIL)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
                 continue  # its silent tuner finished it after all, just now: nothing to recover
             recovered.append(t)
-            # killed between ask and start: params but no attrs yet -> derive the key from the params
-            key = t.user_attrs.get("config_key") or (self.space.config(t.params).key() if t.params else None)
-            if key and "config_key" not in t.user_attrs:
-                self.study._storage.set_trial_user_attr(t._trial_id, "config_key", key)
             if t.params and key not in done and key not in waiting:
                 self.enqueue(t.params, {"phase": t.user_attrs.get("phase", "resume"), "resumed_from": t.number})
                 waiting.add(key)
@@ -249,5 +248,5 @@ class Store:
                                                    value_json=json.dumps(clean(v))))
         trial.user_attrs.update(clean(attrs))
 
-    def set_winner(self, winner: dict[str, Any]) -> None:
+    def set_winner(self, winner: dict[str, Any] | None) -> None:
         self.study.set_user_attr("winner", clean(winner))

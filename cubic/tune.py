@@ -7,10 +7,11 @@
   "Dead" is checked, not assumed: a tuner holds the study's lease (`cubic.lease`) while it runs,
   and a second one on the same study refuses to start.
 - Confirm: the top-k and the baseline are re-measured `repeats` times (the first measurement was
-  selected for being high - winner's curse - so only re-measurements count). A configuration whose
-  knobs change the numerics is re-measured over the baseline's samples (`cubic.quality.sample_matched`: the
-  steps are scaled by the ratio of global batches) and must keep its normalized entropy within
-  the space's tolerance of the baseline's. The fastest confirmed one wins.
+  selected for being high - winner's curse - so only re-measurements count), each with the space's
+  own warm-up and measured steps. A configuration whose knobs change the numerics must keep its
+  normalized entropy over the baseline's samples (`cubic.quality.matched_ne`, from its per-step
+  losses; a smaller global batch runs longer to cover them, `cubic.quality.covering`) within the
+  space's tolerance of the baseline's. The fastest confirmed one wins.
 - View: a rich live table on a terminal (one line per trial otherwise), with the proxy's rank
   correlation (Kendall tau of predicted vs measured qps over finished trials) and an ETA.
 """
@@ -33,11 +34,11 @@ from rich.text import Text
 
 from cubic.lease import TunerLease, describe
 from cubic.proxy import kendall_tau
-from cubic.quality import matched_ne, sample_matched, within
+from cubic.quality import covering, matched_ne, within
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.space import SearchSpace
-from cubic.store import Store, safe_url
+from cubic.store import NOT_RUN, Store, safe_url
 from harness.config import TrialResult
 from harness.errors import ConfigError
 
@@ -198,7 +199,7 @@ class Tuner:
         if searcher == "cubic":
             history = [(t.params, t.value if t.state == TrialState.COMPLETE else None)
                        for t in store.history() if set(t.params) == set(space.knobs)
-                       and t.user_attrs.get("status") not in ("interrupted", "skipped")]
+                       and t.user_attrs.get("status") not in NOT_RUN]
         self.sampler = make_sampler(searcher, space, seed=seed, budget=self.budget, history=history)
         self.n_history = len(history)
         self.study.sampler = self.sampler
@@ -219,6 +220,7 @@ class Tuner:
             self.lease.release()
 
     def _run(self) -> dict[str, Any]:
+        self.store.record_space()
         interrupted = self.store.recover_interrupted()
         self._queue_baseline()
         self.view.seed(self.store.trials(TrialState.COMPLETE, TrialState.FAIL))
@@ -238,8 +240,7 @@ class Tuner:
 
     def _queue_baseline(self) -> None:
         for t in self.store.trials(TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING, TrialState.RUNNING):
-            if t.user_attrs.get("config_key") == self.base_key and t.user_attrs.get("status") not in (
-                    "interrupted", "skipped"):
+            if t.user_attrs.get("config_key") == self.base_key and t.user_attrs.get("status") not in NOT_RUN:
                 return
         self.store.enqueue(self.space.baseline_params(), {"phase": "baseline"})
 
@@ -307,15 +308,22 @@ class Tuner:
             return
         bres = self._base.user_attrs.get("result") or {}
         bcfg = self.space.config(self._base.params)
+        tol = self.space.quality_tolerance
         for t in todo:
-            if (t.state != TrialState.COMPLETE or t.user_attrs.get("config_key") == self.base_key
-                    or "ne_matched" in t.user_attrs or not self.space.differs_in_numerics(t.params)):
+            ua = t.user_attrs
+            if (t.state != TrialState.COMPLETE or ua.get("config_key") == self.base_key
+                    or not self.space.differs_in_numerics(t.params)):
                 continue
-            ne = matched_ne((t.user_attrs.get("result") or {}).get("losses") or [], self.space.config(t.params),
-                            bres.get("losses") or [], bcfg, bres.get("ne"))
+            if "ne_matched" in ua:  # estimated before: redo the verdict only if the tolerance changed
+                ne = ua["ne_matched"]
+                if ne is None or ua.get("quality_est_tol") == tol:
+                    continue
+            else:
+                ne = matched_ne((ua.get("result") or {}).get("losses") or [], self.space.config(t.params),
+                                bres.get("losses") or [], bcfg, bres.get("ne"))
             attrs: dict[str, Any] = {"ne_matched": ne}
             if ne is not None:
-                attrs["quality_est_ok"] = within(ne, bres["ne"], self.space.quality_tolerance)
+                attrs.update(quality_est_ok=within(ne, bres["ne"], tol), quality_est_tol=tol)
             self.store.set_finished_attrs(t, attrs)
 
     def _free(self, pending: list[Pending]) -> bool:
@@ -361,11 +369,13 @@ class Tuner:
         """Re-measure the baseline and walk down the ranking until `confirm_top_k` configurations
         pass the quality gate (or SCREEN_FACTOR x k were screened).
 
-        A configuration that changes numerics is screened first: one sample-matched run, judged
-        against the baseline's NE; only if it passes does it get its other `repeats - 1` runs.
-        Why walk rather than take the top k: the fastest configurations are often fast *because*
-        they change numerics (bigger batches, SGD, low precision), and a gate that rejected the
-        whole top k used to leave the baseline as the "winner" of a 40-trial tune."""
+        A configuration that changes numerics is screened first: one run, its NE over the baseline's
+        samples judged against the baseline's; only if it passes does it get its other `repeats - 1`.
+        Runs go one at a time: trials side by side on one node share its memory bandwidth and
+        would skew the very numbers that pick the winner. Why walk rather than take the top k: the
+        fastest configurations are often fast *because* they change numerics (bigger batches, SGD,
+        low precision), and a gate that rejected the whole top k used to leave the baseline as the
+        "winner" of a 40-trial tune."""
         ranked = sorted(self.store.trials(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
         base = next((t for t in ranked if t.user_attrs.get("config_key") == self.base_key), None)
         cands = [t for t in ranked if t is not base and t.user_attrs.get("quality_est_ok") is not False]
@@ -412,10 +422,10 @@ class Tuner:
                 continue
             order = ([base] if base else []) + screened
             job = next((t for t in order if wants(t)), None)
-            if job is not None and self.runner.has_room(pending):
+            if job is not None and not pending:  # one at a time (see the docstring)
                 cfg = self.space.config(job.params)
                 if base is not None and job is not base and self.space.differs_in_numerics(job.params):
-                    cfg = sample_matched(cfg, self.space.config(base.params))
+                    cfg = covering(cfg, self.space.config(base.params))
                 pending.append(self.runner.submit(cfg, tag=job))
                 inflight[job.number] = inflight.get(job.number, 0) + 1
                 continue
@@ -425,10 +435,10 @@ class Tuner:
                 pending.remove(p)
                 inflight[p.tag.number] -= 1
                 self.lease.check(fresh=True)  # confirm writes bypass Optuna's state check
-                self._record_confirm(p.tag, res)
+                self._record_confirm(p.tag, res, base)
                 self.view.add(p.tag, time.monotonic() - p.started, confirm=res)
             left = sum(max(0, reps - runs(t)) for t in order if verdict(t) is not False)
-            self.view.set_eta(left, max(1.0, self.runner.cpus / 2))
+            self.view.set_eta(left, 1.0)
             self.view.refresh()
         targets = ([base] if base else []) + screened
         self.lease.check(fresh=True)
@@ -437,11 +447,17 @@ class Tuner:
             self.store.set_finished_attrs(t, {"quality_ok": ok_, "quality_reason": why})
         return targets
 
-    def _record_confirm(self, t: FrozenTrial, res: TrialResult) -> None:
+    def _record_confirm(self, t: FrozenTrial, res: TrialResult, base: FrozenTrial | None) -> None:
+        """Append a re-measurement's qps and NE (over the baseline's samples) to the trial's attrs."""
         ua = t.user_attrs
         if res.status == "ok" and res.qps > 0:
+            ne: float | None = res.ne
+            if base is not None and t.number != base.number and self.space.differs_in_numerics(t.params):
+                bres = base.user_attrs.get("result") or {}
+                ne = matched_ne(res.losses, self.space.config(t.params), bres.get("losses") or [],
+                                self.space.config(base.params), bres.get("ne"))
             attrs = {"confirm_qps": list(ua.get("confirm_qps") or []) + [res.qps],
-                     "confirm_ne": list(ua.get("confirm_ne") or []) + [res.ne]}
+                     "confirm_ne": list(ua.get("confirm_ne") or []) + [ne]}
         else:
             attrs = {"confirm_failed": list(ua.get("confirm_failed") or []) + [f"{res.status}: {res.error}"]}
         self.store.set_finished_attrs(t, attrs)
@@ -470,7 +486,7 @@ class Tuner:
     # ------------------------------------------------------------------ summary
     def _summary(self, confirmed: list[FrozenTrial]) -> dict[str, Any]:
         trials = self.store.trials(TrialState.COMPLETE, TrialState.FAIL)
-        ran = [t for t in trials if t.user_attrs.get("status") not in ("interrupted", "skipped")]
+        ran = [t for t in trials if t.user_attrs.get("status") not in NOT_RUN]
         base = next((t for t in confirmed if t.user_attrs.get("quality_reason") == "baseline"), None)
         base_q = _median_finite(base.user_attrs.get("confirm_qps") if base else None)
         if base_q is None and base is not None:
@@ -490,7 +506,7 @@ class Tuner:
                 "searcher": self.searcher, "quality_reason": w.user_attrs.get("quality_reason"),
                 "confirm_qps": cq, "short_config": short_config(self.space, w.params),
             }
-            self.store.set_winner(winner)
+        self.store.set_winner(winner)  # None clears a winner an earlier confirm left behind
         done = [t for t in ran if t.state == TrialState.COMPLETE]
         top = max(done, key=lambda t: t.value or 0.0, default=None)
         first_base = next((t.value for t in done if t.user_attrs.get("config_key") == self.base_key), None)

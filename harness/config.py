@@ -9,11 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import ConfigError
 from harness.workload import Workload
+
+
+def json_safe(x: Any) -> Any:
+    """Strict-JSON copy: NaN/inf -> None, recursively (JSON has no NaN; SQL JSON columns, pandas and
+    strict parsers all read null)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
+
 
 # Allowed values of every categorical knob: the single source for validation,
 # the CLI's error messages and the search-space loader.
@@ -88,8 +102,12 @@ class TrialConfig:
         for key in ("world_size", "batch_size", "threads_per_rank", "measure_steps", "windows"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{where}: {key}={getattr(self, key)!r} must be >= 1")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"{where}: warmup_steps={self.warmup_steps} must be >= 0")
+        for key in ("warmup_steps", "seed", "column_shard_dim", "mem_cap_mb"):
+            if not math.isfinite(getattr(self, key)) or getattr(self, key) < 0:
+                raise ConfigError(f"{where}: {key}={getattr(self, key)!r} must be >= 0")
+        for key in ("emb_lr", "dense_lr", "timeout_s"):
+            if not math.isfinite(getattr(self, key)) or getattr(self, key) <= 0:
+                raise ConfigError(f"{where}: {key}={getattr(self, key)!r} must be a finite number > 0")
         if self.measure_steps < self.windows:
             raise ConfigError(f"{where}: measure_steps={self.measure_steps} must be >= windows={self.windows}")
         g = self.sharding_group_size
@@ -103,11 +121,25 @@ class TrialConfig:
                 f"{where}: ranks_per_node={self.ranks_per_node} must divide the sharding group "
                 f"size {self.group_size}"
             )
+        if self.kernel == "native" and self.device == "cuda":
+            raise ConfigError(f"{where}: kernel=native is a CPU kernel; with device=cuda choose torch or triton")
+        if self.sharding == "column_wise":
+            for t in self.workload.tables:
+                self.column_width(t.dim, t.name, where)
         if self.kernel == "fbgemm" and self.emb_precision == "bf16":
             raise ConfigError(f"{where}: emb_precision=bf16 is not supported by kernel=fbgemm on CPU; "
                               "choose fp32 or fp16")
         self.workload.validate(where)
         return self
+
+    def column_width(self, dim: int, table: str = "", where: str = "config") -> int:
+        """Column-wise shard width of a `dim`-wide table: `column_shard_dim`, or dim / group size
+        rounded down to a multiple of 4. ConfigError unless FBGEMM-legal: a multiple of 4 dividing dim."""
+        w = self.column_shard_dim or max(4, (dim // self.group_size) // 4 * 4)
+        if w % 4 or dim % w or dim % 4:
+            raise ConfigError(f"{where}: column_wise: table {table} dim {dim} cannot be split into FBGEMM-legal "
+                              f"shards of width {w} (column_shard_dim must be 0 or a multiple of 4 dividing the dim)")
+        return w
 
     # ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -187,7 +219,8 @@ class TrialResult:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), default=float)
+        """Strict JSON (NaN -> null): `jq` and other strict parsers read it."""
+        return json.dumps(json_safe(self.to_dict()), allow_nan=False, default=float)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialResult:

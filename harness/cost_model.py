@@ -1,9 +1,8 @@
 """Analytic cost model: a config's step time, memory and communication on given hardware.
 
-One model, three users: the `auto` sharding planner (per-table choices), the
-tuner's proxy (derived features) and cubic's simulator (predicted TrialResult
-for clusters we do not have). It lives in the harness so that the harness
-never imports the tuner.
+One model, two users: the `auto` sharding planner (per-table choices) and the
+tuner's proxy (derived features, and the prior that orders its warm-up). It
+lives in the harness so that the harness never imports the tuner.
 
 The model is bytes / bandwidth (TorchRec's planner style: backward ~ 2x
 forward for embeddings), ring / all-to-all collective formulas, MLP FLOPs /
@@ -18,9 +17,13 @@ import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from harness.config import TrialConfig
 from harness.workload import TableSpec
+
+if TYPE_CHECKING:  # the planner imports this module
+    from harness.sharding.plan import ShardingPlan
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ class CostEstimate:
         return asdict(self)
 
 
-def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEstimate:
+def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan: ShardingPlan | None = None) -> CostEstimate:
     """Predict one training step of `cfg` (ms), throughput and per-rank memory."""
     from harness.sharding.planner import make_plan  # planner uses this module's table costs
 
@@ -212,13 +215,17 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan=None) -> CostEst
     return CostEstimate(step, qps, bd, mem, features)
 
 
+FEATURE_NAMES = ("bytes_lookup_per_rank", "a2a_bytes", "allreduce_bytes", "mlp_gflops", "mem_mb_per_rank",
+                 "load_imbalance", "est_step_ms", "est_qps",
+                 *(f"est_{k}_ms" for k in ("emb_fwd", "emb_bwd", "comm", "dense", "optim")))
+
+
 def features(cfg: TrialConfig, hw: Hardware | None = None) -> dict[str, float]:
     """Derived features for the tuner's proxy (all floats; infeasible plans get NaNs)."""
     try:
         return estimate(cfg, hw).features
-    except ValueError:
-        return dict.fromkeys(("bytes_lookup_per_rank", "a2a_bytes", "allreduce_bytes", "mlp_gflops",
-                              "mem_mb_per_rank", "load_imbalance", "est_step_ms", "est_qps"), float("nan"))
+    except ValueError:  # the same names as a feasible plan's, so the proxy's columns never depend on order
+        return dict.fromkeys(FEATURE_NAMES, float("nan"))
 
 
 def _dense_param_counts(cfg: TrialConfig) -> list[int]:

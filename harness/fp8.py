@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn as nn
 
+from harness.config import json_safe
+
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 FP8_MAX = {E4M3: torch.finfo(E4M3).max, E5M2: torch.finfo(E5M2).max}
@@ -231,13 +233,7 @@ class LayerProbe:
 
     def to_dict(self) -> dict:
         """JSON-safe: non-finite floats become None."""
-        def clean(v):
-            if isinstance(v, float):
-                return v if math.isfinite(v) else None
-            if isinstance(v, dict):
-                return {k: clean(x) for k, x in v.items()}
-            return v
-        return {k: clean(v) for k, v in asdict(self).items()}
+        return json_safe(asdict(self))
 
 
 def probes_to_json(probes: Sequence[LayerProbe]) -> list[dict]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from harness.workload import Workload
+
 
 def mlp(sizes: list[int], in_features: int, final_relu: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
@@ -43,7 +45,7 @@ class DenseArch(nn.Module):
         return self.top(self.interact(self.bottom(dense), pooled)).squeeze(-1)
 
 
-def build_dense_arch(wl, seed: int) -> DenseArch:
+def build_dense_arch(wl: Workload, seed: int) -> DenseArch:
     """Same initial weights on every rank and in the single-process reference."""
     g = torch.random.fork_rng(devices=[])
     with g:

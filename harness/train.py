@@ -12,6 +12,7 @@ import math
 import resource
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -19,10 +20,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.config import TrialConfig
-from harness.data import rank_batches
-from harness.model import build_dense_arch
+from harness.data import Batch, rank_batches
+from harness.model import DenseArch, build_dense_arch
 from harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
-from harness.sharding.comm import make_groups
+from harness.sharding.comm import Groups, make_groups
 from harness.sharding.plan import ShardingPlan
 from harness.timers import BACKGROUND, TIMERS
 
@@ -32,7 +33,7 @@ PHASES = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
 class InputPipeline:
     """Keeps the input distribution of the next `depth` batches running ahead (depth 0: inline)."""
 
-    def __init__(self, coll: ShardedEmbeddingCollection, batches, depth: int):
+    def __init__(self, coll: ShardedEmbeddingCollection, batches: Sequence[Batch], depth: int) -> None:
         self.coll, self.batches, self.depth = coll, batches, depth
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"{BACKGROUND}-input-dist") if depth else None
         self.inflight: deque[tuple[int, Future]] = deque()
@@ -162,7 +163,8 @@ def _reduce(t: torch.Tensor, group, device: torch.device, op=dist.ReduceOp.SUM) 
     return x.cpu()
 
 
-def apply_fp8_dense(dense, coll: ShardedEmbeddingCollection, batches, mode: str, groups, device) -> list[dict]:
+def apply_fp8_dense(dense: DenseArch, coll: ShardedEmbeddingCollection, batches: Sequence[Batch], mode: str,
+                    groups: Groups, device: torch.device) -> list[dict]:
     """LoKA-style: probe every Linear of both MLPs on real batches, then swap in fp8 layers.
 
     `fp8_all` swaps every layer; `fp8_auto` only layers the probe found both accurate

@@ -92,8 +92,6 @@ def check_config(cfg: TrialConfig) -> None:
 
         if not available():
             raise ConfigError("kernel=fbgemm needs fbgemm_gpu (pip extra 'cpu' or 'cuda'); or use kernel=torch")
-    if cfg.kernel == "native" and cfg.device == "cuda":
-        raise ConfigError("kernel=native is a CPU kernel; with device=cuda use torch or triton")
     if cfg.kernel == "triton" and cfg.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
         raise ConfigError("kernel=triton needs device=cuda (or TRITON_INTERPRET=1 for tests)")
     from harness.sharding.planner import make_plan

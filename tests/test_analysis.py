@@ -89,7 +89,7 @@ def test_winner_and_summary(df: pd.DataFrame) -> None:
     row = df[df["is_winner"]].iloc[0]
     assert row["ok"] and win["trial"] == row["number"]
     s = analysis.summary(df)
-    assert s["trials"] == len(df) and s["winner_trial"] == win["trial"] and s["ok"] >= 1
+    assert s["trials"] + s["not_run"] == len(df) and s["winner_trial"] == win["trial"] and s["ok"] >= 1
     assert s["speedup"] is None or s["speedup"] > 0
 
 

@@ -88,6 +88,14 @@ def test_proxy_features_include_the_cost_model(data) -> None:
     assert {"est_qps", "bytes_lookup_per_rank", "a2a_bytes", "mem_mb_per_rank", "load_imbalance"} <= set(names)
     assert rows.shape == (3, len(proxy.features.names) + len(names))
     assert np.isfinite(rows).all()
+    # a plan the cost model cannot estimate has the same feature names (NaN), so a first batch of
+    # infeasible configurations cannot drop features for the rest of the study
+    from harness import cost_model
+    from harness.config import TrialConfig
+
+    bad = cost_model.features(TrialConfig(sharding="column_wise", column_shard_dim=6))
+    assert set(bad) == set(cost_model.features(TrialConfig())) == set(cost_model.FEATURE_NAMES)
+    assert all(np.isnan(v) for v in bad.values())
 
 
 def test_measured_configs_that_fail_quality_teach_the_classifier(data) -> None:

@@ -39,13 +39,16 @@ def test_search_trial_ne_over_the_baselines_samples_equals_a_sample_matched_reru
     """`cubic.quality.matched_ne`: the first steps of a bigger-batch search trial are the training
     a sample-matched re-run does, so its NE over the baseline's samples comes free with the trial.
     Checked against a real re-run; and a smaller-batch trial, which cannot cover them, gives None."""
-    from cubic.quality import matched_ne, sample_matched
+    from cubic.quality import covering, matched_ne, matched_steps
     from harness.trial import run_trial
     from tests.helpers import tiny_cfg
 
     base = tiny_cfg(world_size=1, batch_size=32, warmup_steps=4, measure_steps=8, windows=1, emb_lr=0.05)
     big = base.replace(batch_size=128, emb_optimizer="sgd")  # changes numerics: 4x batch, another optimizer
-    rb, rbig, rmatched = (run_trial(c) for c in (base, big, sample_matched(big, base)))
+    assert matched_steps(big, base) == (1, 2)  # samples [128, 384) of 128 each = the baseline's [128, 384)
+    first, count = matched_steps(big, base)
+    exact = big.replace(warmup_steps=first, measure_steps=count)  # a run over exactly the baseline's samples
+    rb, rbig, rmatched = (run_trial(c) for c in (base, big, exact))
     assert rb.status == rbig.status == rmatched.status == "ok"
     assert len(rmatched.losses) == 1 + 2 < len(rbig.losses)  # the re-run: 1 warm-up + 2 measured steps of 128
     est = matched_ne(rbig.losses, big, rb.losses, base, rb.ne)
@@ -53,6 +56,26 @@ def test_search_trial_ne_over_the_baselines_samples_equals_a_sample_matched_reru
     assert abs(est - rb.ne) / rb.ne > 1e-3  # and it is a real difference from the baseline's NE
     small = base.replace(batch_size=16)
     assert matched_ne(run_trial(small).losses, small, rb.losses, base, rb.ne) is None
+    # the confirm runs a smaller batch longer (same warm-up, more measured steps) so it covers them
+    longer = covering(small, base)
+    assert (longer.warmup_steps, longer.measure_steps) == (4, 20) and covering(big, base) == big
+    assert matched_ne(run_trial(longer).losses, longer, rb.losses, base, rb.ne) is not None
+
+
+def test_matched_window_never_trains_past_the_baselines():
+    """A non-integer batch ratio takes the whole steps inside the baseline's samples (rounding once
+    took a window that ended later, so the candidate had trained longer when judged); a batch
+    larger than all of them takes the step that holds their start, never a later one."""
+    from cubic.quality import matched_steps
+    from tests.helpers import tiny_cfg
+
+    base = tiny_cfg(world_size=1, batch_size=2048, warmup_steps=3, measure_steps=16)
+    first, count = matched_steps(base.replace(batch_size=4096), base)
+    assert first * 4096 >= 3 * 2048 and (first + count) * 4096 <= 19 * 2048, (first, count)
+    assert matched_steps(base, base) == (3, 16)
+    tiny = tiny_cfg(world_size=1, batch_size=32, warmup_steps=1, measure_steps=4)  # samples [32, 160)
+    assert matched_steps(tiny.replace(batch_size=64), tiny) == (1, 1)  # [64, 128)
+    assert matched_steps(tiny.replace(batch_size=256), tiny) == (0, 1)  # no step fits: [0, 256) holds them
 
 
 def test_quality_gate_is_one_sided_better_ne_always_passes():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import optuna
@@ -257,6 +258,14 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, run_dir: Path, failed_o
     err = one_line_error(cli("export", str(run_dir), "--format", "xml"))
     assert "'xml'" in err and "yaml" in err and "torchrec" in err
     assert not (tmp_path / "study.db").exists()
+    for cmd in (["report", str(run_dir), "-o"], ["export", str(run_dir), "-o"]):  # a directory as output
+        assert "cannot write" in one_line_error(cli(*cmd, str(tmp_path)))
+    other = tmp_path / "other.db"  # a database that is not a trial store is read, never written
+    with sqlite3.connect(other) as con:
+        con.execute("create table x (a)")
+    assert "not a cubic/Optuna trial store" in one_line_error(cli("report", str(other)))
+    with sqlite3.connect(other) as con:
+        assert con.execute("select name from sqlite_master").fetchall() == [("x",)]
     # and the real process prints the same single line, no traceback
     err = one_line_error(cubic_cli("export", str(failed_only), "--format", "torchrec"))
     assert "no completed trial" in err

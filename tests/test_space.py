@@ -76,6 +76,26 @@ def test_ranges_conditions_and_canonical_configs(tmp_path: Path) -> None:
     assert space.differs_in_numerics({**space.baseline_params(), "sharding": "row_wise"}) == []
 
 
+def test_configs_that_cannot_run_are_not_in_the_space(tmp_path: Path) -> None:
+    """Static rules the planner would reject at run time (here: 6-wide column shards) make a
+    configuration invalid in the space, so no searcher spends a trial on it."""
+    text = GOOD.replace("[table_wise, row_wise]", "[table_wise, column_wise]").replace(
+        "kernel: torch}", "kernel: torch, column_shard_dim: 6}")
+    space = load_space(write(tmp_path, text))
+    assert not space.valid({**space.baseline_params(), "sharding": "column_wise"})
+    assert {space.config(space.params_of(t)).sharding for t in space.all_tuples} == {"table_wise"}
+
+
+def test_global_batch_and_learning_rates_change_numerics(tmp_path: Path) -> None:
+    """The quality gate sees the global batch (per-rank batch x ranks) and the learning rates."""
+    more = "  world_size: [1, 2]\n  emb_lr: [0.01, 0.05]\ntrial: {"
+    space = load_space(write(tmp_path, GOOD.replace("trial: {", more)))
+    b = space.baseline_params()
+    assert space.differs_in_numerics({**b, "world_size": 1}) == ["world_size"]
+    assert space.differs_in_numerics({**b, "world_size": 1, "batch_size": 128}) == []  # 1 x 128 = 2 x 64
+    assert space.differs_in_numerics({**b, "emb_lr": 0.05}) == ["emb_lr"]
+
+
 def test_fingerprint_ignores_budget_and_name(tmp_path: Path) -> None:
     a = load_space(write(tmp_path, GOOD)).to_dict()
     b = load_space(write(tmp_path, GOOD.replace("trials: 5", "trials: 9").replace("name: t", "name: u"))).to_dict()
@@ -93,6 +113,7 @@ def test_fingerprint_ignores_budget_and_name(tmp_path: Path) -> None:
     (GOOD.replace("budget: {trials: 5}", "budget: {trials: 0}"), "budget.trials: 0 must be a int >= 1"),
     (GOOD.replace("when: sharding_group_size > 0", "when: sharding_group_size >> 0"), "cannot parse"),
     (GOOD + "bogus: 1\n", ":11: bogus: unknown key"),
+    (GOOD.replace("when: sharding_group_size > 0", "when: mem_cap_mb > 0"), "unknown name 'mem_cap_mb'"),
     (GOOD.replace("preset: tiny", "preset: huge"), "workload: unknown preset 'huge'"),
 ])
 def test_bad_spaces_fail_with_one_line_naming_file_line_and_key(tmp_path: Path, text: str, expected: str) -> None:

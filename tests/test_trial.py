@@ -109,6 +109,10 @@ def test_cli_trial_readable_summary(tmp_path):
      "cannot be split into FBGEMM-legal shards"),
     (["--set", "mem_cap_mb=0.1"], "cannot fit mem_cap_mb=0"),
     (["--set", "nonsense"], "expected KNOB=VALUE"),
+    (["--set", "seed=-1"], "seed=-1 must be >= 0"),
+    (["--set", "emb_lr=nan"], "emb_lr=nan must be a finite number > 0"),
+    (["--set", "timeout_s=0"], "timeout_s=0.0 must be a finite number > 0"),
+    (["--set", "mem_cap_mb=-5"], "mem_cap_mb=-5.0 must be >= 0"),
 ])
 def test_cli_bad_set_exits_2_with_one_line(args, needle):
     p = cubic("trial", "--space", "search_spaces/tiny.yaml", *args, timeout=60)

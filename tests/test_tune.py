@@ -281,6 +281,7 @@ def test_cubic_warm_starts_from_an_earlier_study_on_the_same_space(tmp_path: Pat
     first = load_space(space_file(tmp_path, text))
     rdb = open_storage(storage_url(tmp_path, None))
     old = Store(first, rdb, None)
+    old.record_space()  # as its tuner did
     dists = distributions(first)
     for i, tup in enumerate(first.all_tuples[:6]):
         old.study.add_trial(optuna.trial.create_trial(params=first.params_of(tup), distributions=dists,

@@ -18,8 +18,9 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from cubic.space import SearchSpace
+from cubic.store import NOT_RUN
 
-SKIP_STATUSES = ("interrupted", "skipped")  # FAIL trials that say nothing about their config
+SKIP_STATUSES = NOT_RUN  # FAIL trials that say nothing about their config
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:

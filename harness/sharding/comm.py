@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from harness.timers import TIMERS
 
@@ -24,11 +25,11 @@ class Groups:
     rank: int
     world: int
     group_size: int
-    mp: object | None  # model-parallel group of this rank (G ranks)
-    mp_input: object | None  # same ranks, for the input distribution (may run on a thread)
-    replica: object | None  # ranks at the same position in every group (2D sync)
-    world_pg: object | None  # DDP's dense-gradient all-reduce and end-of-trial statistics
-    dp_pg: object | None  # data-parallel tables' sparse gradient sync (inside backward, beside DDP's)
+    mp: ProcessGroup | None  # model-parallel group of this rank (G ranks)
+    mp_input: ProcessGroup | None  # same ranks, for the input distribution (may run on a thread)
+    replica: ProcessGroup | None  # ranks at the same position in every group (2D sync)
+    world_pg: ProcessGroup | None  # DDP's dense-gradient all-reduce and end-of-trial statistics
+    dp_pg: ProcessGroup | None  # data-parallel tables' sparse gradient sync (inside backward, beside DDP's)
 
     @property
     def pos(self) -> int:
@@ -74,11 +75,13 @@ class PooledAllToAll(torch.autograd.Function):
     """Send row blocks of pooled embeddings; gradients come back the same way.
 
     Values are cast to the communication dtype before sending and restored
-    after, in both directions, so bf16/fp16 really quantize the traffic.
+    after, in both directions, so bf16/fp16 really quantize the traffic. A group of one sends
+    nothing, so it casts nothing either.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], group, n: int, dtype: torch.dtype):
+        dtype = x.dtype if n == 1 else dtype
         ctx.meta = (send, recv, group, n, dtype, x.dtype, x.shape)
         src = x.reshape(-1).to(dtype)
         out = torch.empty(sum(recv), dtype=dtype, device=x.device)

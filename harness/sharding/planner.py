@@ -43,14 +43,6 @@ def _greedy_positions(costs: dict[int, float], sizes: dict[int, int], G: int, ca
     return out
 
 
-def _column_width(cfg: TrialConfig, dim: int, name: str) -> int:
-    w = cfg.column_shard_dim or max(4, (dim // cfg.group_size) // 4 * 4)
-    if w % 4 or dim % w or dim % 4:
-        raise PlanError(f"column_wise: table {name} dim {dim} cannot be split into FBGEMM-legal shards of "
-                        f"width {w} (widths must be multiples of 4 that divide the dim)")
-    return w
-
-
 def make_plan(cfg: TrialConfig, check_memory: bool = True) -> ShardingPlan:
     """Build the plan for one sharding group; raises PlanError when no legal plan exists."""
     wl, G = cfg.workload, cfg.group_size
@@ -74,7 +66,7 @@ def make_plan(cfg: TrialConfig, check_memory: bool = True) -> ShardingPlan:
     # column-wise: shards of width w placed greedily
     for i, t in enumerate(wl.tables):
         if kinds[i] == "column_wise":
-            w = _column_width(cfg, t.dim, t.name)
+            w = cfg.column_width(t.dim, t.name)
             n = t.dim // w
             c = cost_model.table_cost(t, cfg) / n
             for k in range(n):
