@@ -45,7 +45,8 @@ def tune(
     from cubic.samplers import SEARCHERS
     from cubic.space import load_space
     from cubic.store import Store, open_storage, storage_url
-    from cubic.tune import Tuner, print_summary
+    from cubic.tune import Tuner
+    from cubic.view import print_summary
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = Console() if sys.stdout.isatty() else Console(width=130)
