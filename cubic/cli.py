@@ -10,7 +10,7 @@ import importlib
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="cubic: find the fastest DLRM training configuration with few real trials.")
 
 # command name -> (module, function); modules are imported lazily so `cubic --help` is fast.

@@ -31,7 +31,7 @@ def report(
     except ConfigError as e:
         print(e, file=sys.stderr)
         raise typer.Exit(2) from None
-    console = Console(width=None if sys.stdout.isatty() else 160)  # a log file should not fold the table
+    console = Console(width=None if sys.stdout.isatty() else 1000)  # a log file: every column, no folding
     console.print(rep.rich_table(df, top))
     console.print(rep.summary_line(df), highlight=False)
     console.print(f"report: {path}", highlight=False)

@@ -1,6 +1,8 @@
 """`cubic trial`: run one configuration and print its TrialResult.
 
-Precedence of the sources of a config: the space's baseline < --workload < --config < --set.
+Sources of a config, each over the one before: the space's baseline, or --config (a full
+TrialConfig, e.g. an export); then --workload (swaps the workload, and the knobs an anchor-format
+file fixes); then --set. Errors name the source they come from.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import typer
 import yaml
 
 from harness.config import CHOICES, TrialConfig, TrialResult
-from harness.errors import ConfigError
+from harness.errors import ConfigError, read_text
 
 
 def _fail(msg: str) -> None:
@@ -36,21 +38,21 @@ def apply_workload_file(cfg: TrialConfig, path: Path) -> TrialConfig:
     from harness.workload import Workload
 
     wl, knobs = Workload.from_json_file(path)
-    return cfg.replace(workload=wl, **knobs)
+    return cfg.replace(str(path), workload=wl, **knobs)
 
 
 def load_config_file(path: Path) -> TrialConfig:
     """A full TrialConfig as YAML/JSON (what `cubic export --format yaml` writes)."""
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
+        raw = yaml.safe_load(read_text(path, "config file"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: malformed YAML") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a mapping of TrialConfig keys")
     raw = raw.get("config", raw)  # accept the json export too
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: 'config' must be a mapping of TrialConfig keys")
     return TrialConfig.from_dict(raw, where=str(path))
 
 
@@ -71,7 +73,7 @@ def apply_sets(cfg: TrialConfig, sets: list[str]) -> TrialConfig:
             except ValueError:
                 raise ConfigError(f"--set {key}={val!r}: choose one of {list(CHOICES[key])}") from None
         knobs[key] = val
-    return cfg.replace(**knobs).validate("--set")
+    return cfg.replace("--set", **knobs) if knobs else cfg
 
 
 def trial(
@@ -81,12 +83,15 @@ def trial(
     set_: list[str] = typer.Option([], "--set", help="KNOB=VALUE, repeatable"),
     as_json: bool = typer.Option(False, "--json", help="print the TrialResult as one JSON line"),
 ) -> None:
-    """Run one real training trial and print its result."""
+    """Run one real training trial and print its result (exit 1 when the trial fails: error, oom, timeout)."""
     try:
         cfg = load_config_file(config) if config else base_config(space)
         if workload:
             cfg = apply_workload_file(cfg, workload)
         cfg = apply_sets(cfg, set_)
+        # the whole config is checked once, naming what made it (a later source may fix an earlier one)
+        sources = [str(p) for p in (space, config, workload) if p] + (["--set"] if set_ else [])
+        cfg.validate(" + ".join(sources) or "config")
         from harness.trial import check_config
 
         check_config(cfg)
@@ -106,8 +111,10 @@ def trial(
     res = run_trial(cfg)
     if as_json:
         sys.stdout.write(res.to_json() + "\n")
-        return
-    print_result(res)
+    else:
+        print_result(res)
+    if res.status != "ok":  # the result is printed either way; scripts see the failure in the exit code
+        raise typer.Exit(1)
 
 
 def print_result(res: TrialResult) -> None:

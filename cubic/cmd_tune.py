@@ -34,7 +34,7 @@ def tune(
     address: str | None = typer.Option(None, "--address",
                                        help="Ray cluster (HOST:PORT, ray://HOST:PORT or auto) [default: a "
                                             "local Ray on this machine]."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the searcher."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the searcher."),
     live: bool | None = typer.Option(None, "--live/--no-live", help="Live table [default: on a terminal]."),
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""

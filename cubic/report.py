@@ -165,7 +165,7 @@ def rich_table(df: pd.DataFrame, k: int = 5) -> Any:
     s = analysis.summary(df)
     cols = ["number", "phase", "qps", "speedup", "qps_cv", "confirm_qps_median", "confirm_speedup", "peak_mem_mb"]
     heads, nums, rows = top_cells(df, k, cols)
-    t = Table(title=f"{s['study']}: top {k} of {s['trials']} trials ({s['failed']} failed)")
+    t = Table(title=f"{s['study']}: top {min(k, s['ok'])} of {s['trials']} trials ({s['failed']} failed)")
     for i, h in enumerate(heads):  # values never fold (a narrow terminal folds the headers instead)
         t.add_column(h, justify="right" if nums[i] else "left", overflow="fold",
                      min_width=max((len(cells[i]) for _, cells in rows), default=1))

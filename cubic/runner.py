@@ -142,9 +142,10 @@ class RayRunner:
         return float(min(cfg.world_size, self._started()._node_gpus)) if cfg.device == "cuda" else 0.0
 
     def has_room(self, pending: list[Pending]) -> bool:
-        """Whether one more trial fits beside `pending` (CPUs, and GPUs once trials hold some)."""
+        """Whether one more trial fits beside `pending` (CPUs, and GPUs once trials hold some). Starts
+        Ray: a Ray that cannot start must fail the tune before a trial is created in the store."""
         if not pending:
-            return True
+            return self.cpus > 0
         return (sum(p.cpus for p in pending) < self.cpus
                 and (not any(p.gpus for p in pending) or sum(p.gpus for p in pending) < self.gpus))
 

@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 
 from harness.config import CHOICES, TrialConfig
-from harness.errors import ConfigError
+from harness.errors import ConfigError, read_text
 from harness.workload import Workload
 
 TOP_KEYS = ("name", "description", "workload", "baseline", "knobs", "objective", "constraints", "trial", "budget")
@@ -314,12 +314,7 @@ def shipped_space(name: str) -> Path:
 def load_space(path: str | Path) -> SearchSpace:
     """Parse and validate a search-space YAML file (ConfigError with file:line on any problem)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: search space file not found") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    text = read_text(path, "search space file")
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -395,7 +390,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
 
     tol = _num(ld, cons, "quality_tolerance", 0.02, float, 0.0)
     qknobs = cons.get("quality_knobs", list(DEFAULT_QUALITY_KNOBS))
-    if not isinstance(qknobs, list) or any(q not in _FIELDS for q in qknobs):
+    if not isinstance(qknobs, list) or any(not isinstance(q, str) or q not in _FIELDS for q in qknobs):
         raise ld.err("constraints.quality_knobs", f"must be a list of config fields; allowed: {sorted(_FIELDS)}")
     space = SearchSpace(
         name=name, path=str(ld.path), workload=workload, knobs=knobs, baseline=baseline,
@@ -411,12 +406,32 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         bad = [k for k, v in space.canonical(space.baseline_params()).items() if v != getattr(baseline, k)]
         raise ld.err(f"knobs.{bad[0]}", "the baseline's value must be the knob's default when its condition "
                      "does not hold")
+    _check_every_choice_is_used(ld, space)
     return space
+
+
+def _check_every_choice_is_used(ld: _Loader, space: SearchSpace) -> None:
+    """A knob value that is in no valid configuration is a typo or a dead condition: say so instead
+    of dropping it silently (spaces too large to enumerate are not checked)."""
+    if space.all_tuples is None:
+        return
+    for i, (name, kn) in enumerate(space.knobs.items()):
+        used = {t[i] for t in space.all_tuples}
+        for v in kn.choices:
+            if v in used:
+                continue
+            try:
+                dataclasses.replace(space.baseline, **{name: v}).validate("with the baseline")
+                why = "its condition never holds, or it is invalid with every other knob's values"
+            except ConfigError as e:
+                why = str(e)
+            raise ld.err(f"knobs.{name}", f"value {v!r} is in no valid configuration: {why}")
 
 
 def _num(ld: _Loader, d: dict[str, Any], key: str, default: Any, typ: type, lo: float) -> Any:
     v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or (typ is int and float(v) != int(v)) or v < lo:
+    if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+            or (typ is int and float(v) != int(v)) or v < lo):
         section = {"repeats": "trial", "quality_tolerance": "constraints"}.get(key, "budget")
         raise ld.err(f"{section}.{key}", f"{v!r} must be a {typ.__name__} >= {lo}")
     return typ(v)
@@ -467,8 +482,9 @@ def _range(ld: _Loader, key: str, spec: dict[str, Any]) -> list[Any]:
     lo, hi, typ = spec["low"], spec["high"], spec.get("type", "int")
     if typ not in ("int", "float"):
         raise ld.err(f"{key}.type", f"{typ!r}; allowed: ['int', 'float']")
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) or lo > hi:
-        raise ld.err(key, f"low={lo!r} high={hi!r} must be numbers with low <= high")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in (lo, hi)) \
+            or lo > hi:
+        raise ld.err(key, f"low={lo!r} high={hi!r} must be finite numbers with low <= high")
     if spec.get("log"):
         if lo <= 0:
             raise ld.err(f"{key}.low", "log ranges need low > 0")
@@ -476,9 +492,11 @@ def _range(ld: _Loader, key: str, spec: dict[str, Any]) -> list[Any]:
         while v <= hi * (1 + 1e-9):  # powers of two from low: the natural grid for batch sizes, threads
             vals.append(v)
             v *= 2
+        if len(vals) > 64:
+            raise ld.err(key, f"{len(vals)} powers of two from low to high; at most 64")
     else:
         step = spec.get("step", 1)
-        if not isinstance(step, int | float) or step <= 0:
+        if isinstance(step, bool) or not isinstance(step, int | float) or not math.isfinite(step) or step <= 0:
             raise ld.err(f"{key}.step", f"{step!r} must be > 0")
         n = int(math.floor((hi - lo) / step + 1e-9)) + 1
         if n > 1000:

@@ -244,7 +244,8 @@ class Tuner:
         max_screen = min(len(cands), SCREEN_FACTOR * k)
         reps = self.space.repeats
         self.view.note(f"confirm: baseline + the fastest configurations until {k} pass the quality gate "
-                       f"(at most {max_screen} screened), {reps} re-measurements each")
+                       f"(at most {max_screen} screened), {reps} re-measurements each" if max_screen else
+                       f"confirm: the baseline only (no other configuration completed), {reps} re-measurements")
         screened: list[FrozenTrial] = []  # in rank order
         pending: list[Pending] = []
         inflight: dict[int, int] = {}  # trial number -> runs in flight

@@ -116,10 +116,12 @@ class TrialConfig:
                 f"{where}: sharding_group_size={g} must divide world_size={self.world_size} "
                 f"(allowed: {[d for d in range(1, self.world_size + 1) if self.world_size % d == 0]})"
             )
-        if self.ranks_per_node < 1 or self.group_size % min(self.ranks_per_node, self.group_size):
+        if self.ranks_per_node < 1 or (self.sharding == "table_row_wise"
+                                       and self.group_size % min(self.ranks_per_node, self.group_size)):
             raise ConfigError(
                 f"{where}: ranks_per_node={self.ranks_per_node} must divide the sharding group "
-                f"size {self.group_size}"
+                f"size {self.group_size} for table_row_wise (allowed: "
+                f"{[d for d in range(1, self.group_size + 1) if self.group_size % d == 0]})"
             )
         if self.kernel == "native" and self.device == "cuda":
             raise ConfigError(f"{where}: kernel=native is a CPU kernel; with device=cuda choose torch or triton")
@@ -160,11 +162,11 @@ class TrialConfig:
             cfg.workload = wl if isinstance(wl, Workload) else Workload.from_dict(wl, where=f"{where}: workload")
         return cfg
 
-    def replace(self, **knobs: Any) -> TrialConfig:
-        """A copy with knobs set (values coerced from strings, as `--set` gives them)."""
+    def replace(self, where: str = "config", **knobs: Any) -> TrialConfig:
+        """A copy with knobs set (values coerced from strings, as `--set` gives them; errors name `where`)."""
         d = self.to_dict()
         d.update(knobs)
-        return TrialConfig.from_dict(d)
+        return TrialConfig.from_dict(d, where)
 
     def key(self) -> str:
         """Canonical JSON of the whole config: equal configs have equal keys."""
@@ -180,6 +182,8 @@ def _coerce(key: str, val: Any, where: str) -> Any:
     if key == "workload":
         return val
     try:
+        if typ in ("int", "float") and isinstance(val, bool):  # YAML's true is not the number 1
+            raise ValueError
         if typ == "int":
             if isinstance(val, float) and not val.is_integer():
                 raise ValueError
@@ -188,7 +192,7 @@ def _coerce(key: str, val: Any, where: str) -> Any:
             return float(val)
         if typ == "str":
             return str(val)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{where}: {key}={val!r} is not a valid {typ}") from None
     return val
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, read_text
 
 ID_DISTRIBUTIONS = ("uniform", "zipf")
 #: Distinct samples of the synthetic stream by default; training cycles over them (harness/data.py).
@@ -27,6 +28,14 @@ MLPERF_ROWS = [
 ]
 MLPERF_POOLING = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 MLPERF_ROW_CAP = 200_000  # fits this 24 GiB / 2-core machine with room for 4 ranks
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)  # YAML/JSON true is not the number 1
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -97,7 +106,18 @@ class Workload:
     def validate(self, where: str = "workload") -> Workload:
         if not self.tables:
             raise ConfigError(f"{where}: tables must not be empty")
+        names = [t.name for t in self.tables]
         for t in self.tables:
+            if not isinstance(t.name, str) or not t.name:
+                raise ConfigError(f"{where}: table names must be non-empty strings (got {t.name!r})")
+            if names.count(t.name) > 1:
+                raise ConfigError(f"{where}: table name {t.name!r} appears {names.count(t.name)} times; "
+                                  "names must be unique")
+            if not all(_is_int(v) for v in (t.rows, t.dim, t.pooling)):
+                raise ConfigError(f"{where}: table {t.name!r} rows, dim and pooling must be integers "
+                                  f"(got {t.rows!r}, {t.dim!r}, {t.pooling!r})")
+            if not _is_num(t.zipf_alpha) or t.zipf_alpha <= 0:
+                raise ConfigError(f"{where}: table {t.name!r} zipf_alpha={t.zipf_alpha!r} must be a number > 0")
             if t.rows < 1 or t.dim < 1 or t.pooling < 0:
                 raise ConfigError(f"{where}: table {t.name!r} needs rows>=1, dim>=1, pooling>=0")
             if t.id_dist not in ID_DISTRIBUTIONS:
@@ -107,6 +127,12 @@ class Workload:
             raise ConfigError(f"{where}: sample_cycle={self.sample_cycle!r} must be a positive integer")
         if len({t.dim for t in self.tables}) != 1:
             raise ConfigError(f"{where}: dot interaction needs one embedding dim for all tables")
+        if not _is_int(self.dense_features) or self.dense_features < 0:
+            raise ConfigError(f"{where}: dense_features={self.dense_features!r} must be an integer >= 0")
+        for key in ("bottom_mlp", "top_mlp"):
+            mlp = getattr(self, key)
+            if not isinstance(mlp, list) or not all(_is_int(x) and x > 0 for x in mlp):
+                raise ConfigError(f"{where}: {key} must be a list of positive integers (got {mlp!r})")
         if self.interaction not in INTERACTIONS:
             raise ConfigError(f"{where}: interaction={self.interaction!r}; choose one of {list(INTERACTIONS)}")
         if not self.bottom_mlp or self.bottom_mlp[-1] != self.dim:
@@ -133,6 +159,9 @@ class Workload:
             d = base
         if isinstance(d.get("tables"), int):
             return cls.from_anchor_dict(d, where)[0]
+        if not isinstance(d.get("tables", []), list):
+            raise ConfigError(f"{where}: tables={d['tables']!r} must be a list of tables "
+                              "({name, rows, dim, pooling, ...}) or, in the anchor format, a count")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -143,6 +172,8 @@ class Workload:
             if isinstance(t, TableSpec):
                 tables.append(t)
                 continue
+            if not isinstance(t, dict):
+                raise ConfigError(f"{where}: tables[{i}] must be a mapping of {sorted(tfields)}")
             bad = sorted(set(t) - tfields)
             if bad:
                 raise ConfigError(f"{where}: tables[{i}] unknown key {bad[0]!r}; allowed: {sorted(tfields)}")
@@ -174,17 +205,17 @@ class Workload:
         def per_table(key: str) -> list[int]:
             v = w[key]
             v = v if isinstance(v, list) else [v] * n
-            if len(v) != n or not all(isinstance(x, int) and x >= 0 for x in v):
+            if len(v) != n or not all(_is_int(x) and x >= 0 for x in v):
                 raise ConfigError(f"{where}: {key} must be a non-negative int or a list of {n} ints")
             return v
 
         rows, pool = per_table("rows"), per_table("pooling")
-        tables = [TableSpec(f"t{i}", rows[i], int(w["dim"]), pool[i], w.get("id_dist", "uniform"),
-                            float(w.get("zipf_alpha", 1.05))) for i in range(n)]
+        tables = [TableSpec(f"t{i}", rows[i], w["dim"], pool[i], w.get("id_dist", "uniform"),
+                            w.get("zipf_alpha", 1.05)) for i in range(n)]
         for key in ("bottom_mlp", "top_mlp"):
             if not isinstance(w[key], list) or not all(isinstance(x, int) and x > 0 for x in w[key]):
                 raise ConfigError(f"{where}: {key} must be a list of positive ints")
-        wl = cls(w.get("name", "custom"), tables, int(w["dense"]), list(w["bottom_mlp"]), list(w["top_mlp"]),
+        wl = cls(w.get("name", "custom"), tables, w["dense"], list(w["bottom_mlp"]), list(w["top_mlp"]),
                  w.get("interaction", "dot")).validate(where)
         knobs = {}
         for src, dst in (("local_batch", "batch_size"), ("world", "world_size"),
@@ -199,9 +230,7 @@ class Workload:
         """A workload JSON file: the anchor format (-> the trial knobs it fixes too) or the full form."""
         path = Path(path)
         try:
-            w = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: workload file not found") from None
+            w = json.loads(read_text(path, "workload file"))
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
         if isinstance(w, dict) and isinstance(w.get("tables"), int):

@@ -139,6 +139,13 @@ def test_cli_malformed_workload_exits_2(tmp_path, content, needle):
     assert str(f) in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+def test_cli_failed_trial_prints_its_result_and_exits_1():
+    p = cubic("trial", "--space", "search_spaces/tiny.yaml", "--set", "inject_fault=crash", "--json", timeout=120)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["status"] == "error" and res["error"] and res["ne"] is None  # strict JSON: NaN is null
+
+
 def test_cli_missing_workload_file_exits_2():
     p = cubic("trial", "--workload", "does/not/exist.json", timeout=60)
     assert p.returncode == 2 and "workload file not found" in p.stderr
