@@ -26,7 +26,7 @@ def export(
     try:
         write_export(run_dir, format, output, study=study)
     except ConfigError as e:
-        print(e, file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None
     if output is not None:
         print(f"wrote {format} export to {output}", file=sys.stderr)

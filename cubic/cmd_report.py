@@ -29,7 +29,7 @@ def report(
     try:
         path, df = rep.write_report(run_dir, output, study=study, k=top)
     except ConfigError as e:
-        print(e, file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None
     console = Console(width=None if sys.stdout.isatty() else 1000)  # a log file: every column, no folding
     console.print(rep.rich_table(df, top))

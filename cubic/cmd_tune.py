@@ -64,7 +64,7 @@ def tune(
                 run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
-        rdb = open_storage(storage_url(run_dir, storage))
+        rdb = open_storage(storage_url(run_dir, storage), None if storage else f"--run-dir {run_dir}")
         store = Store(sp, rdb, run_dir)
         runner = RayRunner(address).check()
         tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live)

@@ -124,8 +124,9 @@ def rdb_storage(url: str, attempts: int = 20, **kw: Any) -> RDBStorage:
     raise AssertionError("unreachable")
 
 
-def open_storage(url: str) -> RDBStorage:
-    """Connect (and create the schema); any failure is bad input -> ConfigError, one line."""
+def open_storage(url: str, label: str | None = None) -> RDBStorage:
+    """Connect (and create the schema); any failure is bad input -> ConfigError, one line naming
+    `label` (what the user gave: "--run-dir DIR"; default "--storage URL")."""
     try:
         rdb = rdb_storage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None)
         with rdb.engine.connect() as conn:
@@ -133,7 +134,7 @@ def open_storage(url: str) -> RDBStorage:
         return rdb
     except Exception as e:  # sqlalchemy/driver errors of every kind: one clear line
         msg = " ".join(str(getattr(e, "orig", None) or e).split())[:300] or type(e).__name__
-        raise ConfigError(f"--storage {safe_url(url)}: cannot open the trial store: {msg}") from None
+        raise ConfigError(f"{label or '--storage ' + safe_url(url)}: cannot open the trial store: {msg}") from None
 
 
 class Store:
