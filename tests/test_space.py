@@ -77,13 +77,16 @@ def test_ranges_conditions_and_canonical_configs(tmp_path: Path) -> None:
 
 
 def test_configs_that_cannot_run_are_not_in_the_space(tmp_path: Path) -> None:
-    """Static rules the planner would reject at run time (here: 6-wide column shards) make a
-    configuration invalid in the space, so no searcher spends a trial on it."""
-    text = GOOD.replace("[table_wise, row_wise]", "[table_wise, column_wise]").replace(
-        "kernel: torch}", "kernel: torch, column_shard_dim: 6}")
+    """Static rules the planner would reject at run time (here: 6-wide column shards of 16-wide
+    tables) make a configuration invalid in the space, so no searcher spends a trial on it."""
+    text = GOOD.replace("[table_wise, row_wise]", "[table_wise, column_wise]\n  column_shard_dim: [0, 6]")
     space = load_space(write(tmp_path, text))
-    assert not space.valid({**space.baseline_params(), "sharding": "column_wise"})
-    assert {space.config(space.params_of(t)).sharding for t in space.all_tuples} == {"table_wise"}
+    b = space.baseline_params()
+    assert space.valid({**b, "sharding": "column_wise", "column_shard_dim": 0})
+    assert not space.valid({**b, "sharding": "column_wise", "column_shard_dim": 6})
+    cfgs = [space.config(space.params_of(t)) for t in space.all_tuples]
+    assert not any(c.sharding == "column_wise" and c.column_shard_dim == 6 for c in cfgs)
+    assert any(c.sharding == "column_wise" for c in cfgs)
 
 
 def test_global_batch_and_learning_rates_change_numerics(tmp_path: Path) -> None:
@@ -113,6 +116,11 @@ def test_fingerprint_ignores_budget_and_name(tmp_path: Path) -> None:
     (GOOD.replace("budget: {trials: 5}", "budget: {trials: 0}"), "budget.trials: 0 must be a int >= 1"),
     (GOOD.replace("when: sharding_group_size > 0", "when: sharding_group_size >> 0"), "cannot parse"),
     (GOOD + "bogus: 1\n", ":11: bogus: unknown key"),
+    (GOOD.replace("[table_wise, row_wise]", "[table_wise, row_wise]\n  batch_size: [64, -128]").replace(
+        "  batch_size: {type: int, low: 64, high: 256, log: true}\n", ""),
+     "value -128 is in no valid configuration: with the baseline: batch_size=-128 must be >= 1"),
+    (GOOD.replace("budget: {trials: 5}", "budget: {trials: .inf}"), "budget.trials: inf must be a int >= 1"),
+    (GOOD.replace("high: 256", "high: .inf"), "must be finite numbers with low <= high"),
     (GOOD.replace("when: sharding_group_size > 0", "when: mem_cap_mb > 0"), "unknown name 'mem_cap_mb'"),
     (GOOD.replace("preset: tiny", "preset: huge"), "workload: unknown preset 'huge'"),
 ])

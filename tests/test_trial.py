@@ -139,6 +139,24 @@ def test_cli_malformed_workload_exits_2(tmp_path, content, needle):
     assert str(f) in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+def test_cli_bad_files_exit_2_with_one_line(tmp_path):
+    """Directories, binary files, a null config and duplicate table names: one line naming the file."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00bad")
+    (tmp_path / "null.yaml").write_text("config: null\n")
+    dup = {"tables": [{"name": "a", "rows": 10, "dim": 8}, {"name": "a", "rows": 10, "dim": 8}],
+           "bottom_mlp": [8], "top_mlp": [1]}
+    (tmp_path / "dup.json").write_text(json.dumps(dup))
+    for args, needle in ((["--config", "adir"], "is a directory; expected a config file"),
+                         (["--workload", "bin.json"], "not a UTF-8 text file"),
+                         (["--config", "null.yaml"], "'config' must be a mapping"),
+                         (["--workload", "dup.json"], "table name 'a' appears 2 times")):
+        p = cubic("trial", *[str(tmp_path / a) if a.endswith((".json", ".yaml", "adir")) else a for a in args],
+                  timeout=60)
+        assert p.returncode == 2 and needle in p.stderr, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
 def test_cli_failed_trial_prints_its_result_and_exits_1():
     p = cubic("trial", "--space", "search_spaces/tiny.yaml", "--set", "inject_fault=crash", "--json", timeout=120)
     assert p.returncode == 1, (p.returncode, p.stderr)
