@@ -20,7 +20,7 @@ import yaml
 
 from cubic import analysis
 from harness.config import TrialConfig, json_safe
-from harness.errors import ConfigError
+from harness.errors import ConfigError, write_text
 
 FORMATS = ("yaml", "json", "torchrec")
 METRICS = ("qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne")
@@ -245,10 +245,5 @@ def write_export(run_dir_or_storage_url: str | Path, fmt: str, out: str | Path |
     if out is None:
         sys.stdout.write(text)
     else:
-        p = Path(out)
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"{p}: cannot write the export: {e.strerror or e}") from None
+        write_text(Path(out), text, "export")
     return text

@@ -18,15 +18,11 @@ from collections.abc import Sequence
 from harness.config import TrialConfig
 
 
-def _global_batch(cfg: TrialConfig) -> int:
-    return cfg.batch_size * cfg.world_size
-
-
 def matched_steps(cfg: TrialConfig, base: TrialConfig) -> tuple[int, int]:
     """(first, count) of cfg's steps over the baseline's measured samples: the whole steps inside
     them; where not one step fits inside, the step that holds their start. Either way the window
     never begins after more training than the baseline's did (a later window would flatter cfg)."""
-    gb, gb0 = _global_batch(cfg), _global_batch(base)
+    gb, gb0 = cfg.global_batch, base.global_batch
     start, stop = base.warmup_steps * gb0, (base.warmup_steps + base.measure_steps) * gb0
     first, end = -(-start // gb), stop // gb  # ceil, floor
     return (first, end - first) if end > first else (start // gb, 1)

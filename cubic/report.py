@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from cubic import analysis, plots
-from harness.errors import ConfigError
+from harness.errors import write_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;
@@ -179,12 +179,8 @@ def write_report(run_dir_or_storage_url: str | Path, out: str | Path, study: str
     """Load the study, write the HTML, and return (path, frame) for the terminal summary."""
     df = analysis.load_study(run_dir_or_storage_url, study)
     analysis.require_completed(df, str(run_dir_or_storage_url))
-    out, text = Path(out), render_html(df, k)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{out}: cannot write the report: {e.strerror or e}") from None
+    out = Path(out)
+    write_text(out, render_html(df, k), "report")
     return out, df
 
 

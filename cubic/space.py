@@ -211,7 +211,7 @@ class SearchSpace:
         cfg, base = self.config(params), self.baseline
         special = ("sharding_group_size", "sharding", "batch_size", "world_size")
         out = [k for k in self.quality_knobs if k not in special and getattr(cfg, k) != getattr(base, k)]
-        if cfg.batch_size * cfg.world_size != base.batch_size * base.world_size:
+        if cfg.global_batch != base.global_batch:
             out += [k for k in ("batch_size", "world_size")
                     if k in self.quality_knobs and getattr(cfg, k) != getattr(base, k)]
         # Every sharding type trains the same model, except that column shards keep their own

@@ -65,7 +65,6 @@ INTERRUPTED = "interrupted"
 NOT_RUN = (INTERRUPTED, "skipped")  # FAIL statuses that did not spend budget
 
 
-clean = json_safe  # the name the store and its readers use
 
 
 def storage_url(run_dir: Path | None, storage: str | None) -> str:
@@ -215,11 +214,11 @@ class Store:
 
     def start(self, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
         for k, v in attrs.items():
-            trial.set_user_attr(k, clean(v))
+            trial.set_user_attr(k, json_safe(v))
 
     def finish(self, trial: optuna.Trial, result: TrialResult) -> FrozenTrial:
         """Store the whole result, then COMPLETE (value = qps) or FAIL with status and reason."""
-        rd = clean(result.to_dict())
+        rd = json_safe(result.to_dict())
         trial.set_user_attr("result", rd)
         for k in FLAT_KEYS:
             trial.set_user_attr(k, rd.get(k))
@@ -246,8 +245,8 @@ class Store:
             for k, v in attrs.items():
                 conn.execute(table.delete().where(table.c.trial_id == trial._trial_id, table.c.key == k))
                 conn.execute(table.insert().values(trial_id=trial._trial_id, key=k,
-                                                   value_json=json.dumps(clean(v))))
-        trial.user_attrs.update(clean(attrs))
+                                                   value_json=json.dumps(json_safe(v))))
+        trial.user_attrs.update(json_safe(attrs))
 
     def set_winner(self, winner: dict[str, Any] | None) -> None:
-        self.study.set_user_attr("winner", clean(winner))
+        self.study.set_user_attr("winner", json_safe(winner))

@@ -90,6 +90,11 @@ class TrialConfig:
         return self.sharding_group_size or self.world_size
 
     @property
+    def global_batch(self) -> int:
+        """Samples per step over all ranks (`batch_size` is per rank)."""
+        return self.batch_size * self.world_size
+
+    @property
     def replicas(self) -> int:
         return self.world_size // self.group_size
 

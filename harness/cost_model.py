@@ -246,7 +246,7 @@ def _batch_mb(cfg: TrialConfig) -> float:
     """Pre-generated input batches held by one rank (see data.rank_batches)."""
     wl = cfg.workload
     per = cfg.batch_size * (sum(t.pooling for t in wl.tables) * 8 + wl.dense_features * 4 + 4)
-    gb = cfg.batch_size * cfg.world_size
+    gb = cfg.global_batch
     steps = cfg.warmup_steps + cfg.measure_steps
     cyc = wl.sample_cycle
     return per * (min(steps, cyc // gb) if cyc % gb == 0 else steps) / 2**20

@@ -8,6 +8,15 @@ class ConfigError(ValueError):
     """Bad input: the message is one line naming the file/key/value and what is allowed."""
 
 
+def write_text(path: Path, text: str, what: str) -> None:
+    """Write a user's output file (making its folder), or ConfigError naming it (a directory, no access)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write the {what}: {e.strerror or e}") from None
+
+
 def read_text(path: Path, what: str) -> str:
     """A user's file as UTF-8 text, or ConfigError naming it (missing, a directory, unreadable, binary)."""
     try:

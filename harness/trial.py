@@ -216,7 +216,7 @@ def summarize(cfg: TrialConfig, r0: dict, env: dict) -> TrialResult:
     step_s = r0["step_s"]
     n = len(step_s)
     bounds = [round(i * n / cfg.windows) for i in range(cfg.windows + 1)]
-    samples = cfg.world_size * cfg.batch_size
+    samples = cfg.global_batch
     window_qps = [samples * (hi - lo) / sum(step_s[lo:hi])
                   for lo, hi in zip(bounds, bounds[1:], strict=False) if hi > lo]
     med = statistics.median(window_qps)

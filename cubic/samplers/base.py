@@ -20,8 +20,6 @@ from optuna.trial import FrozenTrial, TrialState
 from cubic.space import SearchSpace
 from cubic.store import NOT_RUN
 
-SKIP_STATUSES = NOT_RUN  # FAIL trials that say nothing about their config
-
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     return {k: CategoricalDistribution(list(kn.choices)) for k, kn in space.knobs.items()}
@@ -55,7 +53,7 @@ class Observations:
                 if t.user_attrs.get("quality_est_ok") is False:  # see cubic.quality
                     obs.quality_failed.append(tup)
             elif t.state == TrialState.FAIL:
-                if t.user_attrs.get("status") in SKIP_STATUSES:
+                if t.user_attrs.get("status") in NOT_RUN:  # FAIL trials that say nothing about their config
                     continue
                 obs.failed.append(tup)
                 obs.order.append(0.0)

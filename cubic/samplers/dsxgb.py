@@ -14,8 +14,9 @@ import optuna
 import xgboost as xgb
 from optuna.trial import FrozenTrial
 
-from cubic.samplers.base import SKIP_STATUSES, Observations, SpaceSampler
+from cubic.samplers.base import Observations, SpaceSampler
 from cubic.space import SearchSpace
+from cubic.store import NOT_RUN
 
 INIT_NUM = 2
 EARLY_STOPPING = 5
@@ -60,7 +61,7 @@ class DSXGBSearch(SpaceSampler):
     def should_stop(self, study: optuna.Study) -> bool:
         obs = Observations.of(study, self.space)
         order = [t.value if t.value is not None else 0.0 for t in study.get_trials(deepcopy=False)
-                 if t.state.is_finished() and t.user_attrs.get("status") not in SKIP_STATUSES]
+                 if t.state.is_finished() and t.user_attrs.get("status") not in NOT_RUN]
         if order:
             best = int(np.argmax(order))
             if len(order) - 1 - best >= EARLY_STOPPING:
