@@ -66,7 +66,7 @@ def tune(
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
         rdb = open_storage(storage_url(run_dir, storage), None if storage else f"--run-dir {run_dir}")
         store = Store(sp, rdb, run_dir)
-        runner = RayRunner(address).check()
+        runner = RayRunner(address, sp.isolation).check()
         tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live)
         summary = tuner.run()
     except ConfigError as e:

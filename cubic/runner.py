@@ -1,14 +1,18 @@
 """Runs trials as Ray tasks: locally (`ray.init()` on this machine) or on a cluster (`--address`).
 
-Each trial is one task that asks for the CPUs its ranks use (world_size x threads_per_rank, capped
-at the largest node's CPUs so a 4-rank trial still runs on a 2-core machine) and, with device=cuda,
-one GPU per rank (capped likewise: several ranks then share a GPU), so that Ray pins it to its own GPUs
-(CUDA_VISIBLE_DEVICES) and never runs two trials at once on one GPU, where each would time the
-other. The task calls
-`harness.trial.run_trial` in a Ray worker, which starts the rank processes. Whatever happens to
-the task - a crash of the worker, an exception, a hang past the trial's own timeout (counted from
-when the task started, not from when it was queued) - comes back as a TrialResult with a failed
-status and a one-line reason; the tuner never dies of a trial.
+Each trial is one task. What it asks Ray for depends on the space's `budget.isolation`:
+- "node" (default): a CPU trial asks for a whole node's CPUs (the largest node's), so no other trial
+  runs beside it: trials side by side share memory bandwidth and caches and would time each other,
+  and a proxy fitted on such timings learns the neighbours. A cuda trial asks for one GPU per rank and
+  those GPUs' share of the node's CPUs (2 of 8 GPUs -> a quarter of the CPUs).
+- "cores": the CPUs its ranks use (world_size x threads_per_rank): more trials at once, noisier.
+Either way CPUs are capped at the largest node's (a 4-rank trial still runs on a 2-core machine), and
+a cuda trial gets one GPU per rank (capped likewise: several ranks then share a GPU), so that Ray pins
+it to its own GPUs (CUDA_VISIBLE_DEVICES) and never runs two trials at once on one GPU.
+The task calls `harness.trial.run_trial` in a Ray worker, which starts the rank processes. Whatever
+happens to the task - a crash of the worker, an exception, a hang past the trial's own timeout
+(counted from when the task started, not from when it was queued) - comes back as a TrialResult with
+a failed status and a one-line reason; the tuner never dies of a trial.
 """
 
 from __future__ import annotations
@@ -69,8 +73,9 @@ class RayRunner:
     run again never starts it); `check()` validates the address up front, `stop()` shuts down the Ray it
     started (from a cluster given by `--address` it only disconnects; the cluster keeps running)."""
 
-    def __init__(self, address: str | None = None) -> None:
+    def __init__(self, address: str | None = None, isolation: str = "node") -> None:
         self.address = address
+        self.isolation = isolation  # "node" | "cores", see the module docstring
         self._cpus = self._gpus = self._node_cpus = self._node_gpus = 0.0
         self._remote: Any = None
         self._owns = False
@@ -134,7 +139,13 @@ class RayRunner:
         self._owns = False
 
     def cpus_for(self, cfg: TrialConfig) -> float:
-        return float(min(cfg.world_size * cfg.threads_per_rank, self._started()._node_cpus))
+        node = self._started()._node_cpus
+        own = min(cfg.world_size * cfg.threads_per_rank, node)
+        if self.isolation == "cores":
+            return float(own)
+        if cfg.device == "cuda" and self._node_gpus:
+            return float(max(own, node * self.gpus_for(cfg) / self._node_gpus))
+        return float(node)
 
     def gpus_for(self, cfg: TrialConfig) -> float:
         """One GPU per rank, at most the largest node's; none on a cluster without GPUs (the trial then

@@ -34,7 +34,11 @@ from harness.workload import Workload
 TOP_KEYS = ("name", "description", "workload", "baseline", "knobs", "objective", "constraints", "trial", "budget")
 KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
 TRIAL_KEYS = ("warmup_steps", "measure_steps", "windows", "timeout_s", "seed", "repeats")
-BUDGET_KEYS = ("trials", "confirm_top_k", "max_concurrent")
+BUDGET_KEYS = ("trials", "confirm_top_k", "max_concurrent", "isolation")
+# How search trials share a Ray node: "node" gives a CPU trial its node to itself (trials side by side
+# share memory bandwidth and caches and would time each other) and a GPU trial its GPUs with their share
+# of the node's CPUs; "cores" packs trials by the CPUs their ranks use (more at once, noisier timings).
+ISOLATIONS = ("node", "cores")
 CONSTRAINT_KEYS = ("mem_cap_mb", "quality_tolerance", "quality_knobs")
 OBJECTIVES = {"qps": "maximize"}
 NOT_KNOBS = ("workload", "mem_cap_mb")
@@ -98,6 +102,7 @@ class SearchSpace:
     budget: int = 20
     confirm_top_k: int = 3
     max_concurrent: int = 0  # 0 = as many as the Ray cluster's CPUs allow
+    isolation: str = "node"  # one of ISOLATIONS
     description: str = ""
     _cache: dict[tuple, TrialConfig | None] = field(default_factory=dict, repr=False)
 
@@ -238,7 +243,7 @@ class SearchSpace:
                       "windows": self.baseline.windows, "timeout_s": self.baseline.timeout_s,
                       "seed": self.baseline.seed, "repeats": self.repeats},
             "budget": {"trials": self.budget, "confirm_top_k": self.confirm_top_k,
-                       "max_concurrent": self.max_concurrent},
+                       "max_concurrent": self.max_concurrent, "isolation": self.isolation},
         }
 
 
@@ -389,6 +394,9 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
                          f"baseline value {v!r} is outside the space; knobs.{k} choices: {list(kn.choices)}")
 
     tol = _num(ld, cons, "quality_tolerance", 0.02, float, 0.0)
+    isolation = budget.get("isolation", "node")
+    if isolation not in ISOLATIONS:
+        raise ld.err("budget.isolation", f"{isolation!r} is not supported; allowed: {list(ISOLATIONS)}")
     qknobs = cons.get("quality_knobs", list(DEFAULT_QUALITY_KNOBS))
     if not isinstance(qknobs, list) or any(not isinstance(q, str) or q not in _FIELDS for q in qknobs):
         raise ld.err("constraints.quality_knobs", f"must be a list of config fields; allowed: {sorted(_FIELDS)}")
@@ -400,6 +408,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         budget=_num(ld, budget, "trials", 20, int, 1),
         confirm_top_k=_num(ld, budget, "confirm_top_k", 3, int, 0),
         max_concurrent=_num(ld, budget, "max_concurrent", 0, int, 0),
+        isolation=isolation,
         description=str(raw.get("description", "")),
     )
     if space.tup(space.baseline_params()) != tuple(space.baseline_params().values()):

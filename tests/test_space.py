@@ -120,6 +120,8 @@ def test_fingerprint_ignores_budget_and_name(tmp_path: Path) -> None:
         "  batch_size: {type: int, low: 64, high: 256, log: true}\n", ""),
      "value -128 is in no valid configuration: with the baseline: batch_size=-128 must be >= 1"),
     (GOOD.replace("budget: {trials: 5}", "budget: {trials: .inf}"), "budget.trials: inf must be a int >= 1"),
+    (GOOD.replace("budget: {trials: 5}", "budget: {trials: 5, isolation: rack}"),
+     "budget.isolation: 'rack' is not supported; allowed: ['node', 'cores']"),
     (GOOD.replace("high: 256", "high: .inf"), "must be finite numbers with low <= high"),
     (GOOD.replace("when: sharding_group_size > 0", "when: mem_cap_mb > 0"), "unknown name 'mem_cap_mb'"),
     (GOOD.replace("preset: tiny", "preset: huge"), "workload: unknown preset 'huge'"),

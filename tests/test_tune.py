@@ -24,7 +24,7 @@ from cubic.store import FLAT_KEYS, Store, open_storage, storage_url
 from harness.config import TrialResult
 
 ROOT = Path(__file__).resolve().parent.parent
-# One-rank trials of the tiny workload: ~4 s each, two at a time on a 2-core machine.
+# One-rank trials of the tiny workload: ~4 s each, two at a time on a 2-core machine (isolation: cores).
 FAST = """\
 name: fast
 workload: {preset: tiny}
@@ -35,7 +35,7 @@ knobs:
   emb_precision: [fp32, fp16]
 constraints: {mem_cap_mb: 3000, quality_tolerance: 0.5}
 trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 60, repeats: 1}
-budget: {trials: 5, confirm_top_k: 1}
+budget: {trials: 5, confirm_top_k: 1, isolation: cores}
 """
 # Rank 1 crashes / allocates past the cap / hangs: grid search visits each once after the baseline.
 FAULTS = """\
@@ -84,7 +84,7 @@ def test_end_to_end_tune_writes_every_trial_with_metrics(tmp_path: Path) -> None
         assert {"searcher", "phase", "predicted_qps", "predicted_std", "config_key", "config"} <= set(ua)
         assert ua["searcher"] == "cubic" and ua["config"]["batch_size"] == t.params["batch_size"]
         assert (run / "trials" / f"{t.number:04d}.json").exists()
-    # trials ran concurrently on Ray (one CPU each, two CPUs)
+    # trials ran concurrently on Ray (isolation: cores: one CPU each, two CPUs)
     spans = sorted((t.datetime_start, t.datetime_complete) for t in done)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
     # confirm: re-measured on the original trials, quality-gated, winner recorded
@@ -170,7 +170,7 @@ knobs:
   pipeline_depth: [0, 1]
 constraints: {mem_cap_mb: 3000, quality_tolerance: 0.0}
 trial: {warmup_steps: 1, measure_steps: 4, windows: 1, timeout_s: 60, repeats: 2}
-budget: {trials: 4, confirm_top_k: 1}
+budget: {trials: 4, confirm_top_k: 1, isolation: cores}
 """
 
 
@@ -357,7 +357,7 @@ def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
         yield TrialResult.failed("error", json.dumps(seen), TrialConfig.from_dict(cfg)).to_dict()
 
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
-    runner = RayRunner().start()
+    runner = RayRunner(isolation="cores").start()  # a CPU trial may run beside the GPU one
     try:
         runner._remote = ray.remote(max_retries=0)(visible)
         assert runner.gpus == 1.0
@@ -372,6 +372,44 @@ def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
         assert got["cpu"]["gpu_ids"] == []
     finally:
         runner.stop()
+        ray.shutdown()
+
+
+def test_node_isolation_runs_one_cpu_trial_per_node_and_cores_packs_them() -> None:
+    """Trials side by side on one node time each other (shared memory bandwidth and caches), so by
+    default a CPU trial asks Ray for the whole node; `isolation: cores` packs one-rank trials two to a
+    2-CPU node. A cuda trial takes its GPUs and their share of the node's CPUs. Real Ray tasks record
+    when they ran: with node isolation no two overlap, with cores they do."""
+    import ray
+
+    from cubic.runner import RayRunner
+    from harness.config import TrialConfig
+
+    def span(cfg: dict) -> Iterator[Any]:
+        yield STARTED
+        t0 = time.time()
+        time.sleep(1.0)
+        yield TrialResult.failed("error", json.dumps([t0, time.time()]), TrialConfig.from_dict(cfg)).to_dict()
+
+    def overlaps(runner: RayRunner) -> bool:
+        """Submit three one-rank trials at once (Ray queues what does not fit); did any two overlap?"""
+        pending = [runner.submit(TrialConfig(world_size=1, seed=i), tag=i) for i in range(3)]
+        assert runner.has_room(pending[:1]) == (runner.isolation == "cores")  # the tuner's own check
+        spans = sorted(json.loads(r.error) for r in _drain(runner, pending).values())
+        assert len(spans) == 3
+        return any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    try:
+        node, cores = RayRunner().start(), RayRunner(isolation="cores").start()
+        for r in (node, cores):
+            r._remote = ray.remote(max_retries=0)(span)
+        one, cuda = TrialConfig(world_size=1), TrialConfig(world_size=1, device="cuda")
+        assert (node.cpus_for(one), cores.cpus_for(one)) == (2.0, 1.0)
+        assert (node.cpus_for(cuda), node.gpus_for(cuda)) == (1.0, 1.0)  # 1 of 2 GPUs: half the CPUs
+        assert not overlaps(node)
+        assert overlaps(cores)
+    finally:
         ray.shutdown()
 
 
