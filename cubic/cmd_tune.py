@@ -49,11 +49,15 @@ def tune(
     from cubic.view import print_summary
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    console = Console() if sys.stdout.isatty() else Console(width=130)
+    # --live through a pipe (`| tee log` on a terminal) draws the table with terminal codes, as asked
+    console = Console() if sys.stdout.isatty() else Console(width=130, force_terminal=bool(live))
     runner = None
     try:
         if searcher not in SEARCHERS:
             raise ConfigError(f"--searcher {searcher!r}: choose one of {list(SEARCHERS)}")
+        if address is not None and not address.strip():
+            raise ConfigError("--address '': empty; give HOST:PORT, ray://HOST:PORT or auto, or leave it out "
+                              "for a local Ray")
         if trials is not None and trials < 1:
             raise ConfigError(f"--trials {trials}: must be >= 1")
         sp = load_space(space or default_space())

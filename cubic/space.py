@@ -247,12 +247,37 @@ class SearchSpace:
         }
 
 
-def fingerprint(space_dict: dict[str, Any]) -> str:
-    """Identity of what a trial measures (workload, knobs, baseline, trial settings), not of the budget
-    or name: studies with equal fingerprints can share history (warm start)."""
+def _identity(space_dict: dict[str, Any]) -> dict[str, Any]:
+    """What a trial measures (workload, knobs, baseline, trial settings), not the budget or name."""
     d = {k: space_dict.get(k) for k in ("workload", "knobs", "baseline_config", "objective")}
     d["trial"] = {k: v for k, v in (space_dict.get("trial") or {}).items() if k != "repeats"}
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return json.loads(json.dumps(d, default=str))
+
+
+def fingerprint(space_dict: dict[str, Any]) -> str:
+    """Identity of what a trial measures: studies with equal fingerprints can share history (warm start)."""
+    return hashlib.sha256(json.dumps(_identity(space_dict), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def first_difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """The first dotted key where two spaces measure differently (None if they do not), e.g.
+    'knobs.comm_precision.when' or 'baseline_config.batch_size: 1024 -> 2048'."""
+    def walk(a: Any, b: Any, path: str) -> str | None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                if (d := walk(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))) is not None:
+                    return d
+            return None
+        if a == b:
+            return None
+        short = (lambda v: json.dumps(v)[:40])
+        return f"{path}: {short(a)} -> {short(b)}"
+    a, b = _identity(old), _identity(new)
+    # the YAML's own sections first: the baseline config repeats the trial settings
+    for k in ("workload", "knobs", "objective", "trial", "baseline_config"):
+        if (d := walk(a.get(k), b.get(k), k)) is not None:
+            return d
+    return None
 
 
 # ====================================================================== loading

@@ -56,7 +56,7 @@ from optuna.storages import RDBStorage
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 
-from cubic.space import SearchSpace, fingerprint
+from cubic.space import SearchSpace, fingerprint, first_difference
 from harness.config import TrialResult, json_safe
 from harness.errors import ConfigError
 
@@ -149,7 +149,8 @@ class Store:
         if old is not None and fingerprint(old) != fingerprint(new):
             raise ConfigError(
                 f"study {space.name!r} in {safe_url(rdb.url)} was made with a different search space "
-                f"({old.get('path')}); use another --run-dir/--storage or another space name")
+                f"({old.get('path')}; first difference: {first_difference(old, new)}); use another "
+                f"--run-dir/--storage or another space name")
         if run_dir is not None:
             (run_dir / "trials").mkdir(parents=True, exist_ok=True)
 

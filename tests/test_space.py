@@ -106,6 +106,18 @@ def test_fingerprint_ignores_budget_and_name(tmp_path: Path) -> None:
     assert fingerprint(a) == fingerprint(b) != fingerprint(c)
 
 
+def test_resuming_with_another_space_names_the_first_difference(tmp_path: Path) -> None:
+    """A study keeps the space it was made with; opening it with one that measures differently (an
+    edited YAML, or a cubic whose configs gained a field) is refused naming what changed."""
+    from cubic.store import Store, open_storage, storage_url
+
+    rdb = open_storage(storage_url(tmp_path, None))
+    Store(load_space(write(tmp_path, GOOD)), rdb, tmp_path).record_space()
+    Store(load_space(write(tmp_path, GOOD.replace("trials: 5", "trials: 9"))), rdb, tmp_path)  # budget: same study
+    with pytest.raises(ConfigError, match=r"first difference: trial\.measure_steps: 3 -> 4\)"):
+        Store(load_space(write(tmp_path, GOOD.replace("measure_steps: 3", "measure_steps: 4"))), rdb, tmp_path)
+
+
 @pytest.mark.parametrize("text, expected", [
     (GOOD.replace("knobs:\n", "knobs:\n  sharding: [a, b\n"), ":6: malformed YAML"),  # where yaml sees the problem
     (GOOD.replace("  sharding: [table_wise, row_wise]", "  shardin: [table_wise]"), ":5: knobs.shardin: unknown knob"),

@@ -226,6 +226,7 @@ BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
     ("baseline_outside", "baseline value 'table_wise' is outside the space"),
     ("storage", "cannot open the trial store"),
     ("address", "Ray cluster unreachable"),
+    ("empty_address", "--address '': empty"),
     ("searcher", "--searcher 'annealing'"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: str) -> None:
@@ -240,7 +241,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: st
     }.get(case, good)
     args = ["tune", "--space", str(space_file(tmp_path, text)), "--run-dir", str(tmp_path / "run")]
     args += {"storage": ["--storage", "sqlite:////nonexistent/dir/study.db"],
-             "address": ["--address", "127.0.0.1:1"], "searcher": ["--searcher", "annealing"]}.get(case, [])
+             "address": ["--address", "127.0.0.1:1"], "empty_address": ["--address", ""],
+             "searcher": ["--searcher", "annealing"]}.get(case, [])
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2, res.output
     lines = [x for x in res.output.splitlines() if x.strip()]
