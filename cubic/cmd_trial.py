@@ -117,6 +117,10 @@ def trial(
         raise typer.Exit(1)
 
 
+def _cv(cv: float | None) -> str:
+    return "n/a: one window" if cv is None or cv != cv else f"{cv:.1%}"
+
+
 def print_result(res: TrialResult) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -127,7 +131,7 @@ def print_result(res: TrialResult) -> None:
         return
     t = Table(title="trial result", show_header=False)
     rows = [
-        ("samples/s (median of windows)", f"{res.qps:,.0f}  (cv {res.qps_cv:.1%}, windows "
+        ("samples/s (median of windows)", f"{res.qps:,.0f}  (cv {_cv(res.qps_cv)}, windows "
                                           f"{', '.join(f'{q:,.0f}' for q in res.window_qps)})"),
         ("step ms p50 / p90", f"{res.step_ms_p50:.1f} / {res.step_ms_p90:.1f}"),
         ("peak memory per rank", f"{res.peak_mem_mb:,.0f} MB"),

@@ -44,7 +44,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "emb_optimizer": ("rowwise_adagrad", "momentum_scaled_rowwise_adagrad", "sgd"),
     "pipeline_depth": (0, 1, 2),
     "device": ("cpu", "cuda"),
-    "inject_fault": ("none", "crash", "hang", "oom"),
+    "inject_fault": ("none", "crash", "hang", "oom", "kill"),
 }
 SHARDING_TYPES = CHOICES["sharding"][:5]
 PLANNERS = CHOICES["sharding"][5:]
@@ -81,7 +81,7 @@ class TrialConfig:
     windows: int = 3  # measured steps are split into this many windows -> median, cv
     timeout_s: float = 300.0
     mem_cap_mb: float = 0.0  # per-rank cap; 0 = none. Plans/trials over it are status=oom.
-    inject_fault: str = "none"  # test-only: make rank 1 crash / hang / allocate past the cap
+    inject_fault: str = "none"  # test-only: make rank 1 crash / hang / allocate past the cap / die by SIGKILL
 
     # ------------------------------------------------------------------
     @property

@@ -130,7 +130,7 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan: ShardingPlan | 
     wl, W, G, B = cfg.workload, cfg.world_size, cfg.group_size, cfg.batch_size
     R = W // G
     plan = plan or make_plan(cfg, check_memory=False)
-    wb = DTYPE_BYTES[cfg.emb_precision] if hw.low_precision_bytes else 4
+    wb = weight_bytes(cfg, hw)
     cb = DTYPE_BYTES[cfg.comm_precision]
     threads = cfg.threads_per_rank
     # Oversubscribed cores slow every rank down; extra threads help sub-linearly.
@@ -252,11 +252,16 @@ def _batch_mb(cfg: TrialConfig) -> float:
     return per * (min(steps, cyc // gb) if cyc % gb == 0 else steps) / 2**20
 
 
+def weight_bytes(cfg: TrialConfig, hw: Hardware) -> int:
+    """Bytes a kernel moves per table element: fp16/bf16 tables move fewer only where measured so."""
+    return DTYPE_BYTES[cfg.emb_precision] if hw.low_precision_bytes else 4
+
+
 def table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) -> float:
     """Per-step ms one table costs the rank holding it table-wise (for the planners)."""
     hw = hw or default_hardware()
     G, B = cfg.group_size, cfg.batch_size
-    wb = DTYPE_BYTES[cfg.emb_precision]
+    wb = weight_bytes(cfg, hw)
     kf, kb = hw.kernel_fwd.get(cfg.kernel, 3.0), hw.kernel_bwd.get(cfg.kernel, 10.0)
     b = table_lookup_bytes(t, G * B, t.dim, wb)
     return b * (kf + kb) / (hw.mem_bw * 1e6)
@@ -269,7 +274,8 @@ def dp_table_cost(t: TableSpec, cfg: TrialConfig, hw: Hardware | None = None) ->
     kf, kb = hw.kernel_fwd.get(cfg.kernel, 3.0), hw.kernel_bwd.get(cfg.kernel, 10.0)
     # bandwidth only: the DP tables share the same all-gather calls (no per-table latency)
     gather = W * B * (t.pooling * 8 + t.dim * 4) * (W - 1) / W / (hw.intra_bw * 1e6) if W > 1 else 0.0
-    lookups = table_lookup_bytes(t, B, t.dim, 4) * kf + table_lookup_bytes(t, W * B, t.dim, 4) * kb
+    wb = weight_bytes(cfg, hw)
+    lookups = table_lookup_bytes(t, B, t.dim, wb) * kf + table_lookup_bytes(t, W * B, t.dim, wb) * kb
     return lookups / (hw.mem_bw * 1e6) + gather
 
 

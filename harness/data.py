@@ -80,7 +80,7 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int) -> B
     s = g[:, None]
     dense = _uniform(seed, s, 1_000 + np.arange(wl.dense_features, dtype=np.uint64))
     teacher_w = _uniform(seed, 7, np.arange(wl.dense_features, dtype=np.uint64)) * 2 - 1
-    logit = (dense - 0.5) @ teacher_w * (6.0 / np.sqrt(wl.dense_features))
+    logit = (dense - 0.5) @ teacher_w * (6.0 / np.sqrt(max(wl.dense_features, 1)))  # none: no dense signal
     ids_per_table, lengths = [], []
     scale = 3.0 / np.sqrt(wl.num_tables)
     for ti, t in enumerate(wl.tables):

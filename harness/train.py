@@ -9,7 +9,9 @@ background thread (its own process group) while the current batch computes.
 from __future__ import annotations
 
 import math
+import os
 import resource
+import signal
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -65,6 +67,15 @@ class InputPipeline:
 
 
 def rss_mb() -> float:
+    """This process's peak RSS in MB. Linux's VmHWM starts afresh at exec; ru_maxrss does not: a rank
+    spawned by a 1.8 GB notebook or Ray worker would start at that parent's peak (and fail mem_cap)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -88,7 +99,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
     lossf = torch.nn.BCEWithLogitsLoss(reduction="sum")
     autocast = cfg.dense_precision != "fp32"  # bf16 autocast; fp8 layers run inside it
     sync = torch.cuda.synchronize if device.type == "cuda" else None
-    TIMERS.sync = sync
+    TIMERS.cuda = device.type == "cuda"
     mem_cap = cfg.mem_cap_mb
     losses, step_s = [], []
     bce_sum = torch.zeros(3, dtype=torch.float64)  # sum BCE, sum labels, count over measured steps
@@ -115,6 +126,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
         if sync:
             sync()
         dt = time.perf_counter() - t0
+        TIMERS.flush()
         losses.append(loss_sum.item() / B)
         if measuring:
             step_s.append(dt)
@@ -198,6 +210,8 @@ def _maybe_fault(cfg: TrialConfig, rank: int, step: int) -> None:
         return
     if cfg.inject_fault == "crash":
         raise RuntimeError("injected crash (inject_fault=crash)")
+    if cfg.inject_fault == "kill":  # as the OOM killer does: no report, no cleanup
+        os.kill(os.getpid(), signal.SIGKILL)
     if cfg.inject_fault == "hang":
         time.sleep(1e6)
     if cfg.inject_fault == "oom":

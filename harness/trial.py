@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import platform
 import queue
@@ -150,42 +151,74 @@ def run_ranks(cfg: TrialConfig, collect_tables: bool = False) -> tuple[str, str,
     procs = [ctx.Process(target=_rank_entry, args=(cfg.to_dict(), r, store.port, q, collect_tables, os.getpid()),
                          daemon=True) for r in range(cfg.world_size)]
     outs: dict[int, dict] = {}
+    reported: dict[int, tuple[str, str]] = {}  # rank -> (status, message): failures in the ranks' own words
     status, error = "ok", ""
     deadline = time.monotonic() + cfg.timeout_s
+    settle: float | None = None  # once a rank failed: until when to hear how the others ended
     try:
         with _environ(rank_env(cfg)):
             for p in procs:
                 p.start()
         while len(outs) < cfg.world_size:
-            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outs]
-            try:  # a dead rank's own report may still be in flight: give it a moment
-                rank, st, msg, out = q.get(timeout=0.8 if dead else 0.2)
+            if settle is None and (reported or any(p.exitcode not in (None, 0) for p in procs)):
+                settle = time.monotonic() + SETTLE_S
+            if settle is not None and (time.monotonic() > settle
+                                       or all(p.exitcode is not None or r in outs for r, p in enumerate(procs))):
+                break
+            try:
+                rank, st, msg, out = q.get(timeout=0.2)
             except queue.Empty:
-                if dead:
-                    r, code = dead[0]
-                    status = "oom" if code == -signal.SIGKILL else "error"
-                    why = (f"killed by signal {-code}" + (" (likely the OOM killer)" if code == -9 else "")
-                           if code < 0 else f"exited with code {code}")
-                    error = f"rank {r} {why} without a report"
-                    break
-                if time.monotonic() > deadline:
+                if settle is None and time.monotonic() > deadline:
                     status, error = "timeout", (f"trial exceeded timeout_s={cfg.timeout_s:g} ({len(outs)} of "
                                                 f"{cfg.world_size} ranks finished)")
                     break
                 continue
-            if st != "ok":
-                status, error = st, msg
-                break
-            outs[rank] = out
+            if st == "ok":
+                outs[rank] = out
+            else:
+                reported[rank] = (st, msg)
+        if settle is not None:
+            with contextlib.suppress(queue.Empty):  # reports of ranks that exited right after sending
+                while True:
+                    rank, st, msg, out = q.get(timeout=0.1)
+                    if st != "ok":
+                        reported[rank] = (st, msg)
+            status, error = _root_cause(procs, reported, outs)
     finally:
         for p in procs:
             if p.is_alive():
                 p.kill()
         for p in procs:
-            p.join(timeout=5)
+            if p.pid is not None:  # one that never started cannot be joined (and would hide why)
+                p.join(timeout=5)
         q.close()
         del store
     return status, error, outs
+
+
+SETTLE_S = 1.5  # after a rank fails, how long to hear the others: the first report is often a peer's
+
+# What a rank says when another rank died under it: the symptom, never the cause.
+_PEER_ERRORS = ("connection reset", "connection closed", "broken pipe", "connection refused", "read error",
+                "write error", "socket", "timed out", "timeout")
+
+
+def _root_cause(procs: list, reported: dict[int, tuple[str, str]], outs: dict[int, dict]) -> tuple[str, str]:
+    """(status, one line) of a failed trial. A rank killed without a word (the OOM killer's SIGKILL, a
+    segfault) comes first: its peers then fail with socket errors within milliseconds, and those
+    often arrive first. Then a rank's own out-of-memory or exception, then the peers' symptoms."""
+    silent = [(r, p.exitcode) for r, p in enumerate(procs)
+              if p.exitcode not in (None, 0) and r not in reported and r not in outs]
+    for r, code in sorted(silent, key=lambda rc: rc[1] >= 0):  # signals first
+        if code < 0:
+            why = f"killed by signal {-code}" + (" (likely the OOM killer)" if code == -signal.SIGKILL else "")
+            return ("oom" if code == -signal.SIGKILL else "error"), f"rank {r} {why} without a report"
+    own = sorted(reported.items(), key=lambda kv: (kv[1][0] != "oom",
+                                                    any(e in kv[1][1].lower() for e in _PEER_ERRORS), kv[0]))
+    if own:
+        return own[0][1]
+    r, code = silent[0]
+    return "error", f"rank {r} exited with code {code} without a report"
 
 
 def run_trial(cfg: TrialConfig) -> TrialResult:
@@ -213,6 +246,11 @@ def summarize(cfg: TrialConfig, r0: dict, env: dict) -> TrialResult:
     """Rank 0's measurements -> TrialResult (qps = median over windows; warm-up excluded)."""
     import json
 
+    bad = next((i for i, x in enumerate(r0["losses"]) if not math.isfinite(x)), None)
+    if bad is not None or not math.isfinite(r0["ne"]):
+        where = f"at step {bad}" if bad is not None else "on another rank"
+        return TrialResult.failed("error", f"diverged: the loss became non-finite {where} (NaN/inf); its "
+                                  f"speed is not worth having", cfg, env=env)
     step_s = r0["step_s"]
     n = len(step_s)
     bounds = [round(i * n / cfg.windows) for i in range(cfg.windows + 1)]
@@ -220,7 +258,8 @@ def summarize(cfg: TrialConfig, r0: dict, env: dict) -> TrialResult:
     window_qps = [samples * (hi - lo) / sum(step_s[lo:hi])
                   for lo, hi in zip(bounds, bounds[1:], strict=False) if hi > lo]
     med = statistics.median(window_qps)
-    cv = statistics.pstdev(window_qps) / statistics.mean(window_qps) if len(window_qps) > 1 else 0.0
+    # one window has no spread to measure: NaN (stored as null), not a reassuring 0
+    cv = statistics.pstdev(window_qps) / statistics.mean(window_qps) if len(window_qps) > 1 else math.nan
     ms = sorted(s * 1e3 for s in step_s)
     res = TrialResult(
         status="ok", qps=med, qps_cv=cv, step_ms_p50=statistics.median(ms),

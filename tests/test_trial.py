@@ -57,6 +57,7 @@ def test_loss_really_falls():
     ("crash", "error", "injected crash"),
     ("oom", "oom", "exceeds mem_cap_mb"),
     ("hang", "timeout", "timeout_s"),
+    ("kill", "oom", "rank 1 killed by signal 9 (likely the OOM killer)"),  # not rank 0's "connection reset"
 ])
 def test_failing_rank_gives_status_and_leaves_no_process(fault, status, needle):
     cfg = tiny_cfg(world_size=2, inject_fault=fault, mem_cap_mb=1200 if fault == "oom" else 0,
@@ -200,3 +201,30 @@ def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatc
     assert run_trial(over).env["omp_wait_policy"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert rank_env(over) == {}
+
+
+def test_peak_memory_is_the_ranks_own_not_the_launching_process() -> None:
+    """Linux carries ru_maxrss across exec: a rank spawned by a process that once held 1.5 GB (a
+    notebook, a Ray worker) reported that peak, and a mem_cap below it failed every trial as oom."""
+    import numpy as np
+
+    hog = np.ones(1500 * 2**20 // 8)  # touched: the parent's peak RSS is now >= 1.5 GB
+    del hog
+    r = run_trial(tiny_cfg(world_size=1, mem_cap_mb=1400))
+    assert r.status == "ok", r.error
+    assert 0 < r.peak_mem_mb < 1400
+
+
+def test_a_diverged_trial_is_an_error_not_a_fast_ok() -> None:
+    """A configuration whose loss turns NaN must not enter the ranking on its (real) speed."""
+    r = run_trial(tiny_cfg(world_size=1, emb_lr=1e30, dense_lr=1e30))
+    assert r.status == "error" and "diverged: the loss became non-finite at step" in r.error, (r.status, r.error)
+    ok = run_trial(tiny_cfg(world_size=1))
+    assert ok.status == "ok" and ok.qps_cv != ok.qps_cv  # one window: no spread measured (NaN, not 0)
+
+
+def test_no_dense_features_gives_a_finite_ne() -> None:
+    wl = Workload.tiny()
+    r = run_trial(tiny_cfg(world_size=1, workload=Workload.from_dict({**wl.to_dict(), "dense_features": 0})))
+    assert r.status == "ok", r.error
+    assert 0.5 < r.ne < 1.5, r.ne

@@ -49,7 +49,6 @@ worth choosing for more than tiny tables.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -207,23 +206,22 @@ class ShardedEmbeddingCollection:
     def after_backward(self) -> None:
         """2D weight averaging (weight_avg): replicas average weights and sync optimizer state."""
         if self.R > 1 and self.cfg.sparse_sync == "weight_avg" and self.kernel is not None:
-            t0 = time.perf_counter()
-            for w in self.kernel.weights():
-                buf = w.float()
-                dist.all_reduce(buf, group=self.g.replica)
-                w.copy_((buf / self.R).to(w.dtype))
-            for i, st in enumerate(self.kernel.states()):
-                if st.numel() == 0:
-                    continue
-                if self.momentum_scaled:  # s' = s + sum of the replicas' increments
-                    inc = st - self._synced_states[i]
-                    dist.all_reduce(inc, group=self.g.replica)
-                    st.copy_(self._synced_states[i] + inc)
-                    self._synced_states[i].copy_(st)
-                else:
-                    dist.all_reduce(st, group=self.g.replica)
-                    st.div_(self.R)
-            TIMERS.add("comm", time.perf_counter() - t0)
+            with TIMERS.phase("comm"):
+                for w in self.kernel.weights():
+                    buf = w.float()
+                    dist.all_reduce(buf, group=self.g.replica)
+                    w.copy_((buf / self.R).to(w.dtype))
+                for i, st in enumerate(self.kernel.states()):
+                    if st.numel() == 0:
+                        continue
+                    if self.momentum_scaled:  # s' = s + sum of the replicas' increments
+                        inc = st - self._synced_states[i]
+                        dist.all_reduce(inc, group=self.g.replica)
+                        st.copy_(self._synced_states[i] + inc)
+                        self._synced_states[i].copy_(st)
+                    else:
+                        dist.all_reduce(st, group=self.g.replica)
+                        st.div_(self.R)
 
     # ------------------------------------------------------------------ inspection (tests)
     def full_tables(self) -> dict[int, torch.Tensor]:
@@ -265,13 +263,12 @@ def _gather_union(kin: KernelInput, grad: torch.Tensor, n: int, group, R: int):
     Row-wise AdaGrad sums a row's gradients before squaring, so one update with the union of
     the bags - not R separate updates - is the exact step of one process training them all.
     """
-    t0 = time.perf_counter()
-    lens = [torch.empty_like(kin.lengths) for _ in range(R)]
-    dist.all_gather(lens, kin.lengths, group=group)
-    ids_all = all_gather_varlen(kin.ids, group, R)
-    grads = [torch.empty_like(grad) for _ in range(R)]
-    dist.all_gather(grads, grad.contiguous(), group=group)
-    TIMERS.add("comm", time.perf_counter() - t0)
+    with TIMERS.phase("comm"):
+        lens = [torch.empty_like(kin.lengths) for _ in range(R)]
+        dist.all_gather(lens, kin.lengths, group=group)
+        ids_all = all_gather_varlen(kin.ids, group, R)
+        grads = [torch.empty_like(grad) for _ in range(R)]
+        dist.all_gather(grads, grad.contiguous(), group=group)
     if n == 0:
         return kin.ids, kin.offsets, grad
     nb = kin.lengths.numel() // n

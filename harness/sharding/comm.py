@@ -8,7 +8,6 @@ background thread) never interleave on one group.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -66,9 +65,8 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_s
     if n == 1:
         out.copy_(inp)
         return
-    t0 = time.perf_counter()
-    dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
-    TIMERS.add("comm", time.perf_counter() - t0)
+    with TIMERS.phase("comm"):
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
 
 
 class PooledAllToAll(torch.autograd.Function):
