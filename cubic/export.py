@@ -159,7 +159,9 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         notes.append("the winning trial recorded no sharding plan: sharding_types left to TorchRec's planner")
     tables, constraints, placements = [], {}, {}
     dtype = DATA_TYPES[cfg.emb_precision]
-    out_dtype = "BF16" if cfg.dense_precision == "bf16" else "FP32"
+    # cubic's kernels pool in fp32 whatever the dense precision (bf16 autocast lives inside the MLPs, and
+    # the all-to-all carries comm_precision: qcomms_config below); BF16 here would halve traffic unmeasured
+    out_dtype = "FP32"
     for i, t in enumerate(wl.tables):
         feature = f"f{i}"
         tables.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim,
@@ -189,9 +191,15 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     if cfg.kernel != "fbgemm":
         notes.append(f"cubic measured kernel={cfg.kernel}; TorchRec's model-parallel tables use FBGEMM TBE "
                      "(fused)")
-    if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and two_d:
+    if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and two_d and cfg.sparse_sync == "weight_avg":
         notes.append("momentum-scaled row-wise AdaGrad: scale lr and the accumulator by the replica count "
                      f"({cfg.replicas}) as cubic's harness does")
+    dp = [name for name, p in placements.items() if p["sharding_type"] == "data_parallel"]
+    if dp:
+        notes.append(f"data-parallel tables ({', '.join(dp)}): cubic synced them by all-gathering ids and pooled "
+                     "gradients into one fused row-wise update; TorchRec's 'dense' kernel all-reduces each whole "
+                     "table's gradient and uses the dense optimizer: slower for big tables and other "
+                     "optimizer numerics, so measure before keeping them data-parallel")
     if cfg.device == "cpu" and any(p["sharding_type"] in ("row_wise", "table_row_wise")
                                    for p in placements.values()):
         notes.append("TorchRec runs row_wise / table_row_wise only on CUDA; cubic's harness ran them on CPU")

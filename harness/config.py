@@ -61,7 +61,7 @@ class TrialConfig:
     sharding_group_size: int = 0  # 0 = world_size (plain model parallelism); G < world = 2D
     sparse_sync: str = "grad_allreduce"
     ranks_per_node: int = 2  # topology for table_row_wise (row-wise inside a node)
-    column_shard_dim: int = 0  # column-wise shard width; 0 = dim / world (multiple of 4)
+    column_shard_dim: int = 0  # column-wise shard width; 0 = widest multiple of 4 dividing dim, <= dim / group
     # --- batch / precision / kernels
     batch_size: int = 1024  # per rank
     kernel: str = "native"  # CPU default: our numba TBE (= FBGEMM's math, >= its speed); fbgemm, torch, triton
@@ -140,9 +140,11 @@ class TrialConfig:
         return self
 
     def column_width(self, dim: int, table: str = "", where: str = "config") -> int:
-        """Column-wise shard width of a `dim`-wide table: `column_shard_dim`, or dim / group size
-        rounded down to a multiple of 4. ConfigError unless FBGEMM-legal: a multiple of 4 dividing dim."""
-        w = self.column_shard_dim or max(4, (dim // self.group_size) // 4 * 4)
+        """Column-wise shard width of a `dim`-wide table: `column_shard_dim`, or the widest multiple of 4
+        that divides dim and is at most dim / group size (dim 64 on 3 ranks: 16, not 21 or 20).
+        ConfigError unless FBGEMM-legal: a multiple of 4 dividing dim."""
+        w = self.column_shard_dim or next((w for w in range(max(4, dim // self.group_size) // 4 * 4, 3, -4)
+                                           if dim % w == 0), 4)
         if w % 4 or dim % w or dim % 4:
             raise ConfigError(f"{where}: column_wise: table {table} dim {dim} cannot be split into FBGEMM-legal "
                               f"shards of width {w} (column_shard_dim must be 0 or a multiple of 4 dividing the dim)")

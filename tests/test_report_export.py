@@ -138,10 +138,17 @@ def _check_torchrec_dict(d: dict, cfg: TrialConfig, plan: list | None = None) ->
     assert d["qcomms_config"] == {"forward_precision": prec, "backward_precision": prec}
     for t in d["tables"]:
         assert t["data_type"] == cfg.emb_precision.upper()
+    for c in d["parameter_constraints"].values():  # the harness pools in fp32 whatever the dense precision
+        assert c["output_dtype"] == "FP32"
     for tp in plan or []:
         c = d["parameter_constraints"][tp["name"]]
         assert c["sharding_types"] == [tp["kind"]]
         assert c["compute_kernels"] == ["dense" if tp["kind"] == "data_parallel" else "fused"]
+    dp = any(tp["kind"] == "data_parallel" for tp in plan or [])
+    assert dp == any(n.startswith("data-parallel tables") for n in d["notes"])
+    scaled = any("momentum-scaled" in n for n in d["notes"])
+    assert scaled == (cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and two_d
+                      and cfg.sparse_sync == "weight_avg")  # the harness scales only under weight averaging
 
 
 # configs covering every sharding type, a planner, 2D and each pipeline depth / comm precision
@@ -153,7 +160,11 @@ TORCHREC_CASES = [
     dict(sharding="data_parallel"),
     dict(sharding="size_lookup_greedy", world_size=4, sharding_group_size=2, sparse_sync="weight_avg"),
     dict(sharding="auto", world_size=4),
-    dict(sharding="table_wise", pipeline_depth=2, device="cuda"),
+    dict(sharding="table_wise", pipeline_depth=2, device="cuda", dense_precision="bf16"),
+    dict(sharding="table_wise", world_size=4, sharding_group_size=2, sparse_sync="grad_allreduce",
+         emb_optimizer="momentum_scaled_rowwise_adagrad"),
+    dict(sharding="table_wise", world_size=4, sharding_group_size=2, sparse_sync="weight_avg",
+         emb_optimizer="momentum_scaled_rowwise_adagrad"),
 ]
 
 

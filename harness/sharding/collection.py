@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from harness.config import TrialConfig
 from harness.model import init_table
-from harness.sharding.comm import COMM_DTYPES, Groups, PooledAllToAll, all_gather_varlen, all_to_all
+from harness.sharding.comm import COMM_DTYPES, Groups, PooledAllToAll, all_gather_varlen, all_to_all, grad_scale
 from harness.sharding.plan import ShardingPlan
 from harness.timers import TIMERS
 from kernels import OptimSpec, make_kernel
@@ -182,7 +182,7 @@ class ShardedEmbeddingCollection:
             local = _Lookup.apply(self._dummy, self, kin)
             recv_splits = [B * d for d in self.recv_dims]
             recv = PooledAllToAll.apply(local, [B * self.local_dim] * G, recv_splits, self.g.mp, G,
-                                        self.comm_dtype)
+                                        self.comm_dtype, grad_scale(B))
             blocks = [r.view(B, d) for r, d in zip(recv.split(recv_splits), self.recv_dims, strict=True)]
         if kin.dp is not None:
             blocks.append(_Lookup.apply(self._dummy, self, kin.dp, True))

@@ -44,12 +44,29 @@ def _greedy_positions(costs: dict[int, float], sizes: dict[int, int], G: int, ca
 
 
 def make_plan(cfg: TrialConfig, check_memory: bool = True) -> ShardingPlan:
-    """Build the plan for one sharding group; raises PlanError when no legal plan exists."""
+    """Build the plan for one sharding group; raises PlanError when no legal plan exists. `auto` picks
+    kinds by speed alone, so when its plan misses the memory cap it falls back to whole tables packed
+    by the cap before giving up (a plan that fits exists more often than its first choice shows)."""
+    kinds = _choose_kinds(cfg)
+    try:
+        return _place(cfg, kinds, check_memory)
+    except PlanError as e:
+        if cfg.sharding != "auto" or set(kinds.values()) == {"table_wise"}:
+            raise
+        first = e
+    try:
+        return _place(cfg, dict.fromkeys(kinds, "table_wise"), check_memory)
+    except PlanError:
+        raise first from None
+
+
+def _place(cfg: TrialConfig, kinds: dict[int, str], check_memory: bool) -> ShardingPlan:
+    """Shards for the given kinds, placed on the group's positions (row-wise, column-wise,
+    table-row-wise, then table-wise bin-packing by cost within the memory cap)."""
     wl, G = cfg.workload, cfg.group_size
     wbytes = cost_model.DTYPE_BYTES[cfg.emb_precision]
     sizes = {i: t.rows * (t.dim * wbytes + 4) for i, t in enumerate(wl.tables)}
     cap = cfg.mem_cap_mb * 2**20 if (check_memory and cfg.mem_cap_mb > 0) else None
-    kinds = _choose_kinds(cfg)
     tables = {i: TablePlan(i, t.name, kinds[i]) for i, t in enumerate(wl.tables)}
     load, used = [0.0] * G, [0.0] * G
     dp_bytes = sum(sizes[i] for i, k in kinds.items() if k == "data_parallel")
