@@ -35,10 +35,7 @@ TOP_KEYS = ("name", "description", "workload", "baseline", "knobs", "objective",
 KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
 TRIAL_KEYS = ("warmup_steps", "measure_steps", "windows", "timeout_s", "seed", "repeats")
 BUDGET_KEYS = ("trials", "confirm_top_k", "max_concurrent", "isolation")
-# How search trials share a Ray node: "node" gives a CPU trial its node to itself (trials side by side
-# share memory bandwidth and caches and would time each other) and a GPU trial its GPUs with their share
-# of the node's CPUs; "cores" packs trials by the CPUs their ranks use (more at once, noisier timings).
-ISOLATIONS = ("node", "cores")
+ISOLATIONS = ("node", "cores")  # how search trials share a Ray node: see cubic.runner
 CONSTRAINT_KEYS = ("mem_cap_mb", "quality_tolerance", "quality_knobs")
 OBJECTIVES = {"qps": "maximize"}
 NOT_KNOBS = ("workload", "mem_cap_mb")

@@ -209,14 +209,16 @@ def _root_cause(procs: list, reported: dict[int, tuple[str, str]], outs: dict[in
     often arrive first. Then a rank's own out-of-memory or exception, then the peers' symptoms."""
     silent = [(r, p.exitcode) for r, p in enumerate(procs)
               if p.exitcode not in (None, 0) and r not in reported and r not in outs]
-    for r, code in sorted(silent, key=lambda rc: rc[1] >= 0):  # signals first
-        if code < 0:
-            why = f"killed by signal {-code}" + (" (likely the OOM killer)" if code == -signal.SIGKILL else "")
-            return ("oom" if code == -signal.SIGKILL else "error"), f"rank {r} {why} without a report"
-    own = sorted(reported.items(), key=lambda kv: (kv[1][0] != "oom",
-                                                    any(e in kv[1][1].lower() for e in _PEER_ERRORS), kv[0]))
-    if own:
-        return own[0][1]
+    killed = [(r, code) for r, code in silent if code < 0]
+    if killed:
+        r, code = killed[0]
+        why = f"killed by signal {-code}" + (" (likely the OOM killer)" if code == -signal.SIGKILL else "")
+        return ("oom" if code == -signal.SIGKILL else "error"), f"rank {r} {why} without a report"
+    if reported:
+        def rank_of(kv: tuple[int, tuple[str, str]]) -> tuple[bool, bool, int]:
+            (r, (st, msg)) = kv
+            return st != "oom", any(e in msg.lower() for e in _PEER_ERRORS), r
+        return min(reported.items(), key=rank_of)[1]
     r, code = silent[0]
     return "error", f"rank {r} exited with code {code} without a report"
 
