@@ -145,6 +145,29 @@ def _placement(tp: dict[str, Any], kind: str, group: int, ranks_per_node: int) -
     return out
 
 
+def torchrec_model(wl: Any, notes: list[str]) -> dict[str, Any] | None:
+    """TorchRec's model class and constructor arguments for the workload's family (torchrec.models.dlrm):
+    DLRM for `dot`, DLRM_DCN (LowRankCrossNet: the same x_0 * (W (V x) + b) + x layers) for `dcn`.
+    Wukong has no TorchRec model: None, and a note (the tables, plan and optimizers still apply)."""
+    args = {"dense_in_features": wl.dense_features, "dense_arch_layer_sizes": list(wl.bottom_mlp),
+            "over_arch_layer_sizes": list(wl.top_mlp)}
+    if wl.interaction == "dot":
+        return {"class": "torchrec.models.dlrm.DLRM", **args}
+    if wl.interaction == "dcn":
+        rank = wl.dcn_rank
+        if rank == 0:  # LowRankCrossNet has no full-rank form; rank = width has at least its capacity
+            rank = wl.num_features * wl.dim
+            notes.append(f"dcn_rank=0 (full-rank cross layers) has no TorchRec form: DLRM_DCN's LowRankCrossNet "
+                         f"with dcn_low_rank_dim={rank} (the input width) can express it, with twice the weights")
+        return {"class": "torchrec.models.dlrm.DLRM_DCN", **args, "dcn_num_layers": wl.dcn_layers,
+                "dcn_low_rank_dim": rank}
+    notes.append(f"interaction={wl.interaction!r} (Wukong) has no TorchRec model class: build its dense "
+                 "arch from 'dense' (the layers of harness/model.py's WukongStack) around TorchRec's "
+                 "EmbeddingBagCollection; the tables, sharding plan, pipeline and optimizers below apply as "
+                 "they are")
+    return None
+
+
 def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     """What a TorchRec training job needs from the winner, as plain JSON (see the README's loader)."""
     cfg = TrialConfig.from_dict(rec["config"])
@@ -203,6 +226,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     if cfg.device == "cpu" and any(p["sharding_type"] in ("row_wise", "table_row_wise")
                                    for p in placements.values()):
         notes.append("TorchRec runs row_wise / table_row_wise only on CUDA; cubic's harness ran them on CPU")
+    model = torchrec_model(wl, notes)
     w = rec["winner"]
     out = {
         "format": "cubic-torchrec/1",
@@ -228,7 +252,9 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
                                 "name": cfg.emb_optimizer},
         "dense": {"optimizer": "torch.optim.Adagrad", "lr": cfg.dense_lr, "precision": cfg.dense_precision,
                   "dense_features": wl.dense_features, "bottom_mlp": wl.bottom_mlp, "top_mlp": wl.top_mlp,
-                  "interaction": wl.interaction},
+                  "interaction": wl.interaction,
+                  **{k: getattr(wl, k) for k in wl.interaction_keys()}},
+        "model": model,
         "notes": notes,
     }
     return json_safe(out)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.config import TrialConfig
+from harness.dense_cost import dense_cost
 from harness.workload import TableSpec
 
 if TYPE_CHECKING:  # the planner imports this module
@@ -102,14 +103,6 @@ def allreduce_ms(nbytes: float, ranks: int, hw: Hardware) -> float:
     return 2 * nbytes * (ranks - 1) / ranks / (bw * 1e6) + 2 * hw.coll_latency_ms * math.log2(ranks)
 
 
-def mlp_flops(sizes: list[int], n_in: int) -> int:
-    f = 0
-    for s in sizes:
-        f += 2 * n_in * s
-        n_in = s
-    return f
-
-
 @dataclass
 class CostEstimate:
     step_ms: float
@@ -175,7 +168,8 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan: ShardingPlan | 
     comm_in = a2a_ms(ids_sent, G, hw) + (a2a_ms(B * wl.num_tables * 8, G, hw) if G > 1 else 0.0)
     if cfg.pipeline_depth > 0:  # input distribution overlaps the previous batch's compute
         comm_in *= 0.15
-    dense_params = sum(p for p in _dense_param_counts(cfg))
+    dc = dense_cost(wl)
+    dense_params = dc.params
     comm_ddp = allreduce_ms(dense_params * 4, W, hw)
     comm_dp = a2a_ms(dp_gather_bytes, W, hw) if dp else 0.0
     local_shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], DTYPE_BYTES[cfg.emb_precision])
@@ -187,17 +181,15 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan: ShardingPlan | 
             comm_2d = allreduce_ms(max(local_shard_bytes), R, hw)
     comm = comm_out + comm_in + comm_ddp + comm_dp + comm_2d
 
-    # dense compute: bottom + interaction + top, fwd + 2x bwd
-    n_feat = wl.num_tables + 1
-    flops = B * (mlp_flops(wl.bottom_mlp, wl.dense_features) + 2 * n_feat * n_feat * wl.dim
-                 + mlp_flops(wl.top_mlp, wl.dim + n_feat * (n_feat - 1) // 2)) * 3
+    # dense compute: bottom + interaction + top, forward and backward GEMMs (harness/dense_cost.py)
+    flops = B * dc.flops
     rate = hw.flops * 1e6 * speed * (hw.bf16_speed if cfg.dense_precision != "fp32" else 1.0)
     dense = flops / rate
     optim = dense_params * 16 / (hw.mem_bw * 1e6 * speed)
 
     step = emb_fwd + emb_bwd + comm + dense + optim
     qps = W * B / step * 1e3
-    act_mb = B * (sum(wl.bottom_mlp) + sum(wl.top_mlp) + n_feat * wl.dim * 3 + n_feat * n_feat) * 4 * 3 / 2**20
+    act_mb = B * dc.act_floats * 4 / 2**20
     base_mb = 350.0  # a torch + gloo process
     mem = [base_mb + b / 2**20 + act_mb + dense_params * 16 / 2**20 + _batch_mb(cfg) for b in local_shard_bytes]
     bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm, "dense": dense, "optim": optim}
@@ -226,20 +218,6 @@ def features(cfg: TrialConfig, hw: Hardware | None = None) -> dict[str, float]:
         return estimate(cfg, hw).features
     except ValueError:  # the same names as a feasible plan's, so the proxy's columns never depend on order
         return dict.fromkeys(FEATURE_NAMES, float("nan"))
-
-
-def _dense_param_counts(cfg: TrialConfig) -> list[int]:
-    wl = cfg.workload
-    n_feat = wl.num_tables + 1
-    counts, n_in = [], wl.dense_features
-    for s in wl.bottom_mlp:
-        counts.append(n_in * s + s)
-        n_in = s
-    n_in = wl.dim + n_feat * (n_feat - 1) // 2
-    for s in wl.top_mlp:
-        counts.append(n_in * s + s)
-        n_in = s
-    return counts
 
 
 def _batch_mb(cfg: TrialConfig) -> float:

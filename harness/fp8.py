@@ -351,11 +351,12 @@ def probe_layers(layers: Sequence[nn.Linear] | dict[str, nn.Linear], inputs: Seq
     return out
 
 
-def probe_mlp(mlp: nn.Module, batches: Sequence[torch.Tensor], *, device: str | torch.device = "cpu",
-              threshold: float = DEFAULT_THRESHOLD, time_it: bool = True,
+def probe_mlp(mlp: nn.Module, batches: Sequence[torch.Tensor | tuple[torch.Tensor, ...]], *,
+              device: str | torch.device = "cpu", threshold: float = DEFAULT_THRESHOLD, time_it: bool = True,
               min_speedup: float = 1.05) -> list[LayerProbe]:
-    """Run `batches` (the module's real inputs) through `mlp` in fp32 and probe every nn.Linear on the
-    inputs it actually saw; names are the module's qualified names (what `apply_fp8` matches)."""
+    """Run `batches` (the module's real inputs: a tensor, or a tuple of its forward's arguments) through
+    `mlp` in fp32 and probe every nn.Linear on the inputs it actually saw, wherever it sits (MLPs, DCN
+    cross layers, Wukong blocks); names are the module's qualified names (what `apply_fp8` matches)."""
     device = torch.device(device)
     model = copy.deepcopy(mlp).float().to(device).eval()
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -365,7 +366,7 @@ def probe_mlp(mlp: nn.Module, batches: Sequence[torch.Tensor], *, device: str | 
     try:
         with torch.no_grad():
             for b in batches:
-                model(b.to(device).float())
+                model(*(x.to(device).float() for x in (b if isinstance(b, tuple) else (b,))))
     finally:
         for h in hooks:
             h.remove()

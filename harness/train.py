@@ -177,7 +177,8 @@ def _reduce(t: torch.Tensor, group, device: torch.device, op=dist.ReduceOp.SUM) 
 
 def apply_fp8_dense(dense: DenseArch, coll: ShardedEmbeddingCollection, batches: Sequence[Batch], mode: str,
                     groups: Groups, device: torch.device) -> list[dict]:
-    """LoKA-style: probe every Linear of both MLPs on real batches, then swap in fp8 layers.
+    """LoKA-style: probe every Linear of the dense arch (both MLPs and the interaction's: DCN cross
+    layers, Wukong's FM and compression blocks) on real batches, then swap in fp8 layers.
 
     `fp8_all` swaps every layer; `fp8_auto` only layers the probe found both accurate
     enough and faster than bf16 (on CPU never: fp8 is only emulated there). Ranks agree
@@ -185,23 +186,17 @@ def apply_fp8_dense(dense: DenseArch, coll: ShardedEmbeddingCollection, batches:
     """
     from harness.fp8 import apply_fp8, probe_mlp, probes_to_json
 
-    with torch.no_grad():
-        b = batches[0]
-        pooled = coll.forward(coll.input_dist(b.ids, b.offsets, b.batch_size))
-        top_in = dense.interact(dense.bottom(b.dense), pooled)
-    probes = {"bottom": probe_mlp(dense.bottom, [x.dense for x in batches[:2]], device=device),
-              "top": probe_mlp(dense.top, [top_in], device=device)}
-    flags = torch.tensor([p.use_fp8 for ps in probes.values() for p in ps], dtype=torch.int32)
+    with torch.no_grad():  # every rank runs the same input collectives, so they pair up
+        inputs = [(b.dense, coll.forward(coll.input_dist(b.ids, b.offsets, b.batch_size))) for b in batches[:2]]
+    probes = probe_mlp(dense, inputs, device=device)
+    flags = torch.tensor([p.use_fp8 for p in probes], dtype=torch.int32)
     if groups.world > 1:
         flags = _reduce(flags, groups.world_pg, device, dist.ReduceOp.MIN)
-    i = 0
-    for ps in probes.values():
-        for p in ps:
-            p.use_fp8 = bool(flags[i])
-            i += 1
-    apply_fp8(dense.bottom, probes["bottom"], mode)
-    apply_fp8(dense.top, probes["top"], mode)
-    return [{"mlp": k, **d} for k, ps in probes.items() for d in probes_to_json(ps)]
+    for p, f in zip(probes, flags.tolist(), strict=True):
+        p.use_fp8 = bool(f)
+    apply_fp8(dense, probes, mode)
+    # "mlp" names the part a layer sits in: bottom, inter (the interaction) or top
+    return [{"mlp": d["name"].split(".")[0], **d} for d in probes_to_json(probes)]
 
 
 def _maybe_fault(cfg: TrialConfig, rank: int, step: int) -> None:

@@ -1,8 +1,15 @@
 """Workload spec: the model being trained (tables, dense features, MLPs, interaction).
 
 A workload is the part of a trial the tuner does not change. Presets:
-`tiny` (tests), `small` (the TorchRec anchor's workload-small.json) and
-`criteo-mlperf-mini` (MLPerf DLRM-DCNv2 tables and multi-hot sizes, rows capped).
+`tiny` (tests), `small` (the TorchRec anchor's workload-small.json),
+`criteo-mlperf-mini` (MLPerf DLRM-DCNv2 tables and multi-hot sizes, rows capped, dot interaction),
+`mlperf-dcnv2-mini` (the same tables with MLPerf's DCN-v2 cross network) and `wukong-mini`
+(Wukong's interaction stack in the public re-implementation's shape, scaled to this machine).
+
+The interaction is the model family: `dot` (DLRM), `dcn` (DCN-v2 low-rank cross layers, MLPerf's
+DLRM-DCNv2) or `wukong` (stacked FM blocks + linear compression blocks). Its own keys (`dcn_*`,
+`wukong_*`) only apply to it and only appear in `to_dict` for it, so a dot workload's dict (and every
+stored config key made from one) is what it was before the families existed.
 """
 
 from __future__ import annotations
@@ -19,7 +26,12 @@ from harness.errors import ConfigError, read_text
 ID_DISTRIBUTIONS = ("uniform", "zipf")
 #: Distinct samples of the synthetic stream by default; training cycles over them (harness/data.py).
 SAMPLE_CYCLE = 1 << 16
-INTERACTIONS = ("dot",)
+INTERACTIONS = ("dot", "dcn", "wukong")
+#: Keys of one interaction only (defaults as in the dataclass); rejected for the others when set.
+FAMILY_KEYS = {
+    "dcn": ("dcn_layers", "dcn_rank"),
+    "wukong": ("wukong_layers", "wukong_fm_embs", "wukong_lcb_embs", "wukong_rank", "wukong_mlp"),
+}
 
 # MLPerf DLRM-DCNv2 (Criteo 1TB multi-hot) table rows and multi-hot sizes.
 MLPERF_ROWS = [
@@ -66,6 +78,18 @@ class Workload:
     # that cost; but a trial that cycles many times memorises its labels, and then NE compares how
     # fast configurations memorise, not how well they learn: raise it for large batches (GPU).
     sample_cycle: int = SAMPLE_CYCLE
+    # DCN-v2 (interaction: dcn): cross layers x_{l+1} = x_0 * (U_l (V_l x_l) + b_l) + x_l over the
+    # concatenated bottom output and pooled embeddings; rank 0 = full rank (x_0 * (W_l x_l + b_l) + x_l).
+    dcn_layers: int = 3
+    dcn_rank: int = 512
+    # Wukong (interaction: wukong): layers of an FM block (n_F = wukong_fm_embs outputs, low-rank FM of
+    # rank wukong_rank, then LayerNorm and an MLP of widths wukong_mlp) beside a linear compression block
+    # (n_L = wukong_lcb_embs outputs), with a residual and LayerNorm.
+    wukong_layers: int = 3
+    wukong_fm_embs: int = 16
+    wukong_lcb_embs: int = 16
+    wukong_rank: int = 24
+    wukong_mlp: list[int] = field(default_factory=lambda: [512, 512])
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -88,8 +112,26 @@ class Workload:
         return cls("criteo-mlperf-mini", tables, 13, [512, 256, 128], [1024, 1024, 512, 256, 1])
 
     @classmethod
+    def mlperf_dcnv2_mini(cls) -> Workload:
+        """MLPerf's DLRM-DCNv2 (26 tables, multi-hot, dim 128, bottom 512-256-128, DCN-v2 3 layers,
+        top 1024-1024-512-256-1) with rows capped and the cross layers' rank cut from 512 to 128: at
+        rank 512 the cross net alone is 64 GFLOP a 1024-sample step, ~1 s on one core of this machine."""
+        return dataclasses.replace(cls.criteo_mlperf_mini(), name="mlperf-dcnv2-mini", interaction="dcn",
+                                   dcn_layers=3, dcn_rank=128)
+
+    @classmethod
+    def wukong_mini(cls) -> Workload:
+        """Wukong in the public re-implementation's shape (3 layers, dim 128, n_F = n_L = 16, FM rank 24,
+        FM MLP 2 x 512) over 8 Zipf tables of 100k rows, pooling 8: the dense stack, not the tables, is
+        what this preset is for."""
+        tables = [TableSpec(f"t{i}", 100_000, 128, 8, "zipf", 1.05) for i in range(8)]
+        return cls("wukong-mini", tables, 13, [256, 128], [512, 256, 1], "wukong", wukong_layers=3,
+                   wukong_fm_embs=16, wukong_lcb_embs=16, wukong_rank=24, wukong_mlp=[512, 512])
+
+    @classmethod
     def preset(cls, name: str, where: str = "workload") -> Workload:
-        presets = {"small": cls.small, "tiny": cls.tiny, "criteo-mlperf-mini": cls.criteo_mlperf_mini}
+        presets = {"small": cls.small, "tiny": cls.tiny, "criteo-mlperf-mini": cls.criteo_mlperf_mini,
+                   "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini}
         if name not in presets:
             raise ConfigError(f"{where}: unknown preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()
@@ -102,6 +144,11 @@ class Workload:
     @property
     def dim(self) -> int:
         return self.tables[0].dim
+
+    @property
+    def num_features(self) -> int:
+        """Feature vectors the interaction sees: the bottom MLP's output and one per table."""
+        return self.num_tables + 1
 
     def validate(self, where: str = "workload") -> Workload:
         if not self.tables:
@@ -126,7 +173,8 @@ class Workload:
         if not isinstance(self.sample_cycle, int) or self.sample_cycle < 1:
             raise ConfigError(f"{where}: sample_cycle={self.sample_cycle!r} must be a positive integer")
         if len({t.dim for t in self.tables}) != 1:
-            raise ConfigError(f"{where}: dot interaction needs one embedding dim for all tables")
+            raise ConfigError(f"{where}: interaction {self.interaction!r} needs one embedding dim for all tables "
+                              f"(got {sorted({t.dim for t in self.tables})})")
         if not _is_int(self.dense_features) or self.dense_features < 0:
             raise ConfigError(f"{where}: dense_features={self.dense_features!r} must be an integer >= 0")
         for key in ("bottom_mlp", "top_mlp"):
@@ -135,6 +183,7 @@ class Workload:
                 raise ConfigError(f"{where}: {key} must be a list of positive integers (got {mlp!r})")
         if self.interaction not in INTERACTIONS:
             raise ConfigError(f"{where}: interaction={self.interaction!r}; choose one of {list(INTERACTIONS)}")
+        self._validate_family(where)
         if not self.bottom_mlp or self.bottom_mlp[-1] != self.dim:
             raise ConfigError(f"{where}: bottom_mlp must end in the embedding dim {self.dim} "
                               f"(got {self.bottom_mlp})")
@@ -142,9 +191,46 @@ class Workload:
             raise ConfigError(f"{where}: top_mlp must end in 1 (got {self.top_mlp})")
         return self
 
+    def _validate_family(self, where: str) -> None:
+        """The interaction's own keys: integers in range, and no other family's key set away from its default."""
+        defaults = Workload()
+        for fam, keys in FAMILY_KEYS.items():
+            for k in keys:
+                v = getattr(self, k)
+                if k == "wukong_mlp":
+                    if not isinstance(v, list) or not all(_is_int(x) and x > 0 for x in v):
+                        raise ConfigError(f"{where}: wukong_mlp must be a list of positive integers (got {v!r})")
+                elif not _is_int(v):
+                    raise ConfigError(f"{where}: {k}={v!r} must be an integer")
+                if fam != self.interaction and v != getattr(defaults, k):
+                    raise ConfigError(f"{where}: {k} applies to interaction {fam!r} only "
+                                      f"(this workload's interaction is {self.interaction!r})")
+        width = self.num_features * self.dim
+        if self.interaction == "dcn":
+            if self.dcn_layers < 1:
+                raise ConfigError(f"{where}: dcn_layers={self.dcn_layers} must be >= 1")
+            if not 0 <= self.dcn_rank <= width:
+                raise ConfigError(f"{where}: dcn_rank={self.dcn_rank} must be 0 (full rank) or 1..{width}, the "
+                                  f"cross network's input width ({self.num_features} features x dim {self.dim})")
+        if self.interaction == "wukong":
+            for k in ("wukong_layers", "wukong_fm_embs", "wukong_lcb_embs", "wukong_rank"):
+                if getattr(self, k) < 1:
+                    raise ConfigError(f"{where}: {k}={getattr(self, k)} must be >= 1")
+
+    def interaction_keys(self) -> tuple[str, ...]:
+        """This workload's family keys (what `to_dict` writes beside the common ones)."""
+        return FAMILY_KEYS.get(self.interaction, ())
+
     # ------------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Common keys plus the interaction's own; other families' keys are left out (always defaults)."""
+        d = dataclasses.asdict(self)
+        mine = set(self.interaction_keys())
+        for keys in FAMILY_KEYS.values():
+            for k in keys:
+                if k not in mine:
+                    d.pop(k)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "workload") -> Workload:
@@ -155,6 +241,9 @@ class Workload:
         d = dict(d)
         if "preset" in d:
             base = cls.preset(d.pop("preset"), where).to_dict()
+            if d.get("interaction", base["interaction"]) != base["interaction"]:  # another family: its own keys
+                for k in FAMILY_KEYS.get(base["interaction"], ()):
+                    base.pop(k)
             base.update(d)
             d = base
         if isinstance(d.get("tables"), int):
@@ -193,8 +282,10 @@ class Workload:
         for k in required:
             if k not in w:
                 raise ConfigError(f"{where}: missing key {k!r} (required: {required})")
-        allowed = set(required) | {"interaction", "local_batch", "world", "threads_per_rank", "warmup_steps",
-                                   "timed_steps", "emb_dtype", "id_dist", "zipf_alpha", "name"}
+        family = {k for keys in FAMILY_KEYS.values() for k in keys}
+        allowed = set(required) | family | {"interaction", "local_batch", "world", "threads_per_rank",
+                                            "warmup_steps", "timed_steps", "emb_dtype", "id_dist", "zipf_alpha",
+                                            "name"}
         unknown = sorted(set(w) - allowed)
         if unknown:
             raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
@@ -216,7 +307,7 @@ class Workload:
             if not isinstance(w[key], list) or not all(isinstance(x, int) and x > 0 for x in w[key]):
                 raise ConfigError(f"{where}: {key} must be a list of positive ints")
         wl = cls(w.get("name", "custom"), tables, w["dense"], list(w["bottom_mlp"]), list(w["top_mlp"]),
-                 w.get("interaction", "dot")).validate(where)
+                 w.get("interaction", "dot"), **{k: w[k] for k in sorted(family & set(w))}).validate(where)
         knobs = {}
         for src, dst in (("local_batch", "batch_size"), ("world", "world_size"),
                          ("threads_per_rank", "threads_per_rank"), ("warmup_steps", "warmup_steps"),

@@ -250,6 +250,59 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     assert hasattr(train_pipeline, d["train_pipeline"]["class"])
 
 
+FAMILY_WORKLOADS = {
+    "dot": {"preset": "tiny"},
+    "dcn": {"preset": "tiny", "interaction": "dcn", "dcn_layers": 2, "dcn_rank": 12},
+    "dcn_full": {"preset": "tiny", "interaction": "dcn", "dcn_layers": 2, "dcn_rank": 0},
+    "wukong": {"preset": "tiny", "interaction": "wukong", "wukong_layers": 1, "wukong_rank": 3, "wukong_mlp": [8]},
+}
+
+
+@pytest.mark.parametrize("fam", FAMILY_WORKLOADS)
+def test_torchrec_export_names_the_model_of_the_family(fam: str) -> None:
+    wl = Workload.from_dict(FAMILY_WORKLOADS[fam])
+    d = export.to_torchrec_dict(_rec(TrialConfig(workload=wl, kernel="torch").validate()))
+    m = d["model"]
+    if fam == "wukong":
+        assert m is None and any("no TorchRec model" in n for n in d["notes"])
+        assert d["dense"]["wukong_rank"] == 3 and "dcn_rank" not in d["dense"]
+        return
+    assert m["dense_in_features"] == wl.dense_features and m["over_arch_layer_sizes"] == wl.top_mlp
+    if fam == "dot":
+        assert m["class"] == "torchrec.models.dlrm.DLRM"
+        return
+    assert m["class"] == "torchrec.models.dlrm.DLRM_DCN" and m["dcn_num_layers"] == 2
+    assert m["dcn_low_rank_dim"] == (12 if fam == "dcn" else wl.num_features * wl.dim)
+    assert any("full-rank" in n for n in d["notes"]) == (fam == "dcn_full")
+
+
+def test_dcn_export_builds_torchrec_dlrm_dcn_with_the_harness_parameters() -> None:
+    """TorchRec's own DLRM_DCN from the export: it trains a step, and its dense part has exactly the
+    harness's parameter count (the same bottom MLP, cross layers and top MLP)."""
+    pytest.importorskip("torchrec")
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.models import dlrm
+
+    from harness.dense_cost import dense_cost
+
+    wl = Workload.from_dict(FAMILY_WORKLOADS["dcn"])
+    d = export.to_torchrec_dict(_rec(TrialConfig(workload=wl, kernel="torch").validate()))
+    ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=t["name"], num_embeddings=t["num_embeddings"], embedding_dim=t["embedding_dim"],
+                           feature_names=t["feature_names"]) for t in d["tables"]])
+    m = d["model"]
+    model = getattr(dlrm, m["class"].rsplit(".", 1)[1])(ebc, **{k: v for k, v in m.items() if k != "class"})
+    emb_params = sum(p.numel() for p in ebc.parameters())
+    assert sum(p.numel() for p in model.parameters()) - emb_params == dense_cost(wl).params
+    B, keys = 4, [f for t in d["tables"] for f in t["feature_names"]]
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.zeros(len(keys) * B, dtype=torch.long),
+                                              lengths=torch.ones(len(keys) * B, dtype=torch.long))
+    loss = model(torch.rand(B, wl.dense_features), kjt).sum()
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, run_dir: Path, failed_only: Path) -> None:
     from typer.testing import CliRunner
