@@ -20,7 +20,7 @@ from cubic.store import NOT_RUN, rdb_storage, safe_url
 from harness.errors import ConfigError
 
 STUDY_FILE = "study.db"
-BREAKDOWN_KEYS = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
+BREAKDOWN_KEYS = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")
 SCALAR_METRICS = (
     "qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne",
 )

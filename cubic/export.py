@@ -215,8 +215,10 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         notes.append(f"cubic measured kernel={cfg.kernel}; TorchRec's model-parallel tables use FBGEMM TBE "
                      "(fused)")
     if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and two_d and cfg.sparse_sync == "weight_avg":
-        notes.append("momentum-scaled row-wise AdaGrad: scale lr and the accumulator by the replica count "
-                     f"({cfg.replicas}) as cubic's harness does")
+        notes.append("momentum-scaled row-wise AdaGrad: DMPCollection.sync() averages replica weights and state "
+                     "(plain row-wise AdaGrad's rule); cubic merged the replicas' summed step instead "
+                     "(harness/sharding/replica_sync.py), which needs DMPCollection's custom_all_reduce to "
+                     "reproduce")
     dp = [name for name, p in placements.items() if p["sharding_type"] == "data_parallel"]
     if dp:
         notes.append(f"data-parallel tables ({', '.join(dp)}): cubic synced them by all-gathering ids and pooled "
@@ -237,6 +239,11 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "replicas": cfg.replicas,
         "model_parallel": "DMPCollection" if two_d else "DistributedModelParallel",
         "sparse_sync": cfg.sparse_sync,
+        # DMPCollection(use_inter_host_allreduce=True) keeps a sharding group's ranks contiguous (intra_node)
+        "dmp_collection": ({"sharding_group_size": cfg.group_size, "world_size": cfg.world_size,
+                            "use_inter_host_allreduce": cfg.group_placement == "intra_node",
+                            "group_placement": cfg.group_placement,
+                            "sync_interval_batches": cfg.sparse_sync_interval} if two_d else None),
         "ranks_per_node": cfg.ranks_per_node,
         "batch_size_per_rank": cfg.batch_size,
         "device": cfg.device,
@@ -245,7 +252,8 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "placements": placements,
         "train_pipeline": {"class": pipeline,
                            "module": "torchrec.distributed.train_pipeline",
-                           "pipeline_depth": cfg.pipeline_depth},
+                           "pipeline_depth": cfg.pipeline_depth,
+                           **({"dmp_collection_sync_interval_batches": cfg.sparse_sync_interval} if two_d else {})},
         "qcomms_config": {"forward_precision": COMM_TYPES[cfg.comm_precision],
                           "backward_precision": COMM_TYPES[cfg.comm_precision]},
         "embedding_optimizer": {"class": EMB_OPTIMIZERS[cfg.emb_optimizer], "lr": cfg.emb_lr,

@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 from cubic import analysis
 
 PHASE_COLORS = {"baseline": "tab:red", "warmup": "tab:gray", "proxy": "tab:blue", "confirm": "tab:green"}
-BD_COLORS = {"emb_fwd": "tab:blue", "emb_bwd": "tab:cyan", "comm": "tab:orange", "dense": "tab:green",
-             "optim": "tab:purple"}
+BD_COLORS = {"emb_fwd": "tab:blue", "emb_bwd": "tab:cyan", "comm": "tab:orange", "sync": "tab:red",
+             "dense": "tab:green", "optim": "tab:purple"}
 
 
 def _empty(fig: Figure, ax, text: str) -> Figure:

@@ -41,6 +41,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
         "size_greedy", "lookup_greedy", "size_lookup_greedy", "auto",
     ),
     "sparse_sync": ("grad_allreduce", "weight_avg"),
+    "group_placement": ("intra_node", "cross_node"),
     "emb_optimizer": ("rowwise_adagrad", "momentum_scaled_rowwise_adagrad", "sgd"),
     "pipeline_depth": (0, 1, 2),
     "device": ("cpu", "cuda"),
@@ -60,6 +61,8 @@ class TrialConfig:
     sharding: str = "table_wise"
     sharding_group_size: int = 0  # 0 = world_size (plain model parallelism); G < world = 2D
     sparse_sync: str = "grad_allreduce"
+    sparse_sync_interval: int = 1  # weight_avg: replicas merge every k steps (and after the last step)
+    group_placement: str = "intra_node"  # 2D: a sharding group's ranks side by side (inside a node) or strided
     ranks_per_node: int = 2  # topology for table_row_wise (row-wise inside a node)
     column_shard_dim: int = 0  # column-wise shard width; 0 = widest multiple of 4 dividing dim, <= dim / group
     # --- batch / precision / kernels
@@ -104,7 +107,7 @@ class TrialConfig:
             val = getattr(self, key)
             if val not in allowed:
                 raise ConfigError(f"{where}: {key}={val!r} is not allowed; choose one of {list(allowed)}")
-        for key in ("world_size", "batch_size", "threads_per_rank", "measure_steps", "windows"):
+        for key in ("world_size", "batch_size", "threads_per_rank", "measure_steps", "windows", "sparse_sync_interval"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{where}: {key}={getattr(self, key)!r} must be >= 1")
         for key in ("warmup_steps", "seed", "column_shard_dim", "mem_cap_mb"):
@@ -128,6 +131,9 @@ class TrialConfig:
                 f"size {self.group_size} for table_row_wise (allowed: "
                 f"{[d for d in range(1, self.group_size + 1) if self.group_size % d == 0]})"
             )
+        if self.sharding == "table_row_wise" and self.group_placement == "cross_node" and self.replicas > 1:
+            raise ConfigError(f"{where}: table_row_wise splits rows inside a node, which needs a sharding group's "
+                              "ranks side by side: use group_placement=intra_node")
         if self.kernel == "native" and self.device == "cuda":
             raise ConfigError(f"{where}: kernel=native is a CPU kernel; with device=cuda choose torch or triton")
         if self.sharding == "column_wise":

@@ -177,8 +177,8 @@ def estimate(cfg: TrialConfig, hw: Hardware | None = None, plan: ShardingPlan | 
     if R > 1:
         if cfg.sparse_sync == "grad_allreduce":
             comm_2d = a2a_ms(sum(upd_bytes) / G * 0.5, R, hw) * 2
-        else:
-            comm_2d = allreduce_ms(max(local_shard_bytes), R, hw)
+        else:  # the replica sync (weights and row state) every sparse_sync_interval steps, amortized
+            comm_2d = allreduce_ms(max(local_shard_bytes), R, hw) / cfg.sparse_sync_interval
     comm = comm_out + comm_in + comm_ddp + comm_dp + comm_2d
 
     # dense compute: bottom + interaction + top, forward and backward GEMMs (harness/dense_cost.py)

@@ -29,7 +29,7 @@ from harness.sharding.comm import Groups, make_groups
 from harness.sharding.plan import ShardingPlan
 from harness.timers import BACKGROUND, TIMERS
 
-PHASES = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
+PHASES = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")
 
 
 class InputPipeline:
@@ -83,7 +83,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
                collect_tables: bool = False) -> dict:
     """Run warm-up + measured steps on this rank; return its measurements (rank 0's are the trial's)."""
     wl, W, B = cfg.workload, cfg.world_size, cfg.batch_size
-    groups = make_groups(rank, W, cfg.group_size)
+    groups = make_groups(rank, W, cfg.group_size, cfg.group_placement)
     coll = ShardedEmbeddingCollection(cfg, plan, groups, device)
     dense = build_dense_arch(wl, cfg.seed).to(device)
     total = cfg.warmup_steps + cfg.measure_steps
@@ -119,7 +119,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
             logits = dense(b.dense, pooled)
         loss_sum = lossf(logits.float(), b.labels)
         (loss_sum / B).backward()
-        coll.after_backward()
+        coll.after_backward(step, last=step == total - 1)
         with TIMERS.phase("optim"):
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -163,6 +163,9 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
     }
     if fp8_report is not None:
         out["fp8_probe"] = fp8_report
+    if coll.replica_sync is not None:
+        out["replica_sync"] = coll.replica_sync.stats.to_dict(cfg.sparse_sync_interval, cfg.measure_steps,
+                                                              TIMERS.totals.get("sync", 0.0))
     if collect_tables:
         out["tables"] = {t: w.numpy() for t, w in coll.full_tables().items()}  # by value across processes
     return out

@@ -270,6 +270,7 @@ def summarize(cfg: TrialConfig, r0: dict, env: dict) -> TrialResult:
         config=cfg.to_dict(), env=env, window_qps=window_qps, losses=r0["losses"],
         plan=json.loads(r0["plan_json"])["tables"],
     )
-    if "fp8_probe" in r0:
-        res.extra["fp8_probe"] = r0["fp8_probe"]
+    for key in ("fp8_probe", "replica_sync"):
+        if key in r0:
+            res.extra[key] = r0[key]
     return res

@@ -146,6 +146,12 @@ def _check_torchrec_dict(d: dict, cfg: TrialConfig, plan: list | None = None) ->
         assert c["compute_kernels"] == ["dense" if tp["kind"] == "data_parallel" else "fused"]
     dp = any(tp["kind"] == "data_parallel" for tp in plan or [])
     assert dp == any(n.startswith("data-parallel tables") for n in d["notes"])
+    dmp = d["dmp_collection"]
+    assert (dmp is not None) == two_d
+    if two_d:  # DMPCollection(use_inter_host_allreduce=True) keeps a sharding group's ranks contiguous
+        assert dmp["use_inter_host_allreduce"] == (cfg.group_placement == "intra_node")
+        assert dmp["sync_interval_batches"] == cfg.sparse_sync_interval
+        assert d["train_pipeline"]["dmp_collection_sync_interval_batches"] == cfg.sparse_sync_interval
     scaled = any("momentum-scaled" in n for n in d["notes"])
     assert scaled == (cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and two_d
                       and cfg.sparse_sync == "weight_avg")  # the harness scales only under weight averaging
@@ -165,6 +171,8 @@ TORCHREC_CASES = [
          emb_optimizer="momentum_scaled_rowwise_adagrad"),
     dict(sharding="table_wise", world_size=4, sharding_group_size=2, sparse_sync="weight_avg",
          emb_optimizer="momentum_scaled_rowwise_adagrad"),
+    dict(sharding="column_wise", world_size=4, sharding_group_size=2, sparse_sync="weight_avg",
+         sparse_sync_interval=8, group_placement="cross_node"),
 ]
 
 

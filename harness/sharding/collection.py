@@ -25,18 +25,16 @@ are scaled by 1/W (DDP averages the dense ones the same way).
       apply ONE fused update with the union of the bags: exactly the full
       model-parallel step (row-wise AdaGrad sums a row's gradients before
       squaring, so the union - not a sum of separate updates - is what matches).
-  weight_avg: each replica updates with its own bags, then replicas average
-      weights and optimizer state. With plain row-wise AdaGrad that shrinks the
-      effective step by R. `momentum_scaled_rowwise_adagrad` fixes it. With
-      s the synchronized state before the step and g_k replica k's row gradient:
-          local step:  s_k = s + mean(g_k^2);   w_k = w - R * lr * g_k / (sqrt(s_k) + eps)
-          sync:        w' = mean_k(w_k);        s' = s + R * mean_k(s_k - s)  (= s + sum of increments)
-      i.e. the step and the accumulator ("momentum") increment are scaled by the
-      replica count R. A row touched by one replica in a step then gets exactly
-      the full model-parallel update (s + mean(g^2), lr * g / (sqrt(s') + eps));
-      rows touched by several replicas in one step are approximated (their
-      gradients are not summed before squaring). Under grad_allreduce the
-      update is already exact and no scaling is applied.
+  weight_avg: each replica updates with its own bags at the plain learning rate, and every
+      `sparse_sync_interval` steps (and after the last) the replicas merge their shards
+      (harness/sharding/replica_sync.py: the rules, and why each scale factor is there). Plain
+      row-wise AdaGrad averages weights and state as TorchRec's DMPCollection does (the embedding
+      step shrinks by R); `momentum_scaled_rowwise_adagrad` applies one step with the replicas'
+      gradients summed and the accumulator full model parallelism would have: exact at interval 1.
+  Group placement (`group_placement`): `intra_node` puts a sharding group's G ranks next to each
+      other (ranks g*G .. g*G+G-1: inside a node when G <= ranks_per_node, so the all-to-all stays
+      on the fast link and the replica sync crosses nodes); `cross_node` strides them (ranks
+      g, g+R, g+2R, ...: the group spans the nodes and replicas sit together, DMPCollection's default).
 
 Data-parallel tables are replicated on every rank and held by a second kernel.
 Each rank looks up its own B bags; the gradient sync is sparse: ranks
@@ -58,6 +56,7 @@ from harness.config import TrialConfig
 from harness.model import init_table
 from harness.sharding.comm import COMM_DTYPES, Groups, PooledAllToAll, all_gather_varlen, all_to_all, grad_scale
 from harness.sharding.plan import ShardingPlan
+from harness.sharding.replica_sync import ReplicaSync
 from harness.timers import TIMERS
 from kernels import OptimSpec, make_kernel
 
@@ -90,21 +89,19 @@ class ShardedEmbeddingCollection:
         self.local = self.per_pos[groups.pos]
         self.has_mp = any(self.per_pos)
         self.comm_dtype = COMM_DTYPES[cfg.comm_precision]
-        self.momentum_scaled = (cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and self.R > 1
-                                and cfg.sparse_sync == "weight_avg")
         self.grad_scale = 1.0 / self.W
         kind = "sgd" if cfg.emb_optimizer == "sgd" else "rowwise_adagrad"
         self.optim = OptimSpec(kind, cfg.emb_lr)
         self.kernel = None
         if self.local:
-            lr = cfg.emb_lr * (self.R if self.momentum_scaled else 1)
             self.kernel = make_kernel(cfg.kernel, [s.rows for s in self.local], [s.dim for s in self.local],
-                                      weight_dtype=cfg.emb_precision, optim=OptimSpec(kind, lr), device=device)
+                                      weight_dtype=cfg.emb_precision, optim=self.optim, device=device)
             self.kernel.load([init_table(cfg.seed, s.table, self.rows[s.table], self.D, s.row_start, s.row_end,
                                          s.col_start, s.col_end) for s in self.local])
-        # the synchronized optimizer state, to sum the replicas' increments (momentum scaling)
-        self._synced_states = [x.clone() for x in self.kernel.states()] if (
-            self.momentum_scaled and self.kernel is not None) else []
+        self.replica_sync = None
+        if self.R > 1 and cfg.sparse_sync == "weight_avg" and self.kernel is not None:
+            self.replica_sync = ReplicaSync(self.kernel, self.R, groups.replica, cfg.sparse_sync_interval,
+                                            cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad", self.comm_dtype)
         self.dp_tables = plan.dp_tables()
         self.dp_kernel = None
         if self.dp_tables:
@@ -201,27 +198,14 @@ class ShardedEmbeddingCollection:
         if kernel is not None:
             with TIMERS.phase("emb_bwd"):
                 kernel.backward_update(ids, offsets, grad)
+            if not data_parallel and self.replica_sync is not None:
+                self.replica_sync.record(ids, offsets)
 
-    @torch.no_grad()
-    def after_backward(self) -> None:
-        """2D weight averaging (weight_avg): replicas average weights and sync optimizer state."""
-        if self.R > 1 and self.cfg.sparse_sync == "weight_avg" and self.kernel is not None:
-            with TIMERS.phase("comm"):
-                for w in self.kernel.weights():
-                    buf = w.float()
-                    dist.all_reduce(buf, group=self.g.replica)
-                    w.copy_((buf / self.R).to(w.dtype))
-                for i, st in enumerate(self.kernel.states()):
-                    if st.numel() == 0:
-                        continue
-                    if self.momentum_scaled:  # s' = s + sum of the replicas' increments
-                        inc = st - self._synced_states[i]
-                        dist.all_reduce(inc, group=self.g.replica)
-                        st.copy_(self._synced_states[i] + inc)
-                        self._synced_states[i].copy_(st)
-                    else:
-                        dist.all_reduce(st, group=self.g.replica)
-                        st.div_(self.R)
+    def after_backward(self, step: int, last: bool) -> None:
+        """2D weight averaging: merge the replicas when the interval (or the trial) ends at this step."""
+        if self.replica_sync is not None and self.replica_sync.due(step, last):
+            with TIMERS.phase("sync"):
+                self.replica_sync.sync()
 
     # ------------------------------------------------------------------ inspection (tests)
     def full_tables(self) -> dict[int, torch.Tensor]:

@@ -30,34 +30,42 @@ class Groups:
     replica: ProcessGroup | None  # ranks at the same position in every group (2D sync)
     world_pg: ProcessGroup | None  # DDP's dense-gradient all-reduce and end-of-trial statistics
     dp_pg: ProcessGroup | None  # data-parallel tables' sparse gradient sync (inside backward, beside DDP's)
-
-    @property
-    def pos(self) -> int:
-        return self.rank % self.group_size
+    pos: int = 0  # this rank's position in its sharding group (which shards it holds)
 
     @property
     def replicas(self) -> int:
         return self.world // self.group_size
 
 
-def make_groups(rank: int, world: int, group_size: int) -> Groups:
+def group_ranks(world: int, group_size: int, placement: str = "intra_node") -> list[list[int]]:
+    """The ranks of each sharding group, listed by position. `intra_node`: side by side (group g is
+    ranks g*G .. g*G+G-1, inside a node when G <= ranks per node); `cross_node`: strided (group g is
+    ranks g, g+R, g+2R, ...: one group spans the nodes, and a position's replicas sit together)."""
+    G, R = group_size, world // group_size
+    if placement == "cross_node":
+        return [list(range(g, world, R)) for g in range(R)]
+    return [list(range(g * G, (g + 1) * G)) for g in range(R)]
+
+
+def make_groups(rank: int, world: int, group_size: int, placement: str = "intra_node") -> Groups:
     """Create every sub-group on every rank (torch.distributed requires all ranks to call new_group)."""
     G = group_size
-    mine = {}
+    groups = group_ranks(world, G, placement)
+    mine: dict = {}
     for kind in ("mp", "mp_input"):
-        for g in range(world // G):
-            ranks = list(range(g * G, (g + 1) * G))
+        for ranks in groups:
             pg = dist.new_group(ranks) if world > 1 else None
             if rank in ranks:
                 mine[kind] = pg
+                mine["pos"] = ranks.index(rank)
     for p in range(G):
-        ranks = list(range(p, world, G))
+        ranks = sorted(grp[p] for grp in groups)
         pg = dist.new_group(ranks) if world > 1 else None
         if rank in ranks:
             mine["replica"] = pg
     world_pg = dist.new_group(list(range(world))) if world > 1 else None
     dp_pg = dist.new_group(list(range(world))) if world > 1 else None
-    return Groups(rank, world, G, mine["mp"], mine["mp_input"], mine["replica"], world_pg, dp_pg)
+    return Groups(rank, world, G, mine["mp"], mine["mp_input"], mine["replica"], world_pg, dp_pg, mine["pos"])
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],

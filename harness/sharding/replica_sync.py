@@ -1,0 +1,252 @@
+"""2D sparse parallelism's replica sync under `sparse_sync: weight_avg`.
+
+Each replica of a sharding group trains its copy of the group's table shards on its own samples; every
+`sparse_sync_interval` = k steps (and after a trial's last step) the R replicas of a shard merge into one.
+The sync keeps the shard as it was at the last sync (w0, s0), so what a replica did since is a delta
+that is zero on every row it did not touch: it travels sparse (the touched rows' ids and deltas,
+all-gathered) where that moves fewer bytes than a dense all-reduce of the whole shard, else dense.
+Payloads travel in the comm precision (fp16 under a shared power-of-two scale, so small values are not
+flushed to zero). After a sync every replica holds the same bits.
+
+Two merge rules (the `emb_optimizer`), with Δ_k = w_k - w0, inc_k = s_k - s0 replica k's changes:
+
+* `rowwise_adagrad` / `sgd`: TorchRec DMPCollection's sync, the mean of the replicas:
+      w = w0 + sum_k Δ_k / R,   s = s0 + sum_k inc_k / R.
+  A row only one replica touched moves 1/R of that replica's step and its accumulator grows 1/R as
+  fast: the embedding learning rate shrinks with the replica count.
+* `momentum_scaled_rowwise_adagrad`: the replicas' steps re-solved as one row-wise AdaGrad step on the
+  accumulator full model parallelism would have. Replica k's interval is inverted to the one gradient
+  that, from (w0, s_k), gives its delta:
+      u_k = -Δ_k (sqrt(s_k) + eps) / lr          (exactly its gradient when it touched the row once)
+  and the merge applies their sum G = sum_k u_k:
+      s = s0 + sum_k inc_k + (mean(G^2) - sum_k mean(u_k^2))
+      w = w0 - lr G / (sqrt(s) + eps)
+  with s at least s0, and sqrt(s) + eps at least lr rms(G) / M, M = sum_k rms(Δ_k).
+  Why each term. Full model parallelism's accumulator grows by mean(g^2) per step, g the row's gradient
+  summed over the step's samples: by the sum of the replicas' increments (not their mean, so the step
+  does not shrink with R), plus the cross terms of the summed gradient, positive where replicas push a
+  row the same way and negative where they push against each other. At k = 1, u_k is replica k's
+  gradient and inc_k = mean(u_k^2), so s = s0 + mean(G^2) and w is exactly full model parallelism's
+  step (tests hold it to 1e-6; dropping the negative cross terms cost 3% NE on the small workload). A
+  row one replica touched, at any k, keeps that replica's result bit for bit (G = u_k, s = s_k, w = w_k):
+  it trained at the full learning rate. The last floor is a trust region: the merged row moves at most
+  as far as the replicas moved it together. It never binds at k = 1 (AdaGrad's step
+  lr x / (sqrt(s0 + x^2) + eps) is subadditive in x) nor for rows one replica touched; without it, rows
+  that both replicas touched several times in an interval and pushed against each other have large,
+  cancelling u_k, s fell to s0 (~0 early on) and lr G / eps diverged (NE 1.7 at k = 8).
+  The approximation, at k > 1, is in rows several replicas touched within one interval: their u_k are
+  interval sums (a row a replica pushed the same way m times has u_k ~ m x its gradient), so their
+  cross terms are those of one step, not of m. For such a hot row pushed alike by 2 replicas, full
+  model parallelism moves it ~2 sqrt(m) lr and this merge ~2.8 sqrt(m) lr. Rescaling each u_k to the
+  increments it made (u_k sqrt(inc_k / mean(u_k^2)), the pair's cosine times sqrt(inc_j inc_k)) moves
+  exactly 2 sqrt(m) lr there, but measured no better NE (k = 8, small-zipf: 0.9250 vs 0.9247), sent twice
+  the bytes, and lost exactness at k = 1 where a replica's fp32 delta rounds to 0; so it is not used.
+  (The rule before scaled each local step by R and averaged: the same at k = 1 for rows one replica
+  touched, but rows two replicas touched in a step moved up to R times too far while the accumulator
+  was small, which cost 5% NE on the small workload; and at k > 1 every replica's own copy drifted at
+  R times the learning rate between syncs.)
+
+Which rows changed is recorded from the ids each backward updates (`record`), so neither transport
+reads a whole shard to find them. `CUBIC_REPLICA_SYNC=sparse|dense` forces a transport (benchmarks).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from harness.sharding.comm import all_gather_varlen
+from kernels.base import EmbeddingBagKernel
+
+# A sparse merge costs about twice a dense one per byte moved (the all-gather's padding, the union's
+# sort, indexed reads and writes): measured 254 ms at 9.7% of rows touched vs 680 ms dense on the small
+# workload (benchmarks/bench_2d.py's transport table), so sparse pays below ~25% of rows, not ~50%.
+SPARSE_BYTE_COST = 2.0
+FP16_HEADROOM = 2.0 ** 14  # sums of R fp16 payloads stay below fp16's max (65504) for R <= 4; more: scaled down
+
+
+@dataclass
+class SyncStats:
+    """What the syncs cost and moved (for TrialResult.extra["replica_sync"])."""
+
+    syncs: int = 0
+    sparse: int = 0
+    seconds: list[float] = field(default_factory=list)
+    touched_frac: list[float] = field(default_factory=list)
+
+    def to_dict(self, interval: int, measured_steps: int, measured_s: float) -> dict:
+        s = sorted(self.seconds)
+        return {"interval": interval, "syncs": self.syncs, "sparse_syncs": self.sparse,
+                "dense_syncs": self.syncs - self.sparse,
+                "sync_ms_p50": s[len(s) // 2] * 1e3 if s else 0.0,
+                "sync_ms_per_step": measured_s * 1e3 / max(1, measured_steps),
+                "touched_frac_max": max(self.touched_frac, default=0.0)}
+
+
+class ReplicaSync:
+    """Merges the R replicas of this rank's shards (held by `kernel`) every `interval` steps."""
+
+    def __init__(self, kernel: EmbeddingBagKernel, replicas: int, group, interval: int, momentum_scaled: bool,
+                 comm_dtype: torch.dtype) -> None:
+        self.kernel, self.R, self.group, self.k = kernel, replicas, group, interval
+        self.momentum_scaled = momentum_scaled
+        self.adagrad = kernel.optim.kind == "rowwise_adagrad"
+        self.lr, self.eps = kernel.optim.lr, kernel.optim.eps
+        self.dtype = comm_dtype
+        self.device = kernel.device
+        self.w0 = [w.detach().clone() for w in kernel.weights()]
+        self.s0 = [s.detach().clone() for s in kernel.states()] if self.adagrad else []
+        self.touched = [torch.zeros(r, dtype=torch.bool, device=self.device) for r in kernel.rows]
+        # payload columns per row: the delta (or u), the state increment, then (momentum) mean(u^2), rms(delta)
+        self.widths = [d + (1 if self.adagrad else 0) + (2 if self.momentum_scaled else 0) for d in kernel.dims]
+        self.transport = os.environ.get("CUBIC_REPLICA_SYNC", "auto")
+        self.stats = SyncStats()
+
+    def due(self, step: int, last: bool) -> bool:
+        """Sync after every k-th step and after the last one (nothing is measured or exported unsynced)."""
+        return last or (step + 1) % self.k == 0
+
+    def record(self, ids: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Mark the rows an update touched (kernel layout: shard-major bags)."""
+        nb = (offsets.numel() - 1) // len(self.touched)
+        bounds = offsets[::nb].tolist()
+        for i, t in enumerate(self.touched):
+            t[ids[bounds[i]:bounds[i + 1]]] = True
+
+    # ------------------------------------------------------------------ the merge
+    def _payload(self, i: int, rows: torch.Tensor | None) -> torch.Tensor:
+        """This replica's change to shard i since the last sync, at `rows` (None: all), [rows, width].
+
+        Built in one buffer with in-place ops: a sync at k = 8 touches most of a 200k-row shard, and
+        every whole-shard temporary costs ~20 ms on one core."""
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t if rows is None else t.index_select(0, rows)
+
+        d = self.kernel.dims[i]
+        w = take(self.kernel.weights()[i])
+        out = torch.empty(w.shape[0], self.widths[i], device=self.device)
+        delta = out[:, :d]
+        delta.copy_(w)
+        delta.sub_(take(self.w0[i]))
+        if not self.adagrad:
+            return out
+        s = take(self.kernel.states()[i])
+        torch.sub(s, take(self.s0[i]), out=out[:, d])
+        if self.momentum_scaled:
+            root = s.sqrt().add_(self.eps)
+            msq_delta = torch.linalg.vector_norm(delta, dim=1).square_().div_(d)
+            delta.mul_((root / -self.lr).unsqueeze(1))  # delta becomes u
+            out[:, d + 1] = msq_delta * root.square() / self.lr**2  # mean(u^2)
+            out[:, d + 2] = msq_delta.sqrt_()  # rms(delta)
+        return out
+
+    def _apply(self, i: int, total: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """Write the merged rows (`rows`: their ids, or None for the whole shard) into the kernel and w0/s0.
+        `total` (the replicas' payloads summed) is consumed."""
+        w, w0 = self.kernel.weights()[i], self.w0[i]
+        d = self.kernel.dims[i]
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t if rows is None else t.index_select(0, rows)
+
+        def put(dst: torch.Tensor, val: torch.Tensor) -> None:
+            dst.copy_(val) if rows is None else dst.index_copy_(0, rows, val.to(dst.dtype))
+
+        step = total[:, :d]  # becomes the merged delta, in place
+        if not self.adagrad:
+            step.div_(self.R)
+        else:
+            s0 = take(self.s0[i])
+            if self.momentum_scaled:  # the rule and why each term: the module docstring
+                g2 = torch.linalg.vector_norm(step, dim=1).square_().div_(d)  # mean(G^2)
+                moved = total[:, d + 2]  # M = sum_k rms(delta_k)
+                # lr rms(G) / (sqrt(s) + eps) <= M  <=>  sqrt(s) >= lr rms(G) / M - eps (eps counts: rows' s ~1e-10)
+                floor = (self.lr * g2.sqrt() / moved.clamp_min(1e-30) - self.eps).clamp_min_(0).square_()
+                floor = torch.where(moved > 0, floor, torch.zeros_like(floor))
+                new_s = torch.maximum(torch.maximum(s0 + total[:, d] + g2 - total[:, d + 1], s0), floor)
+                step.mul_((-self.lr / (new_s.sqrt() + self.eps)).unsqueeze(1))
+            else:
+                new_s = s0 + total[:, d] / self.R
+                step.div_(self.R)
+            put(self.kernel.states()[i], new_s)
+            put(self.s0[i], new_s)
+        new_w = step.add_(take(w0))
+        put(w, new_w)
+        put(w0, take(w) if w.dtype != torch.float32 else new_w)
+
+    def _scale(self, payloads: list[torch.Tensor]) -> float:
+        """A power of two shared by all replicas that puts fp16 payloads (and their sums) in range."""
+        if self.dtype != torch.float16:
+            return 1.0
+        amax = torch.tensor([max((float(p.abs().max()) for p in payloads if p.numel()), default=0.0)],
+                            device=self.device)
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
+        a = float(amax) * self.R
+        return 2.0 ** math.floor(math.log2(FP16_HEADROOM / a)) if a > 0 else 1.0
+
+    def _to_wire(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        if scale != 1.0:
+            x = x * scale
+        return x.to(self.dtype) if self.dtype != x.dtype else x
+
+    def _from_wire(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        x = x.float()
+        return x.div_(scale) if scale != 1.0 else x
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """Merge now: sparse where the touched rows' payloads, at SPARSE_BYTE_COST per byte, cost less than a
+        dense all-reduce of the shards (below ~25% of rows touched with 2 replicas), else dense."""
+        t0 = time.perf_counter()
+        ids = [t.nonzero().squeeze(1) for t in self.touched]
+        counts = torch.tensor([x.numel() for x in ids], dtype=torch.int64, device=self.device)
+        most = counts.sum().reshape(1)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
+        cb = torch.finfo(self.dtype).bits // 8
+        rows = self.kernel.rows
+        sparse_bytes = SPARSE_BYTE_COST * self.R * int(most) * (8 + max(self.widths) * cb)
+        dense_bytes = 2 * (self.R - 1) * sum(r * w for r, w in zip(rows, self.widths, strict=True)) * cb // self.R
+        sparse = self.transport == "sparse" or (self.transport != "dense" and sparse_bytes < dense_bytes)
+        if sparse:
+            self._sparse(ids, counts)
+            self.stats.sparse += 1
+        else:
+            payloads = [self._payload(i, None) for i in range(len(rows))]
+            scale = self._scale(payloads)
+            for i, p in enumerate(payloads):  # one all-reduce per shard: no whole-collection copy
+                buf = self._to_wire(p, scale)
+                dist.all_reduce(buf, group=self.group)
+                self._apply(i, self._from_wire(buf, scale), None)
+        for t in self.touched:
+            t.zero_()
+        self.stats.syncs += 1
+        self.stats.seconds.append(time.perf_counter() - t0)
+        self.stats.touched_frac.append(float(counts.sum()) / max(1, sum(rows)))
+
+    def _sparse(self, ids: list[torch.Tensor], counts: torch.Tensor) -> None:
+        """All-gather every replica's touched rows and payloads; sum them per row; apply to the union."""
+        payloads = [self._payload(i, x) for i, x in enumerate(ids)]
+        scale = self._scale(payloads)
+        all_counts = [torch.empty_like(counts) for _ in range(self.R)]
+        dist.all_gather(all_counts, counts, group=self.group)
+        all_ids = all_gather_varlen(torch.cat(ids), self.group, self.R)
+        vals = self._to_wire(torch.cat([p.reshape(-1) for p in payloads]), scale)
+        all_vals = all_gather_varlen(vals, self.group, self.R)
+        per_shard_ids: list[list[torch.Tensor]] = [[] for _ in ids]
+        per_shard_vals: list[list[torch.Tensor]] = [[] for _ in ids]
+        for r in range(self.R):
+            c = all_counts[r].tolist()
+            for i, (x, v) in enumerate(zip(all_ids[r].split(c), all_vals[r].split(
+                    [n * w for n, w in zip(c, self.widths, strict=True)]), strict=True)):
+                per_shard_ids[i].append(x)
+                per_shard_vals[i].append(v.view(-1, self.widths[i]))
+        for i in range(len(ids)):
+            union, inv = torch.unique(torch.cat(per_shard_ids[i]), return_inverse=True)
+            total = torch.zeros(union.numel(), self.widths[i], device=self.device)
+            total.index_add_(0, inv, self._from_wire(torch.cat(per_shard_vals[i]), scale))
+            self._apply(i, total, union)
