@@ -39,9 +39,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/data/models_cpu.json"))
     a = ap.parse_args()
+    # each family at its space's dense learning rate (search_spaces/*_cpu.yaml): speed does not depend on it
+    lrs = {"dot": 0.01, "dcn": 0.001, "wukong": 0.0003}
     cfgs = {(fam, prec): TrialConfig(workload=wl, world_size=2, batch_size=a.batch, kernel="native",
                                      dense_precision=prec, warmup_steps=2, measure_steps=a.steps, windows=2,
-                                     timeout_s=300)
+                                     timeout_s=300, dense_lr=lrs[fam])
             for fam, wl in workloads().items() for prec in ("fp32", "bf16")}
     runs: dict[tuple[str, str], list] = {k: [] for k in cfgs}
     for rep in range(a.repeats):

@@ -40,7 +40,7 @@ def test_ok_trial_fills_the_result_schema():
     assert r.step_ms_p90 >= r.step_ms_p50 > 0
     assert r.peak_mem_mb > 100
     assert 0 < r.ne < 2 and r.loss_first > 0
-    assert set(r.breakdown_ms) == {"emb_fwd", "emb_bwd", "comm", "dense", "optim"}
+    assert set(r.breakdown_ms) == {"emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim"}
     assert r.config["world_size"] == 2 and r.env["world_size"] == 2 and r.env["torch"]
     assert len(r.plan) == 6
     json.loads(r.to_json())
