@@ -4,12 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: tune test lint bench clean
+.PHONY: tune test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[cpu,dev]"
+	$(BIN)/pip install -q -e ".[cpu,dev,torchrec]"
+	$(BIN)/pip install -q --no-deps torchrec==1.8.0  # its declared fbgemm-gpu (CUDA) would replace fbgemm-gpu-cpu
 	$(BIN)/python -m kernels.native_backend  # compile the native kernels into numba's cache once
 	touch $(STAMP)
 
@@ -18,7 +19,10 @@ tune: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -x --durations=15
+	$(BIN)/python -m pytest -q -x --durations=15 -m "not slow"
+
+test-slow: $(STAMP)  # the long end-to-end tests `make test` leaves out
+	$(BIN)/python -m pytest -q -x --durations=15 -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

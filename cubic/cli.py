@@ -1,4 +1,4 @@
-"""The `cubic` command: trial, tune, report, export.
+"""The `cubic` command: trial, tune, report, export, verify.
 
 Each command lives in its own module (cubic/cmd_*.py); this file only wires them.
 Bad input anywhere is one line on stderr and exit code 2.
@@ -19,6 +19,7 @@ COMMANDS = {
     "tune": ("cubic.cmd_tune", "tune"),
     "report": ("cubic.cmd_report", "report"),
     "export": ("cubic.cmd_export", "export"),
+    "verify": ("cubic.cmd_verify", "verify"),
 }
 
 for _name, (_mod, _fn) in COMMANDS.items():

@@ -31,7 +31,10 @@ from harness.config import CHOICES, TrialConfig
 from harness.errors import ConfigError, read_text
 from harness.workload import Workload
 
-TOP_KEYS = ("name", "description", "workload", "baseline", "knobs", "objective", "constraints", "trial", "budget")
+TOP_KEYS = ("name", "description", "target", "workload", "baseline", "knobs", "objective", "constraints", "trial",
+            "budget")
+# `target: torchrec` keeps only knob values TorchRec runs as the harness measures them (harness/torchrec_trial.py)
+TARGETS = ("harness", "torchrec")
 KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
 TRIAL_KEYS = ("warmup_steps", "measure_steps", "windows", "timeout_s", "seed", "repeats")
 BUDGET_KEYS = ("trials", "confirm_top_k", "max_concurrent", "isolation")
@@ -102,6 +105,8 @@ class SearchSpace:
     max_concurrent: int = 0  # 0 = as many as the Ray cluster's CPUs allow
     isolation: str = "node"  # one of ISOLATIONS
     description: str = ""
+    target: str = "harness"  # one of TARGETS
+    target_dropped: dict[str, list] = field(default_factory=dict)  # knob -> values the target cannot run
     _cache: dict[tuple, TrialConfig | None] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ params <-> configs
@@ -231,6 +236,7 @@ class SearchSpace:
         """The resolved space, JSON-able (stored as the study's user attr "space")."""
         return {
             "name": self.name, "path": self.path, "description": self.description,
+            "target": self.target, "target_dropped": self.target_dropped,
             "workload": self.workload.to_dict(),
             "knobs": {k: kn.to_dict() for k, kn in self.knobs.items()},
             "baseline_config": self.baseline.to_dict(),
@@ -339,6 +345,42 @@ def shipped_space(name: str) -> Path:
     return here if here.exists() or not repo.exists() else repo
 
 
+TWO_D_ONLY = ("sparse_sync", "sparse_sync_interval", "group_placement")
+
+
+def _restrict_to_torchrec(ld: _Loader, knobs: dict[str, Knob], baseline: TrialConfig,
+                          base_raw: dict[str, Any]) -> tuple[dict[str, Knob], dict[str, list]]:
+    """Knob values TorchRec runs as measured on the baseline's device; the baseline must be one of them.
+    Where no 2D value is left (CPU), the knobs that only matter in 2D leave the space."""
+    from harness.torchrec_trial import torchrec_unsupported
+
+    if baseline.workload.interaction == "wukong":
+        raise ld.err("target", "torchrec: interaction 'wukong' has no TorchRec model")
+    two_d = baseline.group_size < baseline.world_size
+    for k in base_raw:
+        if (k in TWO_D_ONLY or k == "emb_optimizer") and not two_d:
+            continue  # the same training as plain model parallelism: nothing TorchRec would run differently
+        why = torchrec_unsupported(k, getattr(baseline, k), baseline.device)
+        if why:
+            raise ld.err(f"baseline.{k}",
+                         f"target torchrec: {k}={getattr(baseline, k)!r} cannot run as measured ({why})")
+    out, dropped = {}, {}
+    for k, kn in knobs.items():
+        keep = tuple(v for v in kn.choices if not torchrec_unsupported(k, v, baseline.device))
+        gone = [v for v in kn.choices if v not in keep]
+        if gone:
+            dropped[k] = gone
+        if not keep:
+            raise ld.err(f"knobs.{k}", f"target torchrec: none of {list(kn.choices)} runs in TorchRec on "
+                         f"{baseline.device} ({torchrec_unsupported(k, kn.choices[0], baseline.device)})")
+        out[k] = dataclasses.replace(kn, choices=keep)
+    if "sharding_group_size" in out and set(out["sharding_group_size"].choices) <= {0} and not two_d:
+        for k in TWO_D_ONLY:
+            if out.pop(k, None) is not None:
+                dropped[k] = list(knobs[k].choices)
+    return out, dropped
+
+
 def load_space(path: str | Path) -> SearchSpace:
     """Parse and validate a search-space YAML file (ConfigError with file:line on any problem)."""
     path = Path(path)
@@ -410,6 +452,12 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         baseline.validate("baseline")
     except ConfigError as e:
         raise ld.err("baseline", str(e).removeprefix("baseline: ")) from None
+    target = raw.get("target", "harness")
+    if target not in TARGETS:
+        raise ld.err("target", f"{target!r} is not supported; allowed: {list(TARGETS)}")
+    dropped: dict[str, list] = {}
+    if target == "torchrec":
+        knobs, dropped = _restrict_to_torchrec(ld, knobs, baseline, base_raw)
     for k, kn in knobs.items():
         v = getattr(baseline, k)
         if v not in kn.choices:
@@ -433,6 +481,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         max_concurrent=_num(ld, budget, "max_concurrent", 0, int, 0),
         isolation=isolation,
         description=str(raw.get("description", "")),
+        target=target, target_dropped=dropped,
     )
     if space.tup(space.baseline_params()) != tuple(space.baseline_params().values()):
         bad = [k for k, v in space.canonical(space.baseline_params()).items() if v != getattr(baseline, k)]

@@ -1,0 +1,225 @@
+"""One configuration trained by TorchRec itself: the production check behind `cubic verify`.
+
+Takes the TrialConfig and its TorchRec export (`cubic export --format torchrec`, plain JSON) and trains
+TorchRec's own model (DLRM, or DLRM_DCN for DCN workloads) under DistributedModelParallel with the
+export's exact placements (a ShardingPlan built by torchrec.distributed.sharding_plan's generators),
+FBGEMM's fused row-wise AdaGrad or SGD for the tables and Adagrad for the dense part, on cubic's own
+synthetic batches (harness/data.py: the same samples as the harness trial), in real gloo ranks. Warm-up
+steps are excluded; samples/s is the median of the measured windows, as in harness trials.
+
+What TorchRec cannot run as cubic measured it on this device is substituted, and every substitution is
+named (`substitutions`): row-wise kinds on CPU, cubic's native/torch kernels, comm precision on gloo,
+the input pipeline, 2D (DMPCollection), bf16 tables on CPU, fp8. Wukong has no TorchRec model:
+`UnsupportedConfig`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from harness.config import TrialConfig
+
+
+class UnsupportedConfig(ValueError):
+    """The configuration has no TorchRec form at all (not a substitution)."""
+
+
+def torchrec_available() -> bool:
+    try:
+        import torchrec  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
+    """Why TorchRec cannot run `knob=value` as cubic's harness measures it on `device`; None where it can.
+    The rules a `target: torchrec` search space restricts its knobs by (and `plan_for_torchrec` substitutes)."""
+    cpu = device != "cuda"
+    if knob == "kernel" and value != "fbgemm":
+        return "TorchRec's model-parallel tables run FBGEMM's fused TBE"
+    if knob == "sharding":
+        if value == "data_parallel" or value == "auto":
+            return ("TorchRec syncs data-parallel tables by a dense gradient all-reduce, not cubic's sparse sync"
+                    + (" (auto may choose it)" if value == "auto" else ""))
+        if cpu and value in ("row_wise", "table_row_wise"):
+            return "row-wise kinds need CUDA in TorchRec"
+    if knob == "sharding_group_size" and value != 0 and cpu:
+        return "2D (DMPCollection) is not run on CPU here"
+    if knob == "sparse_sync" and value == "grad_allreduce":
+        return "TorchRec's 2D (DMPCollection) syncs by weight averaging only"
+    if knob == "emb_optimizer" and value == "momentum_scaled_rowwise_adagrad":
+        return "DMPCollection averages replica weights and state (plain row-wise AdaGrad)"
+    if knob == "comm_precision" and value != "fp32" and cpu:
+        return "QComms codecs are not run on gloo here"
+    if knob == "pipeline_depth" and value and cpu:
+        return "TorchRec's sparse-dist train pipelines are not run on CPU here"
+    if knob == "emb_precision" and value == "bf16" and cpu:
+        return "FBGEMM's CPU TBE holds fp32/fp16 tables only"
+    if knob == "dense_precision" and value in ("fp8_auto", "fp8_all"):
+        return "TorchRec's models have no fp8 layers"
+    return None
+
+
+def plan_for_torchrec(cfg: TrialConfig, export: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
+    """The placements TorchRec will run here, and what differs from what cubic measured (one line each)."""
+    if export.get("model") is None:
+        raise UnsupportedConfig(f"interaction={cfg.workload.interaction!r} has no TorchRec model class")
+    subs: list[str] = []
+    cpu = cfg.device != "cuda"
+    placements = {}
+    moved = []
+    for name, p in export["placements"].items():
+        p = dict(p)
+        if cpu and p["sharding_type"] in ("row_wise", "table_row_wise"):
+            moved.append(f"{name} ({p['sharding_type']})")
+            p = {"sharding_type": "table_wise", "rank": p["ranks"][0]}
+        placements[name] = p
+    if moved:
+        subs.append(f"row-wise kinds need CUDA in TorchRec: {', '.join(moved)} ran table-wise on the first shard's "
+                    "rank")
+    if any(p["sharding_type"] == "data_parallel" for p in placements.values()):
+        subs.append("data-parallel tables: TorchRec all-reduces their dense gradients (cubic: a sparse all-gather of "
+                    "ids and pooled gradients)")
+    if cfg.kernel != "fbgemm":
+        subs.append(f"kernel={cfg.kernel}: TorchRec ran FBGEMM's fused TBE")
+    if cpu and cfg.comm_precision != "fp32":
+        subs.append(f"comm_precision={cfg.comm_precision}: the all-to-all ran in fp32 (QComms codecs not run on gloo "
+                    "here)")
+    if cfg.pipeline_depth:
+        subs.append(f"pipeline_depth={cfg.pipeline_depth}: TorchRec's plain training loop ran "
+                    f"({export['train_pipeline']['class']} not run here)")
+    if cfg.group_size < cfg.world_size:
+        subs.append(f"2D (groups of {cfg.group_size}, sparse_sync={cfg.sparse_sync}): DistributedModelParallel ran "
+                    "the group's plan over all ranks (DMPCollection not run here)")
+    if cpu and cfg.emb_precision == "bf16":
+        subs.append("emb_precision=bf16: FBGEMM's CPU TBE holds fp32/fp16 only; fp32 tables ran")
+    if cfg.dense_precision in ("fp8_auto", "fp8_all"):
+        subs.append(f"dense_precision={cfg.dense_precision}: bf16 autocast ran (no fp8 layers in TorchRec's model)")
+    return placements, subs
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, Any]:
+    """Train `cfg` in TorchRec on `cfg.world_size` gloo ranks: {status, error, qps, window_qps, substitutions,
+    placements (the plan TorchRec applied: sharding type, ranks, shard widths per table)}."""
+    placements, subs = plan_for_torchrec(cfg, export)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_rank, args=(cfg.to_dict(), export, placements, r, port, q), daemon=True)
+             for r in range(cfg.world_size)]
+    for p in procs:
+        p.start()
+    out: dict[str, Any] = {"status": "error", "error": "no rank reported", "qps": 0.0, "window_qps": [],
+                           "substitutions": subs}
+    try:
+        got = [q.get(timeout=cfg.timeout_s) for _ in procs]
+        bad = [g for g in got if g.get("error")]
+        if bad:
+            out["error"] = f"rank {bad[0]['rank']}: {bad[0]['error']}"
+        else:
+            r0 = next(g for g in got if g["rank"] == 0)
+            out.update(status="ok", error="", qps=r0["qps"], window_qps=r0["window_qps"],
+                       placements=r0["placements"])
+    except Exception as e:  # a queue timeout: a hung or dead rank
+        out["status"], out["error"] = "timeout", f"TorchRec ranks did not report within {cfg.timeout_s:.0f} s ({e!r})"
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    return out
+
+
+def _rank(cfg_dict: dict, export: dict, placements: dict, rank: int, port: int, q) -> None:
+    if not os.environ.get("CUBIC_TORCHREC_DEBUG"):  # TorchRec's and DDP's warnings; errors come back via q
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    try:
+        q.put({"rank": rank, **_train(TrialConfig.from_dict(cfg_dict), export, placements, rank, port)})
+    except Exception as e:  # reported, never a hang
+        q.put({"rank": rank, "error": " ".join(f"{type(e).__name__}: {e}".split())[:300]})
+
+
+def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: int) -> dict:
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.distributed import sharding_plan as sp
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.models import dlrm
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+    from torchrec.types import DataType
+
+    from harness.data import rank_batches
+
+    W, B, wl = cfg.world_size, cfg.batch_size, cfg.workload
+    torch.set_num_threads(cfg.threads_per_rank)
+    store = dist.TCPStore("127.0.0.1", port, W, rank == 0, datetime.timedelta(seconds=cfg.timeout_s))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=W,
+                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    device = torch.device("cpu")
+    dtype = "FP32" if cfg.emb_precision == "bf16" else export["tables"][0]["data_type"]
+    ebc = EmbeddingBagCollection(device=torch.device("meta"), tables=[
+        EmbeddingBagConfig(name=t["name"], num_embeddings=t["num_embeddings"], embedding_dim=t["embedding_dim"],
+                           feature_names=t["feature_names"], data_type=DataType[dtype]) for t in export["tables"]])
+    m = export["model"]
+    model = getattr(dlrm, m["class"].rsplit(".", 1)[1])(ebc, **{k: v for k, v in m.items() if k != "class"},
+                                                        dense_device=device)
+    if cfg.emb_optimizer == "sgd":
+        apply_optimizer_in_backward(torch.optim.SGD, model.sparse_arch.parameters(), {"lr": cfg.emb_lr})
+    else:
+        apply_optimizer_in_backward(RowWiseAdagrad, model.sparse_arch.parameters(), {"lr": cfg.emb_lr})
+    gens = {name: {"table_wise": lambda p=p: sp.table_wise(rank=p["rank"]),
+                   "column_wise": lambda p=p: sp.column_wise(ranks=p["ranks"], size_per_rank=p["size_per_rank"]),
+                   "data_parallel": lambda p=p: sp.data_parallel()}[p["sharding_type"]]()
+            for name, p in placements.items()}
+    module_plan = sp.construct_module_sharding_plan(ebc, gens, local_size=W, world_size=W, device_type="cpu")
+    plan = ShardingPlan({"sparse_arch.embedding_bag_collection": module_plan})
+    dmp = DistributedModelParallel(model, plan=plan, device=device, sharders=[EmbeddingBagCollectionSharder()])
+    applied = {name: {"sharding_type": ps.sharding_type, "ranks": list(ps.ranks or []),
+                      "widths": [sh.shard_sizes[1] for sh in ps.sharding_spec.shards] if ps.sharding_spec else []}
+               for name, ps in dmp.plan.plan["sparse_arch.embedding_bag_collection"].items()}
+    dense_opt = KeyedOptimizerWrapper(dict(dmp.named_parameters()),
+                                      lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr))
+    keys = [f for t in export["tables"] for f in t["feature_names"]]
+    total = cfg.warmup_steps + cfg.measure_steps
+    batches = [(b.dense, KeyedJaggedTensor.from_offsets_sync(keys=keys, values=b.ids, offsets=b.offsets), b.labels)
+               for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
+    lossf = torch.nn.BCEWithLogitsLoss()
+    autocast = cfg.dense_precision != "fp32"
+    step_s = []
+    for step in range(total):
+        dense, kjt, labels = batches[step % len(batches)]
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = dmp(dense, kjt).squeeze(-1)
+        loss = lossf(logits.float(), labels)
+        dense_opt.zero_grad()
+        loss.backward()
+        dense_opt.step()
+        if step >= cfg.warmup_steps:
+            step_s.append(time.perf_counter() - t0)
+    n = max(1, len(step_s) // cfg.windows)
+    windows = [W * B * n / sum(step_s[i * n:(i + 1) * n]) for i in range(cfg.windows)]
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"qps": statistics.median(windows), "window_qps": windows, "placements": applied}

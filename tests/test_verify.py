@@ -1,0 +1,130 @@
+"""`cubic verify`: the study's baseline and winner trained in TorchRec itself, beside cubic's harness; and the
+`target: torchrec` search spaces that only hold what TorchRec runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from cubic import export
+from cubic.space import load_space
+from harness.config import TrialConfig, TrialResult
+from harness.errors import ConfigError
+from harness.sharding.planner import make_plan
+from harness.workload import Workload
+from tests.test_analysis import ROOT, cubic_cli, tiny_tune
+
+pytest.importorskip("torchrec")
+
+from harness.torchrec_trial import UnsupportedConfig, plan_for_torchrec, run_torchrec_trial  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_tune(tmp_path_factory)
+
+
+def _export(cfg: TrialConfig) -> dict:
+    res = TrialResult(qps=1.0, config=cfg.to_dict(), plan=make_plan(cfg).to_list())
+    return export.to_torchrec_dict({"study": "t", "storage": "", "trial": 0, "attrs": {}, "result": res.to_dict(),
+                                    "winner": {}, "config": cfg.to_dict(), "confirmed": True})
+
+
+def _cfg(**kw) -> TrialConfig:
+    return TrialConfig(workload=Workload.tiny(), kernel="fbgemm", batch_size=64, warmup_steps=1, measure_steps=4,
+                       windows=2, timeout_s=120).replace(**kw).validate()
+
+
+def test_substitutions_name_what_torchrec_runs_differently() -> None:
+    assert plan_for_torchrec(_cfg(), _export(_cfg()))[1] == []  # table-wise fbgemm fp32: runs as measured
+    placements, subs = plan_for_torchrec(dp := _cfg(sharding="data_parallel"), _export(dp))
+    assert any(s.startswith("data-parallel tables") for s in subs)
+    placements, subs = plan_for_torchrec(rw := _cfg(sharding="row_wise", kernel="native", comm_precision="bf16",
+                                                    pipeline_depth=1), _export(rw))
+    assert {p["sharding_type"] for p in placements.values()} == {"table_wise"}
+    assert [s.split(":")[0].split(" ")[0] for s in subs] == ["row-wise", "kernel=native", "comm_precision=bf16",
+                                                             "pipeline_depth=1"]
+    wukong = _cfg(workload=Workload.from_dict({"preset": "tiny", "interaction": "wukong", "wukong_rank": 3}))
+    with pytest.raises(UnsupportedConfig, match="no TorchRec model"):
+        plan_for_torchrec(wukong, _export(wukong))
+
+
+def test_a_loaded_export_trains_in_torchrec_with_the_placements_cubic_measured() -> None:
+    """DistributedModelParallel built from the export trains steps on 2 gloo ranks, and the plan TorchRec
+    applied holds every table where cubic's harness held it (table-wise ranks, column-wise shard widths)."""
+    for cfg in (_cfg(), _cfg(sharding="column_wise")):
+        exp = _export(cfg)
+        r = run_torchrec_trial(cfg, exp)
+        assert r["status"] == "ok", r["error"]
+        assert r["qps"] > 0 and len(r["window_qps"]) == 2
+        for name, p in exp["placements"].items():
+            got = r["placements"][name]
+            assert got["sharding_type"] == p["sharding_type"]
+            if p["sharding_type"] == "table_wise":
+                assert got["ranks"] == [p["rank"]]
+            else:
+                assert got["ranks"] == p["ranks"] and got["widths"] == p["size_per_rank"]
+
+
+def test_cubic_verify_prints_both_speedups_and_the_substitutions(run_dir: Path, capsys) -> None:
+    r = cubic_cli("verify", str(run_dir), "--repeats", "1", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [c["label"] for c in out["configs"]] == ["baseline", "winner"]
+    for k in ("speedup_cubic", "speedup_torchrec"):
+        assert out[k] > 0 and math.isfinite(out[k])
+    assert out["configs"][0]["speedup_torchrec"] == 1.0
+    # search_spaces/tiny.yaml measures kernel=torch: TorchRec runs FBGEMM, and says so
+    assert any(s.startswith("kernel=torch") for s in out["substitutions"])
+    from cubic.cmd_verify import _print
+
+    _print(out, fidelity=False)  # the human table, from the same result
+    shown = capsys.readouterr().out
+    assert "TorchRec" in shown and "substitution (winner): kernel=torch" in " ".join(shown.split())
+
+
+@pytest.mark.slow  # a second tune: ~45 s (`make test-slow`); the substitution itself is tested above
+def test_a_data_parallel_winner_is_named_and_fidelity_is_a_number(tmp_path: Path, run_dir: Path) -> None:
+    space = (ROOT / "search_spaces" / "tiny.yaml").read_text()
+    space = space.replace("sharding: table_wise", "sharding: data_parallel").replace(
+        "  sharding: [table_wise, row_wise, column_wise, data_parallel]\n", "")
+    (tmp_path / "dp.yaml").write_text(space)
+    t = cubic_cli("tune", "--space", str(tmp_path / "dp.yaml"), "--run-dir", str(tmp_path / "run"), "--trials", "2")
+    assert t.returncode == 0, t.stderr[-2000:]
+    r = cubic_cli("verify", str(tmp_path / "run"), "--repeats", "1", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert any(s.startswith("data-parallel tables: TorchRec all-reduces") for s in out["substitutions"])
+    f = cubic_cli("verify", str(run_dir), "--fidelity", "3", "--json")
+    assert f.returncode == 0, f.stderr[-2000:]
+    fid = json.loads(f.stdout.strip().splitlines()[-1])
+    assert fid["configs"] == 3 and -1 <= fid["kendall_tau"] <= 1
+
+
+def test_verify_refuses_a_study_with_nothing_to_verify(tmp_path: Path) -> None:
+    r = cubic_cli("verify", str(tmp_path / "nowhere"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- target: torchrec
+def test_target_torchrec_keeps_only_what_torchrec_runs(tmp_path: Path) -> None:
+    text = (ROOT / "search_spaces" / "dlrm_cpu.yaml").read_text()
+    text = text.replace("name: dlrm_cpu", "name: t\ntarget: torchrec")
+    (tmp_path / "t.yaml").write_text(text)
+    s = load_space(tmp_path / "t.yaml")
+    assert s.knobs["kernel"].choices == ("fbgemm",)
+    assert set(s.knobs["sharding"].choices) == {"table_wise", "column_wise", "size_greedy", "lookup_greedy",
+                                                "size_lookup_greedy"}
+    assert s.knobs["comm_precision"].choices == ("fp32",) and s.knobs["pipeline_depth"].choices == (0,)
+    assert "sparse_sync" not in s.knobs and s.target_dropped["sharding_group_size"] == [1]
+    bad = (ROOT / "search_spaces" / "tiny.yaml").read_text().replace("name: tiny", "name: t\ntarget: torchrec")
+    (tmp_path / "bad.yaml").write_text(bad)  # tiny.yaml's baseline runs kernel=torch
+    with pytest.raises(ConfigError, match=r"baseline.kernel: target torchrec: kernel='torch' cannot run"):
+        load_space(tmp_path / "bad.yaml")
+    (tmp_path / "x.yaml").write_text(bad.replace("target: torchrec", "target: tpu"))
+    with pytest.raises(ConfigError, match=r"target: 'tpu' is not supported; allowed: \['harness', 'torchrec'\]"):
+        load_space(tmp_path / "x.yaml")
