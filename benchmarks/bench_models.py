@@ -64,8 +64,7 @@ def main() -> None:
         c = dense_cost(cfgs[(fam, prec)].workload)
         row = {"family": fam, "dense_precision": prec, "qps_median": statistics.median(q), "qps": q,
                "vs_dot": statistics.median(q) / dot_q, "breakdown_ms": bd, "dense_share": bd["dense"] / step,
-               "gflop_per_sample": c.flops / 1e9, "dense_params": c.params,
-               "ne": statistics.median(r.ne for r in rs)}
+               "gflop_per_sample": c.flops / 1e9, "dense_params": c.params}  # 10-step speed runs: no NE
         rows.append(row)
         print(f"| {fam} | {prec} | {row['qps_median']:,.0f} ({min(q):,.0f}-{max(q):,.0f}) | {row['vs_dot']:.2f}x | "
               f"{bd['emb_fwd'] + bd['emb_bwd']:.1f} | {bd['comm']:.1f} | {bd['dense']:.1f} | {bd['optim']:.1f} | "

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from harness.config import TrialConfig
+from harness.trial import _environ, rank_env
 
 
 class UnsupportedConfig(ValueError):
@@ -123,8 +124,9 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
     port = _port()
     procs = [ctx.Process(target=_rank, args=(cfg.to_dict(), export, placements, r, port, q), daemon=True)
              for r in range(cfg.world_size)]
-    for p in procs:
-        p.start()
+    with _environ(rank_env(cfg)):  # the same rank environment as the harness trial (oversubscribed: PASSIVE)
+        for p in procs:
+            p.start()
     out: dict[str, Any] = {"status": "error", "error": "no rank reported", "qps": 0.0, "window_qps": [],
                            "substitutions": subs}
     try:
@@ -135,7 +137,7 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
         else:
             r0 = next(g for g in got if g["rank"] == 0)
             out.update(status="ok", error="", qps=r0["qps"], window_qps=r0["window_qps"],
-                       placements=r0["placements"])
+                       placements=r0["placements"], omp_wait_policy=r0["omp_wait_policy"])
     except Exception as e:  # a queue timeout: a hung or dead rank
         out["status"], out["error"] = "timeout", f"TorchRec ranks did not report within {cfg.timeout_s:.0f} s ({e!r})"
     finally:
@@ -222,4 +224,5 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
     windows = [W * B * n / sum(step_s[i * n:(i + 1) * n]) for i in range(cfg.windows)]
     dist.barrier()
     dist.destroy_process_group()
-    return {"qps": statistics.median(windows), "window_qps": windows, "placements": applied}
+    return {"qps": statistics.median(windows), "window_qps": windows, "placements": applied,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}

@@ -69,6 +69,19 @@ def test_a_loaded_export_trains_in_torchrec_with_the_placements_cubic_measured()
                 assert got["ranks"] == p["ranks"] and got["widths"] == p["size_per_rank"]
 
 
+def test_torchrec_ranks_start_in_the_harness_rank_environment() -> None:
+    """Oversubscribed ranks (2 x 2 threads on 2 cores) wait passively in both frameworks: without it TorchRec's
+    OpenMP workers spin on each other's cores and the verify compared a 4x-slowed TorchRec with cubic."""
+    import os
+
+    from harness.trial import rank_env
+
+    cfg = _cfg(threads_per_rank=2)
+    r = run_torchrec_trial(cfg, _export(cfg))
+    assert r["status"] == "ok", r["error"]
+    assert r["omp_wait_policy"] == rank_env(cfg).get("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "default"))
+
+
 def test_cubic_verify_prints_both_speedups_and_the_substitutions(run_dir: Path, capsys) -> None:
     r = cubic_cli("verify", str(run_dir), "--repeats", "1", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
