@@ -25,7 +25,6 @@ class DenseCost:
     flops_bwd: int
     params: int
     act_floats: int
-    layer_params: tuple[int, ...]  # per weight matrix (+ its bias / norm), in module order: DDP buckets
 
     @property
     def flops(self) -> int:
@@ -36,8 +35,7 @@ class _Count:
     """Accumulates GEMMs and parameters as the model's layers are walked in order."""
 
     def __init__(self) -> None:
-        self.fwd = self.bwd = self.act = 0
-        self.layers: list[int] = []
+        self.fwd = self.bwd = self.act = self.params = 0
 
     def linear(self, rows: int, k: int, n: int, bias: bool = True, input_grad: bool = True) -> None:
         """`rows` rows of a k -> n Linear per sample."""
@@ -45,7 +43,7 @@ class _Count:
         self.fwd += f
         self.bwd += f * (2 if input_grad else 1)
         self.act += rows * (k + n)
-        self.layers.append(k * n + (n if bias else 0))
+        self.params += k * n + (n if bias else 0)
 
     def mlp(self, sizes: list[int], n_in: int, first_input_grad: bool = True) -> int:
         for i, s in enumerate(sizes):
@@ -60,8 +58,8 @@ class _Count:
         self.act += m * k + k * n + m * n
 
     def norm(self, width: int) -> None:
-        self.layers[-1] += 2 * width  # LayerNorm's weight and bias join the layer before them
-        self.act += width
+        """A LayerNorm over `width` features (its input is counted where it was produced)."""
+        self.params += 2 * width
 
 
 def dense_cost(wl: Workload) -> DenseCost:
@@ -88,8 +86,8 @@ def dense_cost(wl: Workload) -> DenseCost:
             c.linear(d, n, n_lcb, bias=False)  # LCB: d rows of n -> n_L
             c.linear(d, n, k, bias=False)  # X^T Y
             c.bmm(n, d, k)  # X (X^T Y)
+            c.norm(n * k)  # the FM block's LayerNorm before its MLP
             c.mlp([*wl.wukong_mlp, n_fm * d], n * k)
-            c.layers[-len(wl.wukong_mlp) - 1] += 2 * n * k  # the FM block's LayerNorm before its MLP
             if n != n_fm + n_lcb:
                 c.linear(d, n, n_fm + n_lcb, bias=False)
             n = n_fm + n_lcb
@@ -97,4 +95,4 @@ def dense_cost(wl: Workload) -> DenseCost:
             c.act += n * d
         top_in = n * d
     c.mlp(list(wl.top_mlp), top_in)
-    return DenseCost(c.fwd, c.bwd, sum(c.layers), c.act, tuple(c.layers))
+    return DenseCost(c.fwd, c.bwd, c.params, c.act)

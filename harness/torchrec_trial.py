@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import statistics
 import time
 from typing import Any
@@ -71,48 +70,39 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
     return None
 
 
+# What runs instead, for each knob value `torchrec_unsupported` refuses (the placements are handled per table)
+INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE", "comm_precision": "the all-to-all ran in fp32",
+           "pipeline_depth": "TorchRec's plain training loop ran", "emb_precision": "fp32 tables ran",
+           "dense_precision": "bf16 autocast ran",
+           "sharding_group_size": "DistributedModelParallel ran the group's plan over all ranks"}
+
+
 def plan_for_torchrec(cfg: TrialConfig, export: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
-    """The placements TorchRec will run here, and what differs from what cubic measured (one line each)."""
+    """The placements TorchRec will run here, and what differs from what cubic measured (one line each): the
+    rules are `torchrec_unsupported`'s, what ran instead is `INSTEAD`'s."""
     if export.get("model") is None:
         raise UnsupportedConfig(f"interaction={cfg.workload.interaction!r} has no TorchRec model class")
     subs: list[str] = []
-    cpu = cfg.device != "cuda"
-    placements = {}
-    moved = []
+    placements, moved = {}, []
     for name, p in export["placements"].items():
-        p = dict(p)
-        if cpu and p["sharding_type"] in ("row_wise", "table_row_wise"):
-            moved.append(f"{name} ({p['sharding_type']})")
+        if p["sharding_type"] != "data_parallel" and torchrec_unsupported("sharding", p["sharding_type"], cfg.device):
+            moved.append(f"{name} ({p['sharding_type']})")  # row-wise kinds on CPU: whole tables instead
             p = {"sharding_type": "table_wise", "rank": p["ranks"][0]}
-        placements[name] = p
+        placements[name] = dict(p)
     if moved:
         subs.append(f"row-wise kinds need CUDA in TorchRec: {', '.join(moved)} ran table-wise on the first shard's "
                     "rank")
     if any(p["sharding_type"] == "data_parallel" for p in placements.values()):
         subs.append("data-parallel tables: TorchRec all-reduces their dense gradients (cubic: a sparse all-gather of "
                     "ids and pooled gradients)")
-    if cfg.kernel != "fbgemm":
-        subs.append(f"kernel={cfg.kernel}: TorchRec ran FBGEMM's fused TBE")
-    if cpu and cfg.comm_precision != "fp32":
-        subs.append(f"comm_precision={cfg.comm_precision}: the all-to-all ran in fp32 (QComms codecs not run on gloo "
-                    "here)")
-    if cfg.pipeline_depth:
-        subs.append(f"pipeline_depth={cfg.pipeline_depth}: TorchRec's plain training loop ran "
-                    f"({export['train_pipeline']['class']} not run here)")
-    if cfg.group_size < cfg.world_size:
-        subs.append(f"2D (groups of {cfg.group_size}, sparse_sync={cfg.sparse_sync}): DistributedModelParallel ran "
-                    "the group's plan over all ranks (DMPCollection not run here)")
-    if cpu and cfg.emb_precision == "bf16":
-        subs.append("emb_precision=bf16: FBGEMM's CPU TBE holds fp32/fp16 only; fp32 tables ran")
-    if cfg.dense_precision in ("fp8_auto", "fp8_all"):
-        subs.append(f"dense_precision={cfg.dense_precision}: bf16 autocast ran (no fp8 layers in TorchRec's model)")
+    for knob, instead in INSTEAD.items():
+        value = getattr(cfg, knob)
+        if knob == "sharding_group_size":  # 2D is a group smaller than the world, whatever the field says
+            value = cfg.group_size if cfg.group_size < cfg.world_size else 0
+        why = torchrec_unsupported(knob, value, cfg.device)
+        if why:
+            subs.append(f"{knob}={getattr(cfg, knob)}: {why}; {instead}")
     return placements, subs
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +111,10 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
     placements, subs = plan_for_torchrec(cfg, export)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _port()
+    # the parent owns the rendezvous on an OS-chosen port, as harness/trial.py does (no port to race for)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=cfg.timeout_s),
+                          wait_for_workers=False)
+    port = store.port
     procs = [ctx.Process(target=_rank, args=(cfg.to_dict(), export, placements, r, port, q), daemon=True)
              for r in range(cfg.world_size)]
     with _environ(rank_env(cfg)):  # the same rank environment as the harness trial (oversubscribed: PASSIVE)
@@ -175,7 +168,7 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
 
     W, B, wl = cfg.world_size, cfg.batch_size, cfg.workload
     torch.set_num_threads(cfg.threads_per_rank)
-    store = dist.TCPStore("127.0.0.1", port, W, rank == 0, datetime.timedelta(seconds=cfg.timeout_s))
+    store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=cfg.timeout_s))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=W,
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
     device = torch.device("cpu")
