@@ -147,6 +147,8 @@ def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
     for k, v in (res.get("env") or {}).items():
         if isinstance(v, str | int | float | bool) or v is None:
             row[f"env_{k}"] = v
+        elif isinstance(v, list) and all(isinstance(x, str) for x in v):  # rank_nodes: where each rank ran
+            row[f"env_{k}"] = ",".join(v)
     for k, v in (res.get("extra") or {}).items():
         if isinstance(v, str | int | float):
             row[f"extra_{k}"] = v

@@ -32,14 +32,21 @@ HARD_TIMEOUT_SLACK_S = 60.0  # run_trial enforces timeout_s itself; this only ca
 STARTED = "started"  # the task's first item: it left Ray's queue and runs (the hard timeout counts from here)
 
 
-def _run(cfg_dict: dict[str, Any]) -> Iterator[Any]:
+def _run(cfg_dict: dict[str, Any], span: dict[str, Any] | None = None) -> Iterator[Any]:
     """The Ray task body (module level, so workers import it by name): a streaming generator that
     yields STARTED, then the result dict. The marker is how the tuner tells a trial waiting for
-    resources (a cluster shared with other jobs) from one that hangs."""
+    resources (a cluster shared with other jobs) from one that hangs. With `span`, the trial's ranks
+    run on several nodes (cubic/multinode.py) and this task only coordinates them."""
     yield STARTED
+    cfg = TrialConfig.from_dict(cfg_dict)
+    if span is not None:
+        from cubic.multinode import run_on_nodes
+
+        yield run_on_nodes(cfg, span.get("node_cpus")).to_dict()
+        return
     from harness.trial import run_trial
 
-    yield run_trial(TrialConfig.from_dict(cfg_dict)).to_dict()
+    yield run_trial(cfg).to_dict()
 
 
 @dataclass
@@ -77,6 +84,7 @@ class RayRunner:
         self.address = address
         self.isolation = isolation  # "node" | "cores", see the module docstring
         self._cpus = self._gpus = self._node_cpus = self._node_gpus = 0.0
+        self._nodes = 0
         self._remote: Any = None
         self._owns = False
 
@@ -125,6 +133,7 @@ class RayRunner:
         # one trial is one task on one node: cap what it asks for at the largest node, not the cluster
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")] or [res]
         self._node_cpus = max(float(n.get("CPU", 0.0)) for n in nodes) or 1.0
+        self._nodes = len(nodes)
         self._node_gpus = max(float(n.get("GPU", 0.0)) for n in nodes)
         self._remote = ray.remote(max_retries=0)(_run)
         return self
@@ -160,8 +169,22 @@ class RayRunner:
         return (sum(p.cpus for p in pending) < self.cpus
                 and (not any(p.gpus for p in pending) or sum(p.gpus for p in pending) < self.gpus))
 
+    def spans(self, cfg: TrialConfig) -> bool:
+        """Whether `cfg`'s ranks go to world_size / ranks_per_node nodes (cubic/multinode.py). On a one-node
+        cluster a trial keeps today's fast path: its ranks_per_node topology is then the harness's own
+        (groups of ranks on the one machine), and env.placement says "local"."""
+        return self._started()._nodes > 1 and cfg.world_size > cfg.ranks_per_node
+
     def submit(self, cfg: TrialConfig, tag: Any = None) -> Pending:
-        cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)  # starts Ray if needed
+        if self.spans(cfg):  # starts Ray if needed
+            from cubic.multinode import bundles_for
+
+            node_cpus = self._node_cpus if self.isolation == "node" and cfg.device == "cpu" else None
+            bundles = bundles_for(cfg, node_cpus)
+            # the coordinating task holds nothing: the ranks' placement group holds the resources
+            ref = self._remote.options(num_cpus=0, num_gpus=0).remote(cfg.to_dict(), {"node_cpus": node_cpus})
+            return Pending(cfg, ref, sum(b["CPU"] for b in bundles), sum(b.get("GPU", 0.0) for b in bundles), tag)
+        cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)
         ref = self._remote.options(num_cpus=cpus, num_gpus=gpus).remote(cfg.to_dict())
         return Pending(cfg, ref, cpus, gpus, tag)
 

@@ -101,7 +101,8 @@ def verify(run_dir_or_storage_url: str | Path, top: int = 1, repeats: int = 3, s
         out.append({"label": c["label"], "trial": c["trial"], "qps_cubic": qc, "qps_cubic_runs": c["cubic"],
                     "qps_torchrec": qt, "qps_torchrec_runs": c["torchrec"],
                     "speedup_cubic": qc / _median(base["cubic"]), "speedup_torchrec": qt / _median(base["torchrec"]),
-                    "substitutions": c["substitutions"], "errors": c["errors"]})
+                    "model_parallel": c["export"]["model_parallel"], "substitutions": c["substitutions"],
+                    "errors": c["errors"]})
     return json_safe({"study": name, "repeats": repeats, "configs": out, **{
         k: v for k, v in out[1].items() if k in ("trial", "speedup_cubic", "speedup_torchrec", "substitutions",
                                                  "qps_cubic", "qps_torchrec")}})

@@ -9,8 +9,16 @@ steps are excluded; samples/s is the median of the measured windows, as in harne
 
 What TorchRec cannot run as cubic measured it on this device is substituted, and every substitution is
 named (`substitutions`): row-wise kinds on CPU, cubic's native/torch kernels, comm precision on gloo,
-the input pipeline, 2D (DMPCollection), bf16 tables on CPU, fp8. Wukong has no TorchRec model:
-`UnsupportedConfig`.
+the input pipeline, bf16 tables on CPU, fp8, and in 2D gradient all-reduce sync or the momentum-scaled
+merge (DMPCollection averages). Wukong has no TorchRec model: `UnsupportedConfig`.
+
+2D runs TorchRec's own DMPCollection (its sharding/replica DeviceMesh, ShardingEnv2D, sync()). TorchRec
+1.8.0 opens DMPCollection.__init__ with `assert device.type in ("cuda", "mtia")`, but nothing after it is
+CUDA-specific (DeviceMesh takes the device type, sync() is an all-reduce over the replica group); so 2D
+ranks start with PYTHONOPTIMIZE=1, which skips that assert, and average through `custom_all_reduce` (a
+gloo SUM, then / replicas: gloo has no ReduceOp.AVG, which sync() would ask for). Its plan remap
+also writes CUDA-style shard placements ("cpu:1") that CPU tensors ("cpu") never match; the subclass
+below writes them back without the index.
 """
 
 from __future__ import annotations
@@ -53,8 +61,6 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
                     + (" (auto may choose it)" if value == "auto" else ""))
         if cpu and value in ("row_wise", "table_row_wise"):
             return "row-wise kinds need CUDA in TorchRec"
-    if knob == "sharding_group_size" and value != 0 and cpu:
-        return "2D (DMPCollection) is not run on CPU here"
     if knob == "sparse_sync" and value == "grad_allreduce":
         return "TorchRec's 2D (DMPCollection) syncs by weight averaging only"
     if knob == "emb_optimizer" and value == "momentum_scaled_rowwise_adagrad":
@@ -74,7 +80,9 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
 INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE", "comm_precision": "the all-to-all ran in fp32",
            "pipeline_depth": "TorchRec's plain training loop ran", "emb_precision": "fp32 tables ran",
            "dense_precision": "bf16 autocast ran",
-           "sharding_group_size": "DistributedModelParallel ran the group's plan over all ranks"}
+           "sparse_sync": "DMPCollection averaged the replicas' weights and optimizer state after every step",
+           "emb_optimizer": "row-wise AdaGrad ran, its replicas merged by DMPCollection's averaging"}
+TWO_D_KNOBS = ("sparse_sync", "emb_optimizer")  # substitutions only where replicas exist
 
 
 def plan_for_torchrec(cfg: TrialConfig, export: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
@@ -95,11 +103,11 @@ def plan_for_torchrec(cfg: TrialConfig, export: dict[str, Any]) -> tuple[dict[st
     if any(p["sharding_type"] == "data_parallel" for p in placements.values()):
         subs.append("data-parallel tables: TorchRec all-reduces their dense gradients (cubic: a sparse all-gather of "
                     "ids and pooled gradients)")
+    two_d = cfg.group_size < cfg.world_size
     for knob, instead in INSTEAD.items():
-        value = getattr(cfg, knob)
-        if knob == "sharding_group_size":  # 2D is a group smaller than the world, whatever the field says
-            value = cfg.group_size if cfg.group_size < cfg.world_size else 0
-        why = torchrec_unsupported(knob, value, cfg.device)
+        if knob in TWO_D_KNOBS and not two_d:
+            continue  # one replica: the same training as plain model parallelism
+        why = torchrec_unsupported(knob, getattr(cfg, knob), cfg.device)
         if why:
             subs.append(f"{knob}={getattr(cfg, knob)}: {why}; {instead}")
     return placements, subs
@@ -117,7 +125,10 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
     port = store.port
     procs = [ctx.Process(target=_rank, args=(cfg.to_dict(), export, placements, r, port, q), daemon=True)
              for r in range(cfg.world_size)]
-    with _environ(rank_env(cfg)):  # the same rank environment as the harness trial (oversubscribed: PASSIVE)
+    env = rank_env(cfg)  # the same rank environment as the harness trial (oversubscribed: PASSIVE)
+    if export.get("dmp_collection") and cfg.device != "cuda":
+        env["PYTHONOPTIMIZE"] = "1"  # DMPCollection's CUDA-only assert (module docstring)
+    with _environ(env):
         for p in procs:
             p.start()
     out: dict[str, Any] = {"status": "error", "error": "no rank reported", "qps": 0.0, "window_qps": [],
@@ -129,8 +140,9 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
             out["error"] = f"rank {bad[0]['rank']}: {bad[0]['error']}"
         else:
             r0 = next(g for g in got if g["rank"] == 0)
-            out.update(status="ok", error="", qps=r0["qps"], window_qps=r0["window_qps"],
-                       placements=r0["placements"], omp_wait_policy=r0["omp_wait_policy"])
+            out.update(status="ok", error="", **{k: r0[k] for k in (
+                "qps", "window_qps", "placements", "omp_wait_policy", "model_parallel", "syncs", "sharding_group")},
+                       checksums={g["rank"]: g["checksum"] for g in got})
     except Exception as e:  # a queue timeout: a hung or dead rank
         out["status"], out["error"] = "timeout", f"TorchRec ranks did not report within {cfg.timeout_s:.0f} s ({e!r})"
     finally:
@@ -139,6 +151,24 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
             if p.is_alive():
                 p.kill()
     return out
+
+
+def _cpu_dmp_collection() -> type:
+    """DMPCollection whose remapped shard placements name the CPU the way CPU tensors do (module docstring)."""
+    from torch.distributed.remote_device import _remote_device
+    from torchrec.distributed.model_parallel import DMPCollection
+
+    class CpuDMPCollection(DMPCollection):
+        def _remap_sharding_plan(self, plan, *args, **kwargs) -> None:  # noqa: ANN001
+            super()._remap_sharding_plan(plan, *args, **kwargs)
+            if self._device.type != "cpu":
+                return
+            for module_plan in plan.plan.values():
+                for ps in module_plan.values():
+                    for shard in getattr(ps.sharding_spec, "shards", None) or []:
+                        shard.placement = _remote_device(f"rank:{shard.placement.rank()}/cpu")
+
+    return CpuDMPCollection
 
 
 def _rank(cfg_dict: dict, export: dict, placements: dict, rank: int, port: int, q) -> None:
@@ -187,10 +217,32 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
                    "column_wise": lambda p=p: sp.column_wise(ranks=p["ranks"], size_per_rank=p["size_per_rank"]),
                    "data_parallel": lambda p=p: sp.data_parallel()}[p["sharding_type"]]()
             for name, p in placements.items()}
-    module_plan = sp.construct_module_sharding_plan(ebc, gens, local_size=W, world_size=W, device_type="cpu")
+    dc = export.get("dmp_collection")
+    G = dc["sharding_group_size"] if dc else W  # the export's placements are a sharding group's (ranks 0..G-1)
+    module_plan = sp.construct_module_sharding_plan(ebc, gens, local_size=G, world_size=G, device_type="cpu")
     plan = ShardingPlan({"sparse_arch.embedding_bag_collection": module_plan})
-    dmp = DistributedModelParallel(model, plan=plan, device=device, sharders=[EmbeddingBagCollectionSharder()])
-    applied = {name: {"sharding_type": ps.sharding_type, "ranks": list(ps.ranks or []),
+    sharders = [EmbeddingBagCollectionSharder()]
+    if dc:
+        replica_pg: list[dist.ProcessGroup] = []  # set once DMPCollection has built its DeviceMesh
+
+        def average(tensors: list[torch.Tensor]) -> None:  # sync()'s ReduceOp.AVG, which gloo lacks
+            R = dist.get_world_size(replica_pg[0])
+            replica_pg[0].allreduce_coalesced(tensors).wait()  # SUM
+            for t in tensors:
+                t.div_(R)
+
+        dmp = _cpu_dmp_collection()(module=model, device=device, plan=plan, world_size=W, sharding_group_size=G,
+                            global_pg=dist.group.WORLD, sharders=sharders,
+                            use_inter_host_allreduce=dc["use_inter_host_allreduce"], custom_all_reduce=average)
+        replica_pg.append(dmp._default_ctx.replica_pg)
+        mine = dmp._default_ctx.device_mesh["shard"].mesh.tolist()  # this rank's sharding group, global ranks
+        # grad_allreduce keeps the replicas equal after every step: DMPCollection's nearest is sync() every step
+        every = dc["sync_interval_batches"] if cfg.sparse_sync == "weight_avg" else 1
+    else:
+        dmp = DistributedModelParallel(model, plan=plan, device=device, sharders=sharders)
+        mine, every = list(range(W)), 0
+    # the plan TorchRec applied, in group positions (DMPCollection remaps them to this group's global ranks)
+    applied = {name: {"sharding_type": ps.sharding_type, "ranks": [mine.index(r) for r in ps.ranks or []],
                       "widths": [sh.shard_sizes[1] for sh in ps.sharding_spec.shards] if ps.sharding_spec else []}
                for name, ps in dmp.plan.plan["sparse_arch.embedding_bag_collection"].items()}
     dense_opt = KeyedOptimizerWrapper(dict(dmp.named_parameters()),
@@ -201,7 +253,7 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
                for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
     lossf = torch.nn.BCEWithLogitsLoss()
     autocast = cfg.dense_precision != "fp32"
-    step_s = []
+    step_s, syncs = [], 0
     for step in range(total):
         dense, kjt, labels = batches[step % len(batches)]
         t0 = time.perf_counter()
@@ -211,11 +263,19 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
         dense_opt.zero_grad()
         loss.backward()
         dense_opt.step()
+        if every and ((step + 1) % every == 0 or step == total - 1):
+            dmp.sync()  # replicas merge (2D): weights and optimizer state, inside the timed step
+            syncs += 1
         if step >= cfg.warmup_steps:
             step_s.append(time.perf_counter() - t0)
+    # a fingerprint of this rank's table shards: after the last sync a position's replicas hold the same numbers
+    # (the tensors DMPCollection's sync() merges)
+    shards = [t for ts in dmp._default_ctx.weights_by_dtype.values() for t in ts] if dc else []
+    checksum = float(sum(t.double().abs().sum() for t in shards))
     n = max(1, len(step_s) // cfg.windows)
     windows = [W * B * n / sum(step_s[i * n:(i + 1) * n]) for i in range(cfg.windows)]
     dist.barrier()
     dist.destroy_process_group()
     return {"qps": statistics.median(windows), "window_qps": windows, "placements": applied,
+            "model_parallel": type(dmp).__name__, "syncs": syncs, "sharding_group": mine, "checksum": checksum,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}

@@ -106,6 +106,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
+    first_step_at = time.time()  # wall clock (comparable across processes): a trial's startup ends here
     for step in range(total):
         measuring = step >= cfg.warmup_steps
         TIMERS.enabled = measuring
@@ -160,6 +161,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
         "peak_mem_mb": float(peak.item()),
         "breakdown_ms": bd_ms,
         "plan_json": plan.to_json(),
+        "first_step_at": first_step_at,
     }
     if fp8_report is not None:
         out["fp8_probe"] = fp8_report

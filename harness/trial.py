@@ -48,27 +48,42 @@ def _watch_parent(ppid: int) -> None:
 def _rank_entry(cfg_dict: dict, rank: int, port: int, q, collect_tables: bool, ppid: int) -> None:
     """Process entry of one rank (module-level so spawn can import it)."""
     threading.Thread(target=_watch_parent, args=(ppid,), daemon=True).start()
-    cfg = TrialConfig.from_dict(cfg_dict)
     try:
-        torch.set_num_threads(cfg.threads_per_rank)
-        device = _rank_device(cfg, rank)
-        backend = "nccl" if device.type == "cuda" and _nccl_ok(cfg) else "gloo"
-        store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=cfg.timeout_s))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
-                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
-        from harness.sharding.planner import make_plan
-        from harness.train import train_rank
-
-        out = train_rank(cfg, make_plan(cfg), rank, device, collect_tables)
+        out = train_one_rank(TrialConfig.from_dict(cfg_dict), rank, "127.0.0.1", port, collect_tables)
         q.put((rank, "ok", "", out))
-        dist.destroy_process_group()
     except BaseException as e:  # report every failure as one line, then die
-        msg = f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())}"[:400]
-        if os.environ.get("CUBIC_DEBUG"):
-            traceback.print_exc()
-        q.put((rank, "oom" if isinstance(e, MemoryError) or _is_oom(msg) else "error", msg, None))
+        q.put((rank, *rank_failure(rank, e), None))
         time.sleep(0.2)
         os._exit(1)
+
+
+def train_one_rank(cfg: TrialConfig, rank: int, host: str, port: int, collect_tables: bool = False,
+                   store: dist.TCPStore | None = None, device: torch.device | None = None) -> dict:
+    """One rank's whole life: join the rendezvous at host:port (or use `store`, which rank 0 of a trial
+    spanning nodes hosts itself), train, leave. The same on every launcher (spawned here, a Ray actor
+    there: cubic/multinode.py), so a trial computes the same wherever its ranks run."""
+    torch.set_num_threads(cfg.threads_per_rank)
+    own_gpu = device is not None  # a launcher that gave each rank its own GPU (Ray's num_gpus=1)
+    device = device or _rank_device(cfg, rank)
+    backend = "nccl" if device.type == "cuda" and (own_gpu or _nccl_ok(cfg)) else "gloo"
+    if store is None:
+        store = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=cfg.timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
+                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    from harness.sharding.planner import make_plan
+    from harness.train import train_rank
+
+    out = train_rank(cfg, make_plan(cfg), rank, device, collect_tables)
+    dist.destroy_process_group()
+    return out
+
+
+def rank_failure(rank: int, e: BaseException) -> tuple[str, str]:
+    """(status, one line) for an exception a rank died of."""
+    msg = f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())}"[:400]
+    if os.environ.get("CUBIC_DEBUG"):
+        traceback.print_exc()
+    return ("oom" if isinstance(e, MemoryError) or _is_oom(msg) else "error"), msg
 
 
 def _rank_device(cfg: TrialConfig, rank: int) -> torch.device:
@@ -233,12 +248,15 @@ def run_trial(cfg: TrialConfig) -> TrialResult:
 
         return TrialResult.failed("oom" if isinstance(e, PlanError) and "mem_cap" in str(e) else "error", str(e),
                                   cfg, env=env)
-    t0 = time.perf_counter()
+    t0, started_at = time.perf_counter(), time.time()
+    env.update(placement="local", nodes=1, rank_nodes=[platform.node()] * cfg.world_size)
     try:
         status, error, outs = run_ranks(cfg)
     except Exception as e:  # could not even start the processes
         return TrialResult.failed("error", f"{type(e).__name__}: {e}", cfg, env=env)
     env["wall_s"] = round(time.perf_counter() - t0, 2)
+    if status == "ok":
+        env["startup_s"] = round(outs[0]["first_step_at"] - started_at, 2)
     if status != "ok":
         return TrialResult.failed(status, error, cfg, env=env)
     return summarize(cfg, outs[0], env)

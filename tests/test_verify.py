@@ -47,6 +47,12 @@ def test_substitutions_name_what_torchrec_runs_differently() -> None:
     assert {p["sharding_type"] for p in placements.values()} == {"table_wise"}
     assert [s.split(":")[0].split(" ")[0] for s in subs] == ["row-wise", "kernel=native", "comm_precision=bf16",
                                                              "pipeline_depth=1"]
+    two_d = _cfg(world_size=4, sharding_group_size=2, sparse_sync="grad_allreduce",
+                 emb_optimizer="momentum_scaled_rowwise_adagrad")
+    assert [s.split(":")[0] for s in plan_for_torchrec(two_d, _export(two_d))[1]] == [
+        "sparse_sync=grad_allreduce", "emb_optimizer=momentum_scaled_rowwise_adagrad"]
+    one_d = _cfg(emb_optimizer="momentum_scaled_rowwise_adagrad")  # one replica: plain row-wise AdaGrad
+    assert plan_for_torchrec(one_d, _export(one_d))[1] == []
     wukong = _cfg(workload=Workload.from_dict({"preset": "tiny", "interaction": "wukong", "wukong_rank": 3}))
     with pytest.raises(UnsupportedConfig, match="no TorchRec model"):
         plan_for_torchrec(wukong, _export(wukong))
@@ -67,6 +73,27 @@ def test_a_loaded_export_trains_in_torchrec_with_the_placements_cubic_measured()
                 assert got["ranks"] == [p["rank"]]
             else:
                 assert got["ranks"] == p["ranks"] and got["widths"] == p["size_per_rank"]
+
+
+def test_a_2d_export_trains_in_torchrecs_dmpcollection_and_its_replicas_merge() -> None:
+    """A 2D winner (2 sharding groups of 2, strided across the ranks, merging every 2 steps) runs in TorchRec's
+    own DMPCollection on gloo: each group holds the placements cubic measured, sync() runs every 2 steps and
+    after the last, and afterwards the two replicas of each shard hold the same weights."""
+    cfg = _cfg(world_size=4, sharding_group_size=2, sparse_sync="weight_avg", sparse_sync_interval=2,
+               sharding="column_wise", group_placement="cross_node")
+    exp = _export(cfg)
+    assert exp["dmp_collection"]["use_inter_host_allreduce"] is False
+    r = run_torchrec_trial(cfg, exp)
+    assert r["status"] == "ok", r["error"]
+    assert r["model_parallel"] == "CpuDMPCollection" and r["substitutions"] == []
+    assert r["sharding_group"] == [0, 2]  # cubic's cross_node group 0 (harness.sharding.comm.group_ranks)
+    assert r["syncs"] == 3  # 5 steps: after steps 2, 4 and the last
+    for name, p in exp["placements"].items():
+        assert r["placements"][name] == {"sharding_type": "column_wise", "ranks": p["ranks"],
+                                         "widths": p["size_per_rank"]}
+    c = r["checksums"]  # replicas of position 0 are ranks 0 and 1, of position 1 ranks 2 and 3
+    assert c[0] > 0 and c[0] == pytest.approx(c[1], rel=1e-6) and c[2] == pytest.approx(c[3], rel=1e-6)
+    assert c[0] != pytest.approx(c[2], rel=1e-3)  # different shards
 
 
 def test_torchrec_ranks_start_in_the_harness_rank_environment() -> None:
@@ -128,12 +155,17 @@ def test_target_torchrec_keeps_only_what_torchrec_runs(tmp_path: Path) -> None:
     text = (ROOT / "search_spaces" / "dlrm_cpu.yaml").read_text()
     text = text.replace("name: dlrm_cpu", "name: t\ntarget: torchrec")
     (tmp_path / "t.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"baseline.sparse_sync: baseline value 'grad_allreduce' is outside"):
+        load_space(tmp_path / "t.yaml")  # TorchRec's 2D merges by averaging only: the baseline must say so
+    text = text.replace("sparse_sync: grad_allreduce", "sparse_sync: weight_avg", 1)
+    (tmp_path / "t.yaml").write_text(text)
     s = load_space(tmp_path / "t.yaml")
     assert s.knobs["kernel"].choices == ("fbgemm",)
     assert set(s.knobs["sharding"].choices) == {"table_wise", "column_wise", "size_greedy", "lookup_greedy",
                                                 "size_lookup_greedy"}
     assert s.knobs["comm_precision"].choices == ("fp32",) and s.knobs["pipeline_depth"].choices == (0,)
-    assert "sparse_sync" not in s.knobs and s.target_dropped["sharding_group_size"] == [1]
+    assert s.knobs["sharding_group_size"].choices == (0, 1)  # 2D runs as DMPCollection, merging by averaging
+    assert s.knobs["sparse_sync"].choices == ("weight_avg",) and s.target_dropped["sparse_sync"] == ["grad_allreduce"]
     bad = (ROOT / "search_spaces" / "tiny.yaml").read_text().replace("name: tiny", "name: t\ntarget: torchrec")
     (tmp_path / "bad.yaml").write_text(bad)  # tiny.yaml's baseline runs kernel=torch
     with pytest.raises(ConfigError, match=r"baseline.kernel: target torchrec: kernel='torch' cannot run"):
