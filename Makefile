@@ -14,8 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m kernels.native_backend  # compile the native kernels into numba's cache once
 	touch $(STAMP)
 
-tune: $(STAMP)
-	$(BIN)/cubic tune --space search_spaces/dlrm_cpu.yaml --run-dir runs/dlrm_cpu
+SEED ?= 0
+RUN_DIR ?= runs/dlrm_cpu
+tune: $(STAMP)  # make tune [SEED=1 RUN_DIR=runs/seed1]: another searcher seed, in its own study
+	$(BIN)/cubic tune --space search_spaces/dlrm_cpu.yaml --run-dir $(RUN_DIR) --seed $(SEED)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

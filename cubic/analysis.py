@@ -163,6 +163,11 @@ def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
     row["quality_reason"] = ua.get("quality_reason", "")
     row["ne_matched"] = _num(ua.get("ne_matched"))  # NE over the baseline's samples (cubic.quality)
     row["quality_est_ok"] = ua.get("quality_est_ok")
+    # quality runs (a space's `quality:` section): held-out eval NE/AUC per seed, and the gate's numbers
+    row["quality_eval_ne"] = [_num(x) for x in ua.get("quality_eval_ne") or []]
+    row["quality_eval_auc"] = [_num(x) for x in ua.get("quality_eval_auc") or []]
+    for k in ("quality_eval_diff", "quality_se", "quality_noise"):
+        row[k] = _num(ua.get(k))
     row["config"] = cfg
     row["plan"] = res.get("plan") or []
     return row

@@ -100,7 +100,9 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "spread": {"qps_min_max": spread, "window_qps": window, "confirm_qps": confirm},
         "speedup": w.get("speedup"),
         "baseline_qps": w.get("baseline_qps", rec["baseline_qps"]),
-        "quality": {k: ua.get(k) for k in ("quality_ok", "quality_reason", "confirm_ne")},
+        "quality": {k: ua.get(k) for k in ("quality_ok", "quality_reason", "confirm_ne", "quality_eval_ne",
+                                           "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
+                                           "quality_resolved")},
         "sharding_plan": res.get("plan") or [],
         "provenance": {
             "study": rec["study"], "storage": rec["storage"], "trial": rec["trial"],

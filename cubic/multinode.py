@@ -132,7 +132,7 @@ def run_on_nodes(cfg: TrialConfig, node_cpus: float | None = None) -> TrialResul
                     placement_group=pg, placement_group_bundle_index=r // cfg.ranks_per_node)).remote())
         deadline = time.monotonic() + cfg.timeout_s
         where_refs = [a.where.remote() for a in actors]
-        ready, _ = ray.wait(where_refs, num_returns=len(where_refs), timeout=cfg.timeout_s)
+        ready, _ = ray.wait(where_refs, num_returns=len(where_refs), timeout=max(0.0, deadline - time.monotonic()))
         if len(ready) < len(where_refs):
             return TrialResult.failed("timeout", f"{len(where_refs) - len(ready)} rank actors did not start within "
                                       f"{cfg.timeout_s:g} s", cfg, env=env)

@@ -178,10 +178,63 @@ def importance(df: pd.DataFrame) -> Figure:
 
 
 # name -> figure function: the report and the notebook show exactly these, in this order
+def speed_vs_quality(df: pd.DataFrame) -> Figure:
+    """Confirmed configurations' re-measured speed-up against their held-out eval NE difference from the
+    baseline (quality runs), with the gate's tolerance and each point's paired standard error: the
+    speed/quality trade-off and its Pareto front (faster and no worse). Spaces without quality runs:
+    the in-run NE over the baseline's samples instead."""
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title("Speed vs quality of the confirmed configurations")
+    conf = df[df["confirm_speedup"].notna()] if "confirm_speedup" in df else df.iloc[:0]
+    if conf.empty:
+        return _empty(fig, ax, "no confirmed configurations")
+    held_out = conf["quality_eval_diff"].notna().any() if "quality_eval_diff" in conf else False
+    base = conf[conf["quality_reason"].astype(str).str.startswith("baseline")]
+    bne = float(base["confirm_ne_median"].iloc[0]) if len(base) else math.nan
+    pts = []
+    for _, r in conf.iterrows():
+        is_base = str(r["quality_reason"]).startswith("baseline")
+        if held_out:
+            x = 0.0 if is_base or not r["quality_eval_ne"] else r["quality_eval_diff"]
+            err = 0.0 if is_base else r["quality_se"]
+        else:
+            x = (r["confirm_ne_median"] - bne) / bne if bne else math.nan
+            err = math.nan
+        if isinstance(x, float) and math.isnan(x):
+            x = 0.0  # same numerics as the baseline (no quality run needed)
+        y = r["confirm_speedup"]
+        pts.append((100 * x, y))
+        color = "tab:red" if is_base else ("tab:green" if r["quality_ok"] else "tab:gray")
+        ax.errorbar(100 * x, y, xerr=None if not err or math.isnan(err) else 100 * err, fmt="o", color=color,
+                    ms=6, capsize=3, zorder=3)
+        ax.annotate(f"#{int(r['number'])}", (100 * x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front = sorted(pts)
+    best, line = -math.inf, []
+    for x, y in front:
+        if y > best:
+            best = y
+            line.append((x, y))
+    ax.step([p[0] for p in line], [p[1] for p in line], where="post", color="tab:blue", lw=1, alpha=0.6,
+            label="Pareto front")
+    tol = df.attrs.get("space", {}).get("quality") or {}
+    tol = tol.get("tolerance") if held_out else df.attrs.get("space", {}).get("constraints", {}).get(
+        "quality_tolerance")
+    if tol:
+        ax.axvline(100 * tol, color="tab:red", ls="--", lw=1, label=f"tolerance {tol:.2%}")
+    ax.set_xlabel(("held-out eval NE" if held_out else "NE over the baseline's samples")
+                  + " vs baseline (%, lower is better)")
+    ax.set_ylabel("speed-up (re-measured)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
 FIGURES = {
     "Best so far": best_so_far,
     "Throughput by knob": qps_by_knob,
     "Time breakdown of the top configurations": breakdown,
     "Proxy prediction vs measurement": prediction_vs_measurement,
     "Knob importance": importance,
+    "Speed vs quality": speed_vs_quality,
 }

@@ -1,4 +1,6 @@
-"""Quality from search trials, for free: normalized entropy over the baseline's samples.
+"""Quality: the search trials' free estimate, and the confirm step's quality runs.
+
+Quality from search trials, for free: normalized entropy over the baseline's samples.
 
 The harness keys its data by global sample number and records the global loss of every step, so
 the first steps of a trial with a global batch at least the baseline's are exactly the training
@@ -8,12 +10,21 @@ loss / NE over those same samples), is the NE the confirm's quality gate would s
 the searcher learn, while it searches, which fast configurations the gate will reject.
 Search trials with a smaller global batch do not cover the baseline's samples: no estimate (None);
 the confirm runs them longer (`covering`) so they do.
+
+That estimate is the searcher's early signal only: over a few thousand samples right after warm-up it
+is mostly noise (NE near 1, seed-to-seed spread of several percent). A space with a `quality:` section
+judges confirmed candidates by quality runs instead (`QualityRuns`, `judge`): real learning over a
+budget of samples, held-out eval NE, paired by seed, against a measured noise floor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from harness.config import TrialConfig
 
@@ -57,3 +68,66 @@ def within(ne: float, base_ne: float, tolerance: float) -> bool:
     a fresh `make tune` crowned the baseline over a 1.19x faster configuration whose smaller batch
     reached an NE 3.3% lower over the same samples.)"""
     return (ne - base_ne) / base_ne <= tolerance
+
+
+# ------------------------------------------------------------------------------------------- quality runs
+@dataclass(frozen=True)
+class QualityRuns:
+    """A space's `quality:` section: how the confirm step judges a numerics-changing candidate.
+
+    The baseline and the candidate each train `samples` samples of one non-repeating stream, then are
+    evaluated on `eval_samples` held-out samples (eval NE and AUC), once per seed 0..seeds-1 (the seed
+    sets the data, the teacher and the initialisation; candidate and baseline are paired by seed).
+    The baseline's seed-to-seed spread is the noise floor; a candidate passes when its mean paired
+    eval NE difference is at most `tolerance` (relative, one-sided)."""
+
+    samples: int = 1 << 20
+    eval_samples: int = 1 << 16
+    seeds: int = 3
+    tolerance: float = 0.001
+
+    def config(self, cfg: TrialConfig, seed: int) -> TrialConfig:
+        """`cfg` as a quality run: the budget's steps on a stream that does not repeat within it, one
+        window (its speed is not the point), held-out evaluation, this seed, and time for all of it."""
+        wl = cfg.workload
+        if wl.sample_cycle < self.samples:
+            wl = dataclasses.replace(wl, sample_cycle=1 << max(self.samples - 1, 1).bit_length())
+        steps = max(2, self.samples // cfg.global_batch)
+        return cfg.replace(workload=wl, warmup_steps=1, measure_steps=steps - 1, windows=1,
+                           eval_samples=self.eval_samples, seed=seed,
+                           timeout_s=max(cfg.timeout_s, cfg.timeout_s * steps / max(1, cfg.warmup_steps
+                                                                                    + cfg.measure_steps)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def noise_floor(base_ne: Sequence[float]) -> float | None:
+    """The baseline's seed-to-seed spread of eval NE: sample standard deviation / mean (None below 2)."""
+    if len(base_ne) < 2:
+        return None
+    return statistics.stdev(base_ne) / statistics.mean(base_ne)
+
+
+def judge(cand_ne: Sequence[float], base_ne: Sequence[float], tolerance: float) -> dict[str, Any]:
+    """The gate on quality runs paired by seed: {ok, diff (mean relative eval NE difference), diffs, se (its
+    standard error over the seeds: how precisely the runs measured it), noise (the baseline's seed-to-seed
+    spread), resolved (se below the tolerance), reason}.
+
+    Why two noise figures: a seed changes the data and the teacher too, so the baseline's seed-to-seed
+    spread is mostly how hard each seed's task is, and pairing by seed cancels that; what is left, the
+    spread of the paired differences, is what decides whether the runs can see the tolerance."""
+    diffs = [(c - b) / b for c, b in zip(cand_ne, base_ne, strict=True)]
+    d = statistics.mean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+    noise = noise_floor(base_ne)
+    resolved = se is not None and se < tolerance
+    ok = d <= tolerance
+    spread = f" ({min(diffs):+.3%}..{max(diffs):+.3%})" if len(diffs) > 1 else ""
+    floor = ("one seed: no noise measured" if se is None else
+             f"paired standard error {se:.3%}" + ("" if resolved else ", not below the tolerance: not resolved"))
+    if noise is not None:
+        floor += f"; baseline seed-to-seed sd {noise:.3%}"
+    reason = (f"eval NE {d:+.3%} vs baseline over {len(diffs)} paired seed(s){spread} "
+              f"{'<=' if ok else '>'} {tolerance:.2%}; {floor}")
+    return {"ok": ok, "diff": d, "diffs": diffs, "se": se, "noise": noise, "resolved": resolved, "reason": reason}

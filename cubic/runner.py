@@ -9,7 +9,10 @@ Each trial is one task. What it asks Ray for depends on the space's `budget.isol
 Either way CPUs are capped at the largest node's (a 4-rank trial still runs on a 2-core machine), and
 a cuda trial gets one GPU per rank (capped likewise: several ranks then share a GPU), so that Ray pins
 it to its own GPUs (CUDA_VISIBLE_DEVICES) and never runs two trials at once on one GPU.
-The task calls `harness.trial.run_trial` in a Ray worker, which starts the rank processes. Whatever
+The task calls `harness.trial.run_trial` in a Ray worker, which starts the rank processes. On a
+cluster of several nodes, a trial with world_size > ranks_per_node spans world_size / ranks_per_node
+nodes instead: its task only coordinates, and a placement group holds one Ray actor per rank
+(cubic/multinode.py). Whatever
 happens to the task - a crash of the worker, an exception, a hang past the trial's own timeout
 (counted from when the task started, not from when it was queued) - comes back as a TrialResult with
 a failed status and a one-line reason; the tuner never dies of a trial.
@@ -58,6 +61,7 @@ class Pending:
     tag: Any = None  # the caller's handle (trial, confirm slot)
     started: float = field(default_factory=time.monotonic)  # submitted
     running: float | None = None  # the STARTED marker arrived
+    spans: bool = False  # its ranks span nodes: it may first wait for its placement (cubic/multinode.py)
 
 
 def _check_reachable(address: str) -> None:
@@ -183,7 +187,8 @@ class RayRunner:
             bundles = bundles_for(cfg, node_cpus)
             # the coordinating task holds nothing: the ranks' placement group holds the resources
             ref = self._remote.options(num_cpus=0, num_gpus=0).remote(cfg.to_dict(), {"node_cpus": node_cpus})
-            return Pending(cfg, ref, sum(b["CPU"] for b in bundles), sum(b.get("GPU", 0.0) for b in bundles), tag)
+            return Pending(cfg, ref, sum(b["CPU"] for b in bundles), sum(b.get("GPU", 0.0) for b in bundles), tag,
+                           spans=True)
         cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)
         ref = self._remote.options(num_cpus=cpus, num_gpus=gpus).remote(cfg.to_dict())
         return Pending(cfg, ref, cpus, gpus, tag)
@@ -209,6 +214,10 @@ class RayRunner:
                     done.append((p, res))
                     continue
             limit = p.cfg.timeout_s + HARD_TIMEOUT_SLACK_S
+            if p.spans:
+                from cubic.multinode import PLACEMENT_WAIT_S
+
+                limit += PLACEMENT_WAIT_S
             if p.running is not None and time.monotonic() - p.running > limit:
                 ray.cancel(p.ref, force=True)
                 done.append((p, TrialResult.failed(

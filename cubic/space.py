@@ -32,7 +32,8 @@ from harness.errors import ConfigError, read_text
 from harness.workload import Workload
 
 TOP_KEYS = ("name", "description", "target", "workload", "baseline", "knobs", "objective", "constraints", "trial",
-            "budget")
+            "budget", "lr_scaling", "quality")
+QUALITY_KEYS = ("samples", "eval_samples", "seeds", "tolerance")
 # `target: torchrec` keeps only knob values TorchRec runs as the harness measures them (harness/torchrec_trial.py)
 TARGETS = ("harness", "torchrec")
 KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
@@ -107,6 +108,8 @@ class SearchSpace:
     description: str = ""
     target: str = "harness"  # one of TARGETS
     target_dropped: dict[str, list] = field(default_factory=dict)  # knob -> values the target cannot run
+    lr_scaling: Any = "none"  # cubic/lr_scaling.py: a rule or a {global batch: rates} table
+    quality_runs: Any = None  # cubic.quality.QualityRuns: the confirm's quality runs; None = the in-run NE gate
     _cache: dict[tuple, TrialConfig | None] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ params <-> configs
@@ -139,16 +142,22 @@ class SearchSpace:
         """The TrialConfig to run for params; raises ConfigError if the combination is invalid."""
         cfg = self._config_or_none(self.tup(params))
         if cfg is None:
-            cfg = dataclasses.replace(self.baseline, **self.canonical(params))
+            cfg = self._scaled(dataclasses.replace(self.baseline, **self.canonical(params)))
             cfg.validate(f"{self.path}: knobs")  # raises with the reason
         return cfg
+
+    def _scaled(self, cfg: TrialConfig) -> TrialConfig:
+        """`cfg` at the learning rates the space's lr_scaling gives its global batch."""
+        from cubic.lr_scaling import apply
+
+        return apply(cfg, self.baseline, self.lr_scaling, tuple(self.knobs))
 
     def valid(self, params: dict[str, Any]) -> bool:
         return self._config_or_none(self.tup(params)) is not None
 
     def _config_or_none(self, tup: tuple) -> TrialConfig | None:
         if tup not in self._cache:
-            cfg = dataclasses.replace(self.baseline, **dict(zip(self.knobs, tup, strict=True)))
+            cfg = self._scaled(dataclasses.replace(self.baseline, **dict(zip(self.knobs, tup, strict=True))))
             try:
                 cfg.validate()
             except ConfigError:
@@ -214,6 +223,14 @@ class SearchSpace:
         index = [{v: i for i, v in enumerate(kn.choices)} for kn in self.knobs.values()]
         return np.array([[index[i][v] for i, v in enumerate(t)] for t in tuples], dtype=np.float32)
 
+    def numerics_key(self, params: dict[str, Any]) -> tuple:
+        """What decides the training numerics of params (`differs_in_numerics`'s rules): configurations
+        with equal keys train the same model on the same samples, so one quality run serves them all."""
+        cfg = self.config(params)
+        special = ("sharding", "batch_size", "world_size", "sharding_group_size")
+        return (*((k, getattr(cfg, k)) for k in self.quality_knobs if k not in special), cfg.global_batch,
+                cfg.replicas, cfg.sharding == "column_wise" and cfg.emb_optimizer != "sgd")
+
     def differs_in_numerics(self, params: dict[str, Any]) -> list[str]:
         """The numerics-changing knobs where params differ from the baseline."""
         cfg, base = self.config(params), self.baseline
@@ -248,6 +265,9 @@ class SearchSpace:
                       "seed": self.baseline.seed, "repeats": self.repeats},
             "budget": {"trials": self.budget, "confirm_top_k": self.confirm_top_k,
                        "max_concurrent": self.max_concurrent, "isolation": self.isolation},
+            "lr_scaling": ({str(k): v for k, v in self.lr_scaling.items()} if isinstance(self.lr_scaling, dict)
+                           else self.lr_scaling),
+            "quality": self.quality_runs.to_dict() if self.quality_runs else None,
         }
 
 
@@ -255,6 +275,8 @@ def _identity(space_dict: dict[str, Any]) -> dict[str, Any]:
     """What a trial measures (workload, knobs, baseline, trial settings), not the budget or name."""
     d = {k: space_dict.get(k) for k in ("workload", "knobs", "baseline_config", "objective")}
     d["trial"] = {k: v for k, v in (space_dict.get("trial") or {}).items() if k != "repeats"}
+    if space_dict.get("lr_scaling") not in (None, "none"):  # (absent from older studies: "none")
+        d["lr_scaling"] = space_dict["lr_scaling"]
     return json.loads(json.dumps(d, default=str))
 
 
@@ -471,6 +493,22 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     qknobs = cons.get("quality_knobs", list(DEFAULT_QUALITY_KNOBS))
     if not isinstance(qknobs, list) or any(not isinstance(q, str) or q not in _FIELDS for q in qknobs):
         raise ld.err("constraints.quality_knobs", f"must be a list of config fields; allowed: {sorted(_FIELDS)}")
+    from cubic.lr_scaling import parse
+
+    try:
+        lr_scaling = parse(raw.get("lr_scaling", "none"), "lr_scaling")
+    except ConfigError as e:
+        raise ld.err("lr_scaling", str(e).removeprefix("lr_scaling: ")) from None
+    quality_runs = None
+    if raw.get("quality") is not None:
+        from cubic.quality import QualityRuns
+
+        q = ld.mapping(raw["quality"], "quality", QUALITY_KEYS)
+        d = QualityRuns()
+        quality_runs = QualityRuns(samples=_num(ld, q, "samples", d.samples, int, 1, "quality"),
+                                   eval_samples=_num(ld, q, "eval_samples", d.eval_samples, int, 1, "quality"),
+                                   seeds=_num(ld, q, "seeds", d.seeds, int, 1, "quality"),
+                                   tolerance=_num(ld, q, "tolerance", d.tolerance, float, 0.0, "quality"))
     space = SearchSpace(
         name=name, path=str(ld.path), workload=workload, knobs=knobs, baseline=baseline,
         objective=metric, direction="maximize", mem_cap_mb=float(baseline.mem_cap_mb),
@@ -481,7 +519,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         max_concurrent=_num(ld, budget, "max_concurrent", 0, int, 0),
         isolation=isolation,
         description=str(raw.get("description", "")),
-        target=target, target_dropped=dropped,
+        target=target, target_dropped=dropped, lr_scaling=lr_scaling, quality_runs=quality_runs,
     )
     if space.tup(space.baseline_params()) != tuple(space.baseline_params().values()):
         bad = [k for k, v in space.canonical(space.baseline_params()).items() if v != getattr(baseline, k)]
@@ -509,11 +547,12 @@ def _check_every_choice_is_used(ld: _Loader, space: SearchSpace) -> None:
             raise ld.err(f"knobs.{name}", f"value {v!r} is in no valid configuration: {why}")
 
 
-def _num(ld: _Loader, d: dict[str, Any], key: str, default: Any, typ: type, lo: float) -> Any:
+def _num(ld: _Loader, d: dict[str, Any], key: str, default: Any, typ: type, lo: float,
+         section: str | None = None) -> Any:
     v = d.get(key, default)
     if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
             or (typ is int and float(v) != int(v)) or v < lo):
-        section = {"repeats": "trial", "quality_tolerance": "constraints"}.get(key, "budget")
+        section = section or {"repeats": "trial", "quality_tolerance": "constraints"}.get(key, "budget")
         raise ld.err(f"{section}.{key}", f"{v!r} must be a {typ.__name__} >= {lo}")
     return typ(v)
 

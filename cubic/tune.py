@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
 from cubic.lease import TunerLease, describe
-from cubic.quality import covering, matched_ne, within
+from cubic.quality import covering, judge, matched_ne, noise_floor, within
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.space import SearchSpace
@@ -249,9 +249,15 @@ class Tuner:
         screened: list[FrozenTrial] = []  # in rank order
         pending: list[Pending] = []
         inflight: dict[int, int] = {}  # trial number -> runs in flight
+        qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
 
         def runs(t: FrozenTrial) -> int:
             return len(t.user_attrs.get("confirm_qps") or []) + len(t.user_attrs.get("confirm_failed") or [])
+
+        qr = self.space.quality_runs
+
+        def qdone(t: FrozenTrial | None) -> int:
+            return len(t.user_attrs.get("quality_eval_ne") or []) if t is not None else 0
 
         def verdict(t: FrozenTrial) -> bool | None:
             """None while undecided (no run back yet, or the baseline's NE not in yet)."""
@@ -259,9 +265,40 @@ class Tuner:
                 return False
             if not self.space.differs_in_numerics(t.params):
                 return True
+            if qr is not None:  # quality runs decide: all of the candidate's and the baseline's seeds
+                if None in (t.user_attrs.get("quality_eval_ne") or []):
+                    return False
+                if qdone(t) < qr.seeds or qdone(base) < qr.seeds:
+                    return None
+                return self._quality(t, base)[0]
             if not t.user_attrs.get("confirm_ne") or base is None or not base.user_attrs.get("confirm_ne"):
                 return None
             return self._quality(t, base)[0]
+
+        def quality_seed(t: FrozenTrial) -> int | None:
+            """The seed of t's next quality run, if it needs one now: the baseline's first (the noise
+            floor, and the pairs), then each numerics-changing candidate after its first speed run."""
+            if qr is None:
+                return None
+            n = qdone(t) + qinflight.get(t.number, 0)
+            if n >= qr.seeds:
+                return None
+            if t is base:
+                return n
+            if (not self.space.differs_in_numerics(t.params) or not t.user_attrs.get("confirm_qps")
+                    or t.user_attrs.get("confirm_failed") or None in (t.user_attrs.get("quality_eval_ne") or [])
+                    or qdone(base) < qr.seeds or None in (base.user_attrs.get("quality_eval_ne") or [])):
+                return None
+            key = self.space.numerics_key(t.params)
+            same = next((o for o in screened if o is not t and qdone(o) >= qr.seeds
+                         and self.space.numerics_key(o.params) == key), None)
+            if same is not None and n == 0:  # the same model on the same samples: its quality runs are t's
+                self.store.set_finished_attrs(t, {k: same.user_attrs.get(k) for k in (
+                    "quality_eval_ne", "quality_eval_auc", "quality_failed") if k in same.user_attrs}
+                    | {"quality_runs_of": same.number})
+                self.view.note(f"quality: #{t.number} trains what #{same.number} trains: its quality runs apply")
+                return None
+            return n
 
         def wants(t: FrozenTrial) -> bool:
             """One more run of t now? (Screening: only the first run until the verdict is in.)"""
@@ -287,12 +324,25 @@ class Tuner:
                 pending.append(self.runner.submit(cfg, tag=job))
                 inflight[job.number] = inflight.get(job.number, 0) + 1
                 continue
+            qjob = next(((t, sd) for t in order if (sd := quality_seed(t)) is not None), None)
+            if qjob is not None and not pending:
+                t, sd = qjob
+                self.view.note(f"quality run: #{t.number} seed {sd + 1}/{qr.seeds}, {qr.samples:,} samples, "
+                               f"held-out {qr.eval_samples:,}")
+                pending.append(self.runner.submit(qr.config(self.space.config(t.params), sd), tag=(t, sd)))
+                qinflight[t.number] = qinflight.get(t.number, 0) + 1
+                continue
             if not pending:
                 break
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
-                inflight[p.tag.number] -= 1
                 self.lease.check(fresh=True)  # confirm writes bypass Optuna's state check
+                if isinstance(p.tag, tuple):
+                    t, sd = p.tag
+                    qinflight[t.number] -= 1
+                    self._record_quality(t, res, sd)
+                    continue
+                inflight[p.tag.number] -= 1
                 self._record_confirm(p.tag, res, base)
                 self.view.add(p.tag, time.monotonic() - p.started, confirm=res)
             left = sum(max(0, reps - runs(t)) for t in order if verdict(t) is not False)
@@ -320,17 +370,48 @@ class Tuner:
             attrs = {"confirm_failed": list(ua.get("confirm_failed") or []) + [f"{res.status}: {res.error}"]}
         self.store.set_finished_attrs(t, attrs)
 
+    def _record_quality(self, t: FrozenTrial, res: TrialResult, seed: int) -> None:
+        """Append one quality run's held-out eval NE and AUC (None for a failed run, with its reason)."""
+        ua = t.user_attrs
+        ok = res.status == "ok" and res.extra.get("eval_ne") is not None
+        attrs = {"quality_eval_ne": list(ua.get("quality_eval_ne") or []) + [res.extra.get("eval_ne") if ok else None],
+                 "quality_eval_auc": list(ua.get("quality_eval_auc") or []) + [res.extra.get("eval_auc") if ok
+                                                                                else None]}
+        if not ok:
+            attrs["quality_failed"] = f"seed {seed}: {res.status}: {res.error}"[:300]
+        self.store.set_finished_attrs(t, attrs)
+        self.view.note(f"quality run: #{t.number} seed {seed + 1}: " + (
+            f"eval NE {res.extra['eval_ne']:.5f}, AUC {res.extra['eval_auc']:.4f}" if ok else attrs["quality_failed"]))
+
     def _quality(self, t: FrozenTrial, base: FrozenTrial | None) -> tuple[bool, str]:
         ua = t.user_attrs
         if ua.get("confirm_failed"):
             return False, f"re-measurement failed: {ua['confirm_failed'][0]}"[:300]
         if not ua.get("confirm_qps"):
             return False, "not re-measured"
+        qr = self.space.quality_runs
         if base is not None and t.number == base.number:
+            if qr is not None and ua.get("quality_eval_ne"):
+                ne = [x for x in ua["quality_eval_ne"] if x is not None]
+                noise = noise_floor(ne)
+                return True, (f"baseline (eval NE {statistics.mean(ne):.5f} over {len(ne)} seed(s)"
+                              + (f", seed-to-seed sd {noise:.3%})" if noise is not None else ")") if ne else
+                              "baseline (its quality runs failed: " + str(ua.get("quality_failed")) + ")")
             return True, "baseline"
         changed = self.space.differs_in_numerics(t.params)
         if not changed:
-            return True, "numerics unchanged (only layout/kernel/pipelining knobs differ)"
+            return True, "numerics unchanged (only layout/kernel/pipelining knobs differ): no quality run needed"
+        if qr is not None:
+            if ua.get("quality_failed"):
+                return False, f"quality run failed: {ua['quality_failed']}"
+            cand, bne = ua.get("quality_eval_ne") or [], (base.user_attrs.get("quality_eval_ne") or []) if base else []
+            if len(cand) < qr.seeds or len(bne) < qr.seeds or None in bne:
+                return False, (f"changes {', '.join(changed)} but its quality runs are incomplete "
+                               f"({len(cand)} of {qr.seeds}; baseline {len([x for x in bne if x is not None])})")
+            j = judge(cand[:qr.seeds], bne[:qr.seeds], qr.tolerance)
+            self.store.set_finished_attrs(t, {"quality_eval_diff": j["diff"], "quality_se": j["se"],
+                                              "quality_noise": j["noise"], "quality_resolved": j["resolved"]})
+            return j["ok"], f"{j['reason']} (changes {', '.join(changed)})"
         ne_t = _median_finite(ua.get("confirm_ne"))
         ne_b = _median_finite(base.user_attrs.get("confirm_ne")) if base is not None else None
         if ne_t is None or ne_b is None or ne_b <= 0:
@@ -364,6 +445,12 @@ class Tuner:
                 "searcher": self.searcher, "quality_reason": w.user_attrs.get("quality_reason"),
                 "confirm_qps": cq, "short_config": short_config(self.space, w.params),
             }
+            qr = self.space.quality_runs
+            if qr is not None:  # the evidence behind the quality verdict
+                winner["quality"] = {**qr.to_dict(), **{k.removeprefix("quality_"): w.user_attrs.get(k) for k in (
+                    "quality_eval_ne", "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
+                    "quality_resolved")},
+                    "baseline_eval_ne": base.user_attrs.get("quality_eval_ne") if base else None}
         self.store.set_winner(winner)  # None clears a winner an earlier confirm left behind
         done = [t for t in ran if t.state == TrialState.COMPLETE]
         top = max(done, key=lambda t: t.value or 0.0, default=None)
@@ -381,6 +468,7 @@ class Tuner:
             "confirmed": [{"trial": t.number, "short_config": short_config(self.space, t.params),
                            "qps": t.value, "confirm_qps": t.user_attrs.get("confirm_qps"),
                            "quality_ok": t.user_attrs.get("quality_ok"),
+                           "quality_eval_diff": t.user_attrs.get("quality_eval_diff"),
                            "quality_reason": t.user_attrs.get("quality_reason")} for t in confirmed],
         }
 

@@ -84,6 +84,7 @@ class TrialConfig:
     windows: int = 3  # measured steps are split into this many windows -> median, cv
     timeout_s: float = 300.0
     mem_cap_mb: float = 0.0  # per-rank cap; 0 = none. Plans/trials over it are status=oom.
+    eval_samples: int = 0  # held-out samples evaluated after training (eval NE and AUC); 0 = none
     inject_fault: str = "none"  # test-only: make rank 1 crash / hang / allocate past the cap / die by SIGKILL
 
     # ------------------------------------------------------------------
@@ -110,7 +111,7 @@ class TrialConfig:
         for key in ("world_size", "batch_size", "threads_per_rank", "measure_steps", "windows", "sparse_sync_interval"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{where}: {key}={getattr(self, key)!r} must be >= 1")
-        for key in ("warmup_steps", "seed", "column_shard_dim", "mem_cap_mb"):
+        for key in ("warmup_steps", "seed", "column_shard_dim", "mem_cap_mb", "eval_samples"):
             if not math.isfinite(getattr(self, key)) or getattr(self, key) < 0:
                 raise ConfigError(f"{where}: {key}={getattr(self, key)!r} must be >= 0")
         for key in ("emb_lr", "dense_lr", "timeout_s"):

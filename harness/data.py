@@ -74,9 +74,12 @@ class Batch:
         return Batch(*(x.to(device, non_blocking=True) for x in (self.dense, self.ids, self.offsets, self.labels)))
 
 
-def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int) -> Batch:
-    """Global samples [first_sample, first_sample + batch_size) (modulo `wl.sample_cycle`)."""
-    g = ((first_sample + np.arange(batch_size, dtype=np.int64)) % wl.sample_cycle).astype(np.uint64)
+def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held_out: bool = False) -> Batch:
+    """Global samples [first_sample, first_sample + batch_size) (modulo `wl.sample_cycle`). `held_out`:
+    the evaluation set instead, numbered past the training cycle (never trained on: training samples
+    are numbered below it), drawn and labelled by the same teacher."""
+    idx = first_sample + np.arange(batch_size, dtype=np.int64)
+    g = (wl.sample_cycle + idx if held_out else idx % wl.sample_cycle).astype(np.uint64)
     s = g[:, None]
     dense = _uniform(seed, s, 1_000 + np.arange(wl.dense_features, dtype=np.uint64))
     teacher_w = _uniform(seed, 7, np.arange(wl.dense_features, dtype=np.uint64)) * 2 - 1
@@ -113,3 +116,10 @@ def rank_batches(wl: Workload, seed: int, rank: int, batch_size: int, world: int
     cyc = wl.sample_cycle
     n = min(steps, cyc // gb) if cyc % gb == 0 else steps
     return [make_batch(wl, seed, s * gb + rank * batch_size, batch_size) for s in range(max(1, n))]
+
+
+def eval_batches(wl: Workload, seed: int, rank: int, batch_size: int, world: int, samples: int) -> list[Batch]:
+    """This rank's share of the first `samples` held-out samples (whole global batches, at least one)."""
+    gb = batch_size * world
+    return [make_batch(wl, seed, s * gb + rank * batch_size, batch_size, held_out=True)
+            for s in range(max(1, -(-samples // gb)))]

@@ -17,12 +17,13 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.config import TrialConfig
-from harness.data import Batch, rank_batches
+from harness.data import Batch, eval_batches, rank_batches
 from harness.model import DenseArch, build_dense_arch
 from harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
 from harness.sharding.comm import Groups, make_groups
@@ -136,6 +137,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
         if mem_cap and rss_mb() > mem_cap and device.type == "cpu":
             raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={mem_cap:.0f}")
     pipe.close()
+    evaluation = evaluate(cfg, coll, dense, rank, groups, device) if cfg.eval_samples else None
 
     # Global loss per step (mean of the ranks' means = global mean) and NE over the measured samples.
     loss_t = torch.tensor(losses, dtype=torch.float64)
@@ -165,12 +167,55 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
     }
     if fp8_report is not None:
         out["fp8_probe"] = fp8_report
+    if evaluation is not None:
+        out["eval"] = evaluation
     if coll.replica_sync is not None:
         out["replica_sync"] = coll.replica_sync.stats.to_dict(cfg.sparse_sync_interval, cfg.measure_steps,
                                                               TIMERS.totals.get("sync", 0.0))
     if collect_tables:
         out["tables"] = {t: w.numpy() for t, w in coll.full_tables().items()}  # by value across processes
     return out
+
+
+@torch.no_grad()
+def evaluate(cfg: TrialConfig, coll: ShardedEmbeddingCollection, dense: torch.nn.Module, rank: int, groups,
+             device: torch.device) -> dict | None:
+    """NE and AUC of the trained model on held-out samples (harness.data.eval_batches: never trained on),
+    as MLPerf's DLRM evaluation does: every rank scores its share, rank 0 gathers the scores."""
+    W, B = cfg.world_size, cfg.batch_size
+    TIMERS.enabled = False  # evaluation is not part of the measured step
+    logits, labels = [], []
+    for b in eval_batches(cfg.workload, cfg.seed, rank, B, W, cfg.eval_samples):
+        b = b.to(device)
+        pooled = coll.forward(coll.input_dist(b.ids, b.offsets, B))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dense_precision != "fp32"):
+            logits.append(dense(b.dense, pooled).float().reshape(-1))
+        labels.append(b.labels.reshape(-1))
+    mine = torch.stack([torch.cat(logits), torch.cat(labels)]).to(torch.float64)
+    if W > 1:  # on the device: NCCL gathers CUDA tensors only
+        mine = mine.to(device)
+        parts = [torch.empty_like(mine) for _ in range(W)]
+        dist.all_gather(parts, mine, group=groups.world_pg)
+        mine = torch.cat(parts, dim=1).cpu()
+    if rank != 0:
+        return None
+    return eval_metrics(mine[0].numpy(), mine[1].numpy())
+
+
+def eval_metrics(logits: np.ndarray, labels: np.ndarray) -> dict:
+    """{ne, auc, samples}: NE = mean log loss / the entropy of the labels' mean; AUC by the rank statistic
+    (ties share their mean rank)."""
+    from scipy.stats import rankdata
+
+    p = 1.0 / (1.0 + np.exp(-logits))
+    eps = 1e-12
+    loss = -np.mean(labels * np.log(np.clip(p, eps, 1)) + (1 - labels) * np.log(np.clip(1 - p, eps, 1)))
+    q = min(max(float(labels.mean()), eps), 1 - eps)
+    ne = float(loss / -(q * math.log(q) + (1 - q) * math.log(1 - q)))
+    pos = labels > 0.5
+    npos, nneg = int(pos.sum()), int((~pos).sum())
+    auc = (float(rankdata(logits)[pos].sum()) - npos * (npos + 1) / 2) / (npos * nneg) if npos and nneg else math.nan
+    return {"ne": ne, "auc": auc, "samples": int(labels.size)}
 
 
 def _reduce(t: torch.Tensor, group, device: torch.device, op=dist.ReduceOp.SUM) -> torch.Tensor:

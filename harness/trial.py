@@ -291,4 +291,6 @@ def summarize(cfg: TrialConfig, r0: dict, env: dict) -> TrialResult:
     for key in ("fp8_probe", "replica_sync"):
         if key in r0:
             res.extra[key] = r0[key]
+    if r0.get("eval"):  # held-out quality (cfg.eval_samples): flat, so every view reads it as a column
+        res.extra.update({f"eval_{k}": v for k, v in r0["eval"].items()})
     return res

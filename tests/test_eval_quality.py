@@ -1,0 +1,228 @@
+"""Held-out quality (TrialConfig.eval_samples) and learning rates that follow the batch (lr_scaling)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cubic.lr_scaling import apply, parse
+from cubic.space import load_space
+from harness.data import eval_batches, make_batch, rank_batches
+from harness.errors import ConfigError
+from harness.train import eval_metrics
+from harness.trial import run_trial
+from harness.workload import Workload
+from tests.helpers import tiny_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_held_out_samples_are_none_of_the_training_samples_and_share_the_teacher() -> None:
+    wl = Workload.tiny()
+    train = make_batch(wl, 0, 0, wl.sample_cycle)  # every training sample there is
+    held = eval_batches(wl, 0, 0, 512, 1, 2048)
+    seen = {tuple(np.round(r, 6)) for r in train.dense.numpy()}
+    assert not any(tuple(np.round(r, 6)) in seen for b in held for r in b.dense.numpy())
+    # the same teacher: the label rate is the training stream's, not another task's
+    rate = torch.cat([b.labels for b in held]).mean().item()
+    assert abs(rate - train.labels.mean().item()) < 0.03
+    # and a sample is the same whichever way the batch is split (as in training)
+    two = eval_batches(wl, 0, 1, 256, 2, 512)[0]
+    assert torch.equal(two.dense, held[0].dense[256:512])
+
+
+def test_eval_metrics() -> None:
+    y = np.array([0, 0, 1, 1], dtype=np.float32)
+    assert eval_metrics(np.array([-3.0, -1.0, 1.0, 3.0]), y)["auc"] == 1.0
+    assert eval_metrics(np.array([1.0, 1.0, 1.0, 1.0]), y)["auc"] == 0.5  # ties share their rank
+    assert eval_metrics(np.zeros(4), y)["ne"] == pytest.approx(1.0)  # the base rate, predicted: NE 1
+    assert eval_metrics(np.array([-3.0, -1.0, 1.0, 3.0]), y)["ne"] < 0.5
+
+
+def test_eval_ne_falls_with_training_and_does_not_depend_on_how_ranks_split_the_batch() -> None:
+    """Real learning shows on samples never trained on; the evaluation is the model's, not the layout's."""
+    base = tiny_cfg(batch_size=512, world_size=1, warmup_steps=1, measure_steps=39, windows=1, eval_samples=4096)
+    long = run_trial(base)
+    short = run_trial(base.replace(measure_steps=1))
+    split = run_trial(base.replace(world_size=2, batch_size=256))
+    for r in (long, short, split):
+        assert r.status == "ok", r.error
+    assert long.extra["eval_samples"] == 4096
+    assert long.extra["eval_ne"] < short.extra["eval_ne"] - 0.02 and long.extra["eval_auc"] > short.extra["eval_auc"]
+    assert split.extra["eval_ne"] == pytest.approx(long.extra["eval_ne"], rel=1e-4)
+    assert split.extra["eval_auc"] == pytest.approx(long.extra["eval_auc"], abs=1e-3)
+    assert "eval_ne" not in run_trial(base.replace(eval_samples=0, measure_steps=1)).extra
+
+
+def test_training_batches_are_unchanged_by_the_held_out_set() -> None:
+    wl = Workload.tiny()
+    a = rank_batches(wl, 3, 0, 64, 1, 2)[1]
+    b = make_batch(wl, 3, 64, 64)
+    assert torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
+
+
+# ---------------------------------------------------------------------------------------------- lr_scaling
+def test_lr_scaling_rules() -> None:
+    base = tiny_cfg(batch_size=256, world_size=2, emb_lr=0.01, dense_lr=0.02)
+    four = base.replace(batch_size=1024)
+    assert apply(four, base, "none") == four
+    lin, sq = apply(four, base, "linear"), apply(four, base, "sqrt")
+    assert (lin.emb_lr, lin.dense_lr) == pytest.approx((0.04, 0.08))
+    assert (sq.emb_lr, sq.dense_lr) == pytest.approx((0.02, 0.04))
+    assert apply(base, base, "linear") == base
+    tab = parse({2048: {"emb_lr": 0.5}}, "lr_scaling")
+    assert apply(four, base, tab).emb_lr == 0.5 and apply(four, base, tab).dense_lr == 0.02
+    assert apply(four, base, "linear", knobs=("dense_lr",)).dense_lr == 0.02  # a knob's rate is the knob's
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("cubic", r"lr_scaling: 'cubic' is not a rule; allowed: \['none', 'linear', 'sqrt'\]"),
+    ({"x": {"emb_lr": 1}}, r"lr_scaling: key 'x' must be a global batch"),
+    ({4096: {"lr": 1}}, r"lr_scaling.4096: must map some of \['emb_lr', 'dense_lr'\]"),
+    ({4096: {"emb_lr": -1}}, r"lr_scaling.4096.emb_lr: -1 must be a finite number > 0"),
+])
+def test_bad_lr_scaling_is_one_line_naming_the_key(tmp_path: Path, value, msg: str) -> None:
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "search_spaces" / "tiny.yaml").read_text())
+    raw["lr_scaling"] = value
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=msg) as e:
+        load_space(tmp_path / "s.yaml")
+    assert "\n" not in str(e.value) and str(e.value).startswith(str(tmp_path / "s.yaml"))
+
+
+def test_a_space_with_lr_scaling_gives_a_larger_batch_its_scaled_rates(tmp_path: Path) -> None:
+    text = (ROOT / "search_spaces" / "dlrm_cpu.yaml").read_text() + "\nlr_scaling: sqrt\n"
+    (tmp_path / "s.yaml").write_text(text)
+    s = load_space(tmp_path / "s.yaml")
+    b = s.baseline
+    big = s.config({**s.baseline_params(), "batch_size": 4 * b.batch_size})
+    assert big.emb_lr == pytest.approx(2 * b.emb_lr) and big.dense_lr == pytest.approx(2 * b.dense_lr)
+    assert s.config(s.baseline_params()) == b
+    with pytest.raises(ConfigError):
+        (tmp_path / "t.yaml").write_text(text.replace("lr_scaling: sqrt", "lr_scaling: [1]"))
+        load_space(tmp_path / "t.yaml")
+
+
+# ---------------------------------------------------------------------------------------------- the gate in tune
+QGATE = """
+name: qgate
+workload: {preset: tiny}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 64, kernel: torch, emb_lr: 0.1, dense_lr: 0.05}
+knobs:
+  emb_lr: [0.1, 0.0001]            # a learning rate that costs eval NE
+  dense_precision: [fp32, bf16]    # a precision that does not
+  pipeline_depth:                  # layout only: the same math, no quality run
+    choices: [0, 1]
+    when: emb_lr == 0.1 and dense_precision == fp32
+objective: {metric: qps}
+constraints: {quality_tolerance: 0.5}   # the searcher's in-run estimate lets everything through to confirm
+quality: {samples: 16384, eval_samples: 8192, seeds: 2, tolerance: 0.002}
+trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
+budget: {trials: 5, confirm_top_k: 4}
+"""
+
+
+@pytest.mark.slow  # ~2-3 min: a tune with 8 quality runs, then 6 runs 4x longer (`make test-slow`)
+def test_confirm_judges_numerics_changes_by_quality_runs_that_agree_with_4x_longer_ones(tmp_path: Path) -> None:
+    """The confirm step trains the baseline and each numerics-changing candidate for the quality budget on the
+    same seeds and judges held-out eval NE, paired, against the measured noise; the verdicts are the ones
+    4x longer quality runs give; the layout-only candidate gets no quality run; the export keeps the evidence."""
+    import json
+
+    from cubic import analysis
+    from cubic.quality import QualityRuns, judge
+    from tests.test_analysis import cubic_cli
+
+    (tmp_path / "q.yaml").write_text(QGATE)
+    r = cubic_cli("tune", "--space", str(tmp_path / "q.yaml"), "--run-dir", str(tmp_path / "run"),
+                  "--searcher", "grid", "--no-live")
+    assert r.returncode == 0, r.stderr[-3000:]
+    df = analysis.load_study(tmp_path / "run")
+    space = load_space(tmp_path / "q.yaml")
+    rows = {(c.emb_lr, c.dense_precision, c.pipeline_depth): row for _, row in df.iterrows()
+            if (c := space.config({k: row[k] for k in space.knobs}))}
+    base = rows[(0.1, "fp32", 0)]
+    assert len(base["quality_eval_ne"]) == 2 and base["quality_reason"].startswith("baseline (eval NE")
+    layout = rows[(0.1, "fp32", 1)]
+    assert layout["quality_eval_ne"] == [] and layout["quality_ok"]
+    assert "no quality run needed" in layout["quality_reason"]
+    long = QualityRuns(samples=4 * 16384, eval_samples=8192, seeds=2, tolerance=0.002)
+    long_base = [run_trial(long.config(space.baseline, s)).extra["eval_ne"] for s in range(2)]
+    for key in ((0.0001, "fp32", 0), (0.1, "bf16", 0)):
+        row = rows[key]
+        assert len(row["quality_eval_ne"]) == 2, row["quality_reason"]
+        cfg = space.config({k: row[k] for k in space.knobs})
+        long_ne = [run_trial(long.config(cfg, s)).extra["eval_ne"] for s in range(2)]
+        assert bool(row["quality_ok"]) == judge(long_ne, long_base, 0.002)["ok"], (key, row["quality_reason"])
+    assert not rows[(0.0001, "fp32", 0)]["quality_ok"] and rows[(0.1, "bf16", 0)]["quality_ok"]
+    assert "paired standard error" in rows[(0.1, "bf16", 0)]["quality_reason"]
+    e = cubic_cli("export", str(tmp_path / "run"), "-f", "json", "-o", str(tmp_path / "w.json"))
+    assert e.returncode == 0, e.stderr
+    q = json.loads((tmp_path / "w.json").read_text())["quality"]
+    assert q["quality_ok"] and "quality_eval_ne" in q
+
+
+LARGE_BATCH = """
+name: lb
+workload: {preset: tiny}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 64, kernel: torch, emb_optimizer: sgd,
+           emb_lr: 0.01, dense_lr: 0.001}
+knobs:
+  batch_size: [64, 256]
+objective: {metric: qps}
+quality: {samples: 32768, eval_samples: 8192, seeds: 2, tolerance: 0.002}
+"""
+
+
+@pytest.mark.slow  # ~1 min: 6 quality runs
+def test_a_large_batch_passes_at_its_scaled_learning_rate_where_it_fails_at_the_baselines(tmp_path: Path) -> None:
+    """4x the batch at the baseline's learning rates trains 4x fewer steps and loses eval NE; the same
+    candidate in a space with `lr_scaling: linear` (or sqrt) is judged at 4x (2x) the rates, and passes."""
+    from cubic.quality import judge
+
+    verdicts = {}
+    for rule in ("none", "sqrt", "linear"):
+        (tmp_path / f"{rule}.yaml").write_text(LARGE_BATCH + f"lr_scaling: {rule}\n")
+        space = load_space(tmp_path / f"{rule}.yaml")
+        qr = space.quality_runs
+        if rule == "none":
+            base_ne = [run_trial(qr.config(space.baseline, s)).extra["eval_ne"] for s in range(qr.seeds)]
+        big = space.config({"batch_size": 256})
+        assert big.emb_lr == pytest.approx(0.01 * {"none": 1, "sqrt": 2, "linear": 4}[rule])
+        ne = [run_trial(qr.config(big, s)).extra["eval_ne"] for s in range(qr.seeds)]
+        verdicts[rule] = judge(ne, base_ne, qr.tolerance)
+    assert not verdicts["none"]["ok"], verdicts["none"]["reason"]
+    assert verdicts["sqrt"]["ok"], verdicts["sqrt"]["reason"]
+    assert verdicts["linear"]["ok"], verdicts["linear"]["reason"]
+
+
+def test_quality_runs_train_the_budget_on_a_stream_that_does_not_repeat() -> None:
+    from cubic.quality import QualityRuns, judge
+
+    qr = QualityRuns(samples=1 << 20, eval_samples=4096, seeds=3, tolerance=0.001)
+    cfg = qr.config(tiny_cfg(batch_size=512, world_size=2), seed=2)
+    assert cfg.global_batch * (cfg.warmup_steps + cfg.measure_steps) == 1 << 20
+    assert cfg.workload.sample_cycle >= 1 << 20 and cfg.eval_samples == 4096 and cfg.seed == 2
+    j = judge([1.002, 0.998], [1.0, 1.0], 0.001)
+    assert j["ok"] and j["diff"] == pytest.approx(0.0, abs=1e-12) and not j["resolved"]  # se 0.2%
+    j = judge([1.0030, 1.0031, 1.0029], [1.0, 1.0, 1.0], 0.001)
+    assert not j["ok"] and j["resolved"] and "> 0.10%" in j["reason"]
+
+
+def test_configurations_that_train_the_same_model_share_one_numerics_key() -> None:
+    """The confirm step runs quality runs once per numerics key (the tune of the default space confirmed
+    three layouts of one SGD + bf16 configuration, and quality-ran the same model three times)."""
+    s = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    b = s.baseline_params()
+    a = {**b, "emb_optimizer": "sgd", "dense_precision": "bf16"}
+    same = {**a, "sharding": "size_greedy", "pipeline_depth": 2, "kernel": "native", "threads_per_rank": 2}
+    assert s.numerics_key(a) == s.numerics_key(same) != s.numerics_key(b)
+    assert s.numerics_key({**a, "batch_size": 2048}) != s.numerics_key(a)
+    # column shards keep their own row-wise AdaGrad state: another model (with SGD, the same one)
+    assert s.numerics_key({**b, "sharding": "column_wise"}) != s.numerics_key(b)
+    assert s.numerics_key({**a, "sharding": "column_wise"}) == s.numerics_key(a)
