@@ -209,7 +209,7 @@ def speed_vs_quality(df: pd.DataFrame) -> Figure:
         ax.errorbar(100 * x, y, xerr=None if not err or math.isnan(err) else 100 * err, fmt="o", color=color,
                     ms=6, capsize=3, zorder=3)
         ax.annotate(f"#{int(r['number'])}", (100 * x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    front = sorted(pts)
+    front = sorted(pts, key=lambda p: (p[0], -p[1]))  # lower NE first; at equal NE the fastest
     best, line = -math.inf, []
     for x, y in front:
         if y > best:

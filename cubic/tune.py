@@ -235,9 +235,13 @@ class Tuner:
         "winner" of a 40-trial tune."""
         ranked = sorted(self.store.trials(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
         base = next((t for t in ranked if t.user_attrs.get("config_key") == self.base_key), None)
-        cands = [t for t in ranked if t is not base and t.user_attrs.get("quality_est_ok") is not False]
+        qr = self.space.quality_runs
+        # with quality runs the in-run estimate only guides the searcher: over the first samples after
+        # warm-up it fails larger batches for training fewer steps on them, which held-out quality does not
+        cands = [t for t in ranked if t is not base and (qr is not None or t.user_attrs.get("quality_est_ok")
+                                                         is not False)]
         known_bad = sum(1 for t in ranked if t.user_attrs.get("quality_est_ok") is False)
-        if known_bad:
+        if known_bad and qr is None:
             self.view.note(f"confirm: {known_bad} fast configuration(s) skipped: their search trials' NE over the "
                            f"baseline's samples already fails the quality gate")
         k = self.space.confirm_top_k
@@ -254,8 +258,6 @@ class Tuner:
         def runs(t: FrozenTrial) -> int:
             return len(t.user_attrs.get("confirm_qps") or []) + len(t.user_attrs.get("confirm_failed") or [])
 
-        qr = self.space.quality_runs
-
         def qdone(t: FrozenTrial | None) -> int:
             return len(t.user_attrs.get("quality_eval_ne") or []) if t is not None else 0
 
@@ -267,6 +269,8 @@ class Tuner:
                 return True
             if qr is not None:  # quality runs decide: all of the candidate's and the baseline's seeds
                 if None in (t.user_attrs.get("quality_eval_ne") or []):
+                    return False
+                if early_reject(t, qr, base) is not None:
                     return False
                 if qdone(t) < qr.seeds or qdone(base) < qr.seeds:
                     return None
@@ -286,11 +290,13 @@ class Tuner:
             if t is base:
                 return n
             if (not self.space.differs_in_numerics(t.params) or not t.user_attrs.get("confirm_qps")
+                    or early_reject(t, qr, base) is not None
                     or t.user_attrs.get("confirm_failed") or None in (t.user_attrs.get("quality_eval_ne") or [])
                     or qdone(base) < qr.seeds or None in (base.user_attrs.get("quality_eval_ne") or [])):
                 return None
             key = self.space.numerics_key(t.params)
-            same = next((o for o in screened if o is not t and qdone(o) >= qr.seeds
+            same = next((o for o in screened if o is not t and qinflight.get(o.number, 0) == 0
+                         and (qdone(o) >= qr.seeds or early_reject(o, qr, base) is not None)
                          and self.space.numerics_key(o.params) == key), None)
             if same is not None and n == 0:  # the same model on the same samples: its quality runs are t's
                 self.store.set_finished_attrs(t, {k: same.user_attrs.get(k) for k in (
@@ -384,6 +390,10 @@ class Tuner:
             f"eval NE {res.extra['eval_ne']:.5f}, AUC {res.extra['eval_auc']:.4f}" if ok else attrs["quality_failed"]))
 
     def _quality(self, t: FrozenTrial, base: FrozenTrial | None) -> tuple[bool, str]:
+        why = early_reject(t, self.space.quality_runs, base)
+        if why is not None:
+            self.store.set_finished_attrs(t, {"quality_eval_diff": paired_diff(t, base)})
+            return False, why
         ua = t.user_attrs
         if ua.get("confirm_failed"):
             return False, f"re-measurement failed: {ua['confirm_failed'][0]}"[:300]
@@ -471,6 +481,32 @@ class Tuner:
                            "quality_eval_diff": t.user_attrs.get("quality_eval_diff"),
                            "quality_reason": t.user_attrs.get("quality_reason")} for t in confirmed],
         }
+
+
+EARLY_REJECT = 3.0  # x the tolerance: a candidate this far behind after its first seeds skips the rest
+
+
+def early_reject(t: FrozenTrial, qr: Any, base: FrozenTrial | None) -> str | None:
+    """Why t fails the quality gate before all its seeds ran (None if it may still pass): its mean paired
+    eval-NE difference so far is over EARLY_REJECT x the tolerance, far past what the paired noise on
+    these workloads spans (hundredths of a percent), so its remaining quality runs would be wasted."""
+    if qr is None or base is None or t is base:
+        return None
+    n = min(len(t.user_attrs.get("quality_eval_ne") or []), len(base.user_attrs.get("quality_eval_ne") or []))
+    d = paired_diff(t, base)
+    if n >= qr.seeds or d is None or d <= EARLY_REJECT * qr.tolerance:
+        return None
+    return (f"eval NE {d:+.3%} vs baseline after {n} of {qr.seeds} paired seed(s), over {EARLY_REJECT:g} x the "
+            f"{qr.tolerance:.2%} tolerance: rejected without the remaining quality runs")
+
+
+def paired_diff(t: FrozenTrial, base: FrozenTrial) -> float | None:
+    """Mean relative eval-NE difference of t from the baseline over the seeds both have run (None if none)."""
+    cand, bne = t.user_attrs.get("quality_eval_ne") or [], base.user_attrs.get("quality_eval_ne") or []
+    n = min(len(cand), len(bne))
+    if n == 0 or None in cand[:n] or None in bne[:n]:
+        return None
+    return statistics.mean((c - b) / b for c, b in zip(cand[:n], bne[:n], strict=True))
 
 
 def _median_finite(xs: Any) -> float | None:

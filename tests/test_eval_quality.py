@@ -154,12 +154,13 @@ def test_confirm_judges_numerics_changes_by_quality_runs_that_agree_with_4x_long
     long = QualityRuns(samples=4 * 16384, eval_samples=8192, seeds=2, tolerance=0.002)
     long_base = [run_trial(long.config(space.baseline, s)).extra["eval_ne"] for s in range(2)]
     for key in ((0.0001, "fp32", 0), (0.1, "bf16", 0)):
-        row = rows[key]
-        assert len(row["quality_eval_ne"]) == 2, row["quality_reason"]
+        row = rows[key]  # (the costly one is rejected after its first seed: far past the tolerance)
+        assert len(row["quality_eval_ne"]) == (1 if key[0] == 0.0001 else 2), row["quality_reason"]
         cfg = space.config({k: row[k] for k in space.knobs})
         long_ne = [run_trial(long.config(cfg, s)).extra["eval_ne"] for s in range(2)]
         assert bool(row["quality_ok"]) == judge(long_ne, long_base, 0.002)["ok"], (key, row["quality_reason"])
     assert not rows[(0.0001, "fp32", 0)]["quality_ok"] and rows[(0.1, "bf16", 0)]["quality_ok"]
+    assert "rejected without the remaining quality runs" in rows[(0.0001, "fp32", 0)]["quality_reason"]
     assert "paired standard error" in rows[(0.1, "bf16", 0)]["quality_reason"]
     e = cubic_cli("export", str(tmp_path / "run"), "-f", "json", "-o", str(tmp_path / "w.json"))
     assert e.returncode == 0, e.stderr
@@ -226,3 +227,19 @@ def test_configurations_that_train_the_same_model_share_one_numerics_key() -> No
     # column shards keep their own row-wise AdaGrad state: another model (with SGD, the same one)
     assert s.numerics_key({**b, "sharding": "column_wise"}) != s.numerics_key(b)
     assert s.numerics_key({**a, "sharding": "column_wise"}) == s.numerics_key(a)
+
+
+def test_a_candidate_far_past_the_tolerance_is_rejected_before_its_remaining_seeds() -> None:
+    from types import SimpleNamespace
+
+    from cubic.quality import QualityRuns
+    from cubic.tune import early_reject
+
+    qr = QualityRuns(seeds=3, tolerance=0.001)
+    base = SimpleNamespace(user_attrs={"quality_eval_ne": [0.80, 0.90, 0.85]})
+    far = SimpleNamespace(user_attrs={"quality_eval_ne": [0.81]})  # +1.25% after one seed
+    near = SimpleNamespace(user_attrs={"quality_eval_ne": [0.8016]})  # +0.2%: may still pass on average
+    assert "rejected without the remaining quality runs" in early_reject(far, qr, base)
+    assert early_reject(near, qr, base) is None
+    assert early_reject(SimpleNamespace(user_attrs={"quality_eval_ne": [0.81, 0.91, 0.86]}), qr, base) is None
+    assert early_reject(far, None, base) is None and early_reject(base, qr, base) is None
