@@ -121,14 +121,12 @@ def run_on_nodes(cfg: TrialConfig, node_cpus: float | None = None) -> TrialResul
             return TrialResult.failed("timeout", f"placement of {len(bundles)} node bundles not granted within "
                                       f"{PLACEMENT_WAIT_S:g} s (the cluster is busy)", cfg, env=env)
         remote = ray.remote(RankActor)
-        renv = {"env_vars": {**rank_env(cfg), "CUBIC_TRIAL_RANK": ""}}
         per_rank = {"num_cpus": float(cfg.threads_per_rank) if node_cpus is None else
                     node_cpus / cfg.ranks_per_node, "num_gpus": 1.0 if cfg.device == "cuda" else 0.0}
-        for r in range(cfg.world_size):
-            renv["env_vars"]["CUBIC_TRIAL_RANK"] = f"{cfg.seed}:{r}"  # lets a person (and a test) find it
+        for r in range(cfg.world_size):  # CUBIC_TRIAL_RANK lets a person (and a test) find a rank's process
             actors.append(remote.options(
-                max_restarts=0, runtime_env={"env_vars": dict(renv["env_vars"])}, **per_rank,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                max_restarts=0, runtime_env={"env_vars": {**rank_env(cfg), "CUBIC_TRIAL_RANK": f"{cfg.seed}:{r}"}},
+                **per_rank, scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=r // cfg.ranks_per_node)).remote())
         deadline = time.monotonic() + cfg.timeout_s
         where_refs = [a.where.remote() for a in actors]
