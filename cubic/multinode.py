@@ -187,15 +187,10 @@ def _wait_ranks(refs: dict[Any, int], where: list[dict], deadline: float) -> tup
     if lost:
         return "error", lost[min(lost)], outs
     if reported:
-        st, msg = min(reported.items(), key=lambda kv: (kv[1][0] != "oom", _is_peer_symptom(kv[1][1]), kv[0]))[1]
-        return st, msg, outs
+        from harness.trial import first_cause
+
+        return (*first_cause(reported), outs)
     return "ok", "", outs
-
-
-def _is_peer_symptom(msg: str) -> bool:
-    from harness.trial import _PEER_ERRORS
-
-    return any(e in msg.lower() for e in _PEER_ERRORS)
 
 
 def _lost_reason(rank: int, w: dict, e: Exception) -> str:

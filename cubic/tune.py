@@ -289,9 +289,7 @@ class Tuner:
                 return None
             if t is base:
                 return n
-            if (not self.space.differs_in_numerics(t.params) or not t.user_attrs.get("confirm_qps")
-                    or early_reject(t, qr, base) is not None
-                    or t.user_attrs.get("confirm_failed") or None in (t.user_attrs.get("quality_eval_ne") or [])
+            if (not t.user_attrs.get("confirm_qps") or verdict(t) is not None  # decided, or layout only
                     or qdone(base) < qr.seeds or None in (base.user_attrs.get("quality_eval_ne") or [])):
                 return None
             key = self.space.numerics_key(t.params)

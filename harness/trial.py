@@ -230,12 +230,18 @@ def _root_cause(procs: list, reported: dict[int, tuple[str, str]], outs: dict[in
         why = f"killed by signal {-code}" + (" (likely the OOM killer)" if code == -signal.SIGKILL else "")
         return ("oom" if code == -signal.SIGKILL else "error"), f"rank {r} {why} without a report"
     if reported:
-        def rank_of(kv: tuple[int, tuple[str, str]]) -> tuple[bool, bool, int]:
-            (r, (st, msg)) = kv
-            return st != "oom", any(e in msg.lower() for e in _PEER_ERRORS), r
-        return min(reported.items(), key=rank_of)[1]
+        return first_cause(reported)
     r, code = silent[0]
     return "error", f"rank {r} exited with code {code} without a report"
+
+
+def first_cause(reported: dict[int, tuple[str, str]]) -> tuple[str, str]:
+    """The report that names the cause among ranks' own failure reports: an out-of-memory first, then a
+    rank's own exception before a peer's socket symptom, then the lowest rank."""
+    def rank_of(kv: tuple[int, tuple[str, str]]) -> tuple[bool, bool, int]:
+        (r, (st, msg)) = kv
+        return st != "oom", any(e in msg.lower() for e in _PEER_ERRORS), r
+    return min(reported.items(), key=rank_of)[1]
 
 
 def run_trial(cfg: TrialConfig) -> TrialResult:
