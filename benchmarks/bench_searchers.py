@@ -4,7 +4,7 @@ Two landscapes (DESIGN.md: cubic must need at most half the trials of TPE to rea
   (a) cpu:   a real tabular landscape measured once on this machine (`measure`): every configuration
              of the reduced space benchmarks/data/landscape_cpu_space.yaml, 2 repeats each, stored
              as benchmarks/data/landscape_cpu.parquet. A trial draws one of the repeats (real noise).
-  (b) model: the analytic cost model (harness.cost_model) over a larger space
+  (b) model: the simulator (harness.sim, priced on clusters/local.yaml) over a larger space
              (benchmarks/data/landscape_model_space.yaml), distorted by hidden per-knob effects and
              pairwise interactions (seeded), so the model the proxy sees as features is informative but
              not the truth - as on real hardware - with 3% log-normal measurement noise and the most
@@ -141,11 +141,11 @@ def model_landscape(seed: int = 1234) -> Landscape:
         d = sum(main[(k.name, v)] for k, v in zip(knobs, t, strict=True))
         d += sum(inter[(i, j, t[i], t[j])] for i, j in pairs)
         true[t] = est * math.exp(d)
-    return Landscape("model (cost model, distorted)", space, true, noise=0.03, features=feats)
+    return Landscape("model (simulator, distorted)", space, true, noise=0.03, features=feats)
 
 
 def _features(space: SearchSpace) -> dict[tuple, dict[str, float]]:
-    from harness.cost_model import features
+    from harness.sim.backend import features
 
     return {t: features(space.config(space.params_of(t))) for t in space.all_tuples or []}
 

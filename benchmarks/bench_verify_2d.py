@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from cubic import export  # noqa: E402
 from harness.config import TrialConfig, TrialResult  # noqa: E402
-from harness.sharding.planner import make_plan  # noqa: E402
+from harness.planning import plan_for  # noqa: E402
 from harness.torchrec_trial import run_torchrec_trial  # noqa: E402
 from harness.trial import run_trial  # noqa: E402
 from harness.workload import Workload  # noqa: E402
@@ -38,7 +38,7 @@ CONFIGS = {
 
 
 def _export(cfg: TrialConfig) -> dict:
-    res = TrialResult(qps=1.0, config=cfg.to_dict(), plan=make_plan(cfg).to_list())
+    res = TrialResult(qps=1.0, config=cfg.to_dict(), plan=plan_for(cfg).to_list())
     return export.to_torchrec_dict({"study": "bench", "storage": "", "trial": 0, "attrs": {}, "result": res.to_dict(),
                                     "winner": {}, "config": cfg.to_dict(), "confirmed": True})
 

@@ -1,4 +1,4 @@
-"""The `cubic` command: trial, tune, report, export, verify.
+"""The `cubic` command: trial, tune, report, export, verify, calibrate.
 
 Each command lives in its own module (cubic/cmd_*.py); this file only wires them.
 Bad input anywhere is one line on stderr and exit code 2.
@@ -20,6 +20,7 @@ COMMANDS = {
     "report": ("cubic.cmd_report", "report"),
     "export": ("cubic.cmd_export", "export"),
     "verify": ("cubic.cmd_verify", "verify"),
+    "calibrate": ("cubic.cmd_calibrate", "calibrate"),
 }
 
 for _name, (_mod, _fn) in COMMANDS.items():

@@ -82,9 +82,21 @@ def trial(
     config: Path = typer.Option(None, "--config", help="a full TrialConfig YAML (e.g. from cubic export)"),
     set_: list[str] = typer.Option([], "--set", help="KNOB=VALUE, repeatable"),
     as_json: bool = typer.Option(False, "--json", help="print the TrialResult as one JSON line"),
+    backend: str = typer.Option("real", "--backend", help="real: train; sim: predict with the simulator"),
+    cluster: str | None = typer.Option(None, "--cluster", help="cluster file or preset name for --backend sim"),
 ) -> None:
-    """Run one real training trial and print its result (exit 1 when the trial fails: error, oom, timeout)."""
+    """Run one real training trial (or simulate it) and print its result (exit 1 when the trial fails:
+    error, oom, timeout)."""
+    sim_cluster = None
     try:
+        if backend not in ("real", "sim"):
+            raise ConfigError(f"--backend {backend!r}: choose one of ['real', 'sim']")
+        if (backend == "sim") != (cluster is not None):
+            raise ConfigError("--cluster FILE goes with --backend sim (and --backend sim needs one)")
+        if cluster is not None:
+            from harness.sim.cluster import resolve
+
+            sim_cluster = resolve(cluster)
         cfg = load_config_file(config) if config else base_config(space)
         if workload:
             cfg = apply_workload_file(cfg, workload)
@@ -92,11 +104,23 @@ def trial(
         # the whole config is checked once, naming what made it (a later source may fix an earlier one)
         sources = [str(p) for p in (space, config, workload) if p] + (["--set"] if set_ else [])
         cfg.validate(" + ".join(sources) or "config")
-        from harness.trial import check_config
+        if sim_cluster is None:
+            from harness.trial import check_config
 
-        check_config(cfg)
+            check_config(cfg)
     except ConfigError as e:
         _fail(str(e))
+    if sim_cluster is not None:
+        from harness.sim.backend import simulate
+
+        res = simulate(cfg, sim_cluster)
+        if as_json:
+            sys.stdout.write(res.to_json() + "\n")
+        else:
+            print_result(res)
+        if res.status != "ok":
+            raise typer.Exit(1)
+        return
     if cfg.device == "cuda":
         import torch
 
@@ -135,10 +159,13 @@ def print_result(res: TrialResult) -> None:
                                           f"{', '.join(f'{q:,.0f}' for q in res.window_qps)})"),
         ("step ms p50 / p90", f"{res.step_ms_p50:.1f} / {res.step_ms_p90:.1f}"),
         ("peak memory per rank", f"{res.peak_mem_mb:,.0f} MB"),
-        ("loss first -> last", f"{res.loss_first:.4f} -> {res.loss_last:.4f}"),
-        ("normalized entropy", f"{res.ne:.4f}"),
+        *([("quality", res.extra["quality"])] if res.env.get("backend") == "sim" else [
+            ("loss first -> last", f"{res.loss_first:.4f} -> {res.loss_last:.4f}"),
+            ("normalized entropy", f"{res.ne:.4f}")]),
         ("breakdown ms/step", "  ".join(f"{k} {v:.1f}" for k, v in res.breakdown_ms.items())),
-        ("env", f"torch {res.env.get('torch')}, fbgemm {res.env.get('fbgemm')}, {res.env.get('device_name')}"),
+        ("env", f"simulated on {res.env.get('cluster')} ({res.env.get('nodes')} node(s))"
+         if res.env.get("backend") == "sim" else
+         f"torch {res.env.get('torch')}, fbgemm {res.env.get('fbgemm')}, {res.env.get('device_name')}"),
     ]
     for k, v in rows:
         t.add_row(k, v)

@@ -36,6 +36,10 @@ def tune(
                                             "local Ray on this machine]."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the searcher."),
     live: bool | None = typer.Option(None, "--live/--no-live", help="Live table [default: on a terminal]."),
+    backend: str = typer.Option("real", "--backend", help="real: training trials on Ray; sim: the simulator "
+                                "(needs --cluster; no quality gate)."),
+    cluster: str | None = typer.Option(None, "--cluster", help="Cluster file (clusters/*.yaml) or preset name "
+                                       "for --backend sim."),
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
     import optuna
@@ -60,17 +64,33 @@ def tune(
                               "for a local Ray")
         if trials is not None and trials < 1:
             raise ConfigError(f"--trials {trials}: must be >= 1")
+        if backend not in ("real", "sim"):
+            raise ConfigError(f"--backend {backend!r}: choose one of ['real', 'sim']")
+        if (backend == "sim") != (cluster is not None):
+            raise ConfigError("--cluster FILE goes with --backend sim (and --backend sim needs one)")
+        if backend == "sim" and address is not None:
+            raise ConfigError("--address: simulated trials run in this process, not on Ray; leave it out")
+        sim_cluster = None
+        if backend == "sim":
+            from harness.sim.cluster import resolve
+
+            sim_cluster = resolve(cluster)
         sp = load_space(space or default_space())
         if run_dir is None and storage is None:
-            run_dir = Path("runs") / sp.name
+            run_dir = Path("runs") / (sp.name if sim_cluster is None else f"{sp.name}-sim-{sim_cluster.name}")
         if run_dir is not None:
             try:
                 run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
         rdb = open_storage(storage_url(run_dir, storage), None if storage else f"--run-dir {run_dir}")
-        store = Store(sp, rdb, run_dir)
-        runner = RayRunner(address, sp.isolation).check()
+        store = Store(sp, rdb, run_dir, backend="real" if sim_cluster is None else f"sim:{sim_cluster.name}")
+        if sim_cluster is not None:
+            from cubic.sim_runner import SimRunner
+
+            runner = SimRunner(sim_cluster)
+        else:
+            runner = RayRunner(address, sp.isolation).check()
         tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live)
         summary = tuner.run()
     except ConfigError as e:

@@ -2,9 +2,11 @@
 
 An ensemble of XGBoost rankers (`rank:pairwise`, as CubicML/AutoTVM: the searcher needs the
 order, not the value) on log throughput. Inputs are the knobs (one-hot and ordinal) plus the
-analytic cost model's derived features (`harness.cost_model.features`: bytes looked up per rank,
-all-to-all / all-reduce bytes, MLP FLOPs, memory per rank, load imbalance, estimated step time),
-which carry what the knobs mean physically, so few trials suffice. Each member sees a bootstrap
+simulator's prediction for this machine (`harness.sim.backend.features`, the one performance model
+priced on clusters/local.yaml: bytes looked up per rank, all-to-all / all-reduce bytes, MLP FLOPs,
+memory per rank, load imbalance, predicted step time per phase and qps), which carry what the knobs
+mean physically, so few trials suffice; the predicted qps is also the prior that orders the
+warm-up. Each member sees a bootstrap
 sample with its own seed; the spread of the members is the uncertainty the acquisition uses.
 Ranking scores have no unit, so every member is calibrated to log qps by a least-squares line
 on the training set (only for display / acquisition scale; the order is the model's).
@@ -33,17 +35,17 @@ CLS_PARAMS = {"objective": "binary:logistic", "max_depth": 2, "eta": 0.3, "min_c
               "nthread": 1, "verbosity": 0}
 
 
-def cost_model_features(cfg: TrialConfig) -> dict[str, float]:
-    """The analytic cost model's derived features (imported lazily: the harness owns it)."""
-    from harness.cost_model import features
+def sim_features(cfg: TrialConfig) -> dict[str, float]:
+    """The simulator's prediction for the local cluster (imported lazily: the harness owns it)."""
+    from harness.sim.backend import features
 
     return features(cfg)
 
 
 class Features:
-    """Feature rows for canonical configuration tuples (cached: the cost model runs once per config)."""
+    """Feature rows for canonical configuration tuples (cached: the simulator runs once per config)."""
 
-    def __init__(self, space: SearchSpace, feature_fn: FeatureFn | None = cost_model_features) -> None:
+    def __init__(self, space: SearchSpace, feature_fn: FeatureFn | None = sim_features) -> None:
         self.space, self.fn = space, feature_fn
         self.cache: dict[tuple, np.ndarray] = {}
         self.derived_names: list[str] | None = None
@@ -56,7 +58,7 @@ class Features:
             return {}
         try:
             d = self.fn(self.space.config(self.space.params_of(tup)))
-        except Exception:  # a cost model gap must not stop the search: missing features are NaN
+        except Exception:  # a simulator gap must not stop the search: missing features are NaN
             return {}
         return {k: float(v) for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
@@ -73,7 +75,7 @@ class Features:
         return np.stack([self.cache[t] for t in tuples]) if tuples else np.zeros((0, len(self.names)))
 
     def prior(self, tuples: Sequence[tuple]) -> np.ndarray | None:
-        """The cost model's own throughput estimate (log) per configuration, if it gives one."""
+        """The simulator's own throughput prediction (log) per configuration, if it gives one."""
         if self.fn is None:
             return None
         rows = self.rows(list(tuples))
@@ -100,7 +102,7 @@ def _squash(v: float) -> float:
 class Proxy:
     """Ensemble ranker on log qps + feasibility classifier; `fit` then `predict` / `p_feasible`."""
 
-    def __init__(self, space: SearchSpace, feature_fn: FeatureFn | None = cost_model_features,
+    def __init__(self, space: SearchSpace, feature_fn: FeatureFn | None = sim_features,
                  n_models: int = 5, rounds: int = 40, seed: int = 0) -> None:
         self.space, self.n_models, self.rounds, self.seed = space, n_models, rounds, seed
         self.features = Features(space, feature_fn)

@@ -140,9 +140,12 @@ class Store:
     """The study plus the few operations the tuner needs that Optuna does not offer directly."""
 
     def __init__(self, space: SearchSpace, rdb: RDBStorage, run_dir: Path | None,
-                 sampler: optuna.samplers.BaseSampler | None = None) -> None:
-        self.space, self.rdb, self.run_dir = space, rdb, run_dir
-        self.study = optuna.create_study(study_name=space.name, storage=rdb, sampler=sampler,
+                 sampler: optuna.samplers.BaseSampler | None = None, backend: str = "real") -> None:
+        """`backend`: "real", or "sim:CLUSTER" for simulated trials, which live in their own study
+        (NAME@sim:CLUSTER) so that predictions and measurements are never mixed or taken for each other."""
+        self.space, self.rdb, self.run_dir, self.backend = space, rdb, run_dir, backend
+        name = space.name if backend == "real" else f"{space.name}@{backend}"
+        self.study = optuna.create_study(study_name=name, storage=rdb, sampler=sampler,
                                          direction="maximize", load_if_exists=True)
         old = self.study.user_attrs.get("space")
         new = space.to_dict()
@@ -158,6 +161,7 @@ class Store:
         """Store the resolved space (with its constraints) as the study's "space" attr: only by the
         tuner holding the lease, so a refused second tuner never rewrites a running study's record."""
         self.study.set_user_attr("space", self.space.to_dict())
+        self.study.set_user_attr("backend", self.backend)
 
     # ------------------------------------------------------------------ reading
     def trials(self, *states: TrialState) -> list[FrozenTrial]:
@@ -177,7 +181,8 @@ class Store:
         fp = fingerprint(self.space.to_dict())
         out: list[FrozenTrial] = []
         for s in self.rdb.get_all_studies():
-            if s.study_name == self.space.name or fingerprint(s.user_attrs.get("space") or {}) != fp:
+            if (s.study_name == self.study.study_name or fingerprint(s.user_attrs.get("space") or {}) != fp
+                    or s.user_attrs.get("backend", "real") != self.backend):  # measured and simulated apart
                 continue
             out += [t for t in self.rdb.get_all_trials(s._study_id, deepcopy=False)
                     if t.state in (TrialState.COMPLETE, TrialState.FAIL)]

@@ -62,6 +62,8 @@ class Tuner:
         self.study.sampler = self.sampler
         self.dists = distributions(space)
         self.base_key = space.config(space.baseline_params()).key()
+        # trials on the simulator (cubic/sim_runner.py): no quality to judge, nothing to re-measure
+        self.simulated = bool(getattr(runner, "simulated", False))
         self._base: FrozenTrial | None = None  # the completed baseline trial, once known
 
     # ------------------------------------------------------------------ entry
@@ -154,6 +156,8 @@ class Tuner:
         Called with no trial when the search starts (a resumed study may hold trials that wait for
         an estimate) and with each trial as it finishes: once the baseline is in, only that trial
         needs one; the baseline's own arrival estimates every trial that finished before it."""
+        if self.simulated:  # simulated trials have no losses to estimate quality from
+            return
         if finished is not None and self._base is not None:
             todo = [finished]
         else:
@@ -235,7 +239,7 @@ class Tuner:
         "winner" of a 40-trial tune."""
         ranked = sorted(self.store.trials(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
         base = next((t for t in ranked if t.user_attrs.get("config_key") == self.base_key), None)
-        qr = self.space.quality_runs
+        qr = None if self.simulated else self.space.quality_runs
         # with quality runs the in-run estimate only guides the searcher: over the first samples after
         # warm-up it fails larger batches for training fewer steps on them, which held-out quality does not
         cands = [t for t in ranked if t is not base and (qr is not None or t.user_attrs.get("quality_est_ok")
@@ -246,7 +250,10 @@ class Tuner:
                            f"baseline's samples already fails the quality gate")
         k = self.space.confirm_top_k
         max_screen = min(len(cands), SCREEN_FACTOR * k)
-        reps = self.space.repeats
+        reps = 1 if self.simulated else self.space.repeats  # a simulation gives the same answer again
+        if self.simulated:
+            self.view.note("confirm: simulated trials: no quality gate (a simulation predicts no model quality; "
+                           "a real tune of the winner judges it)")
         self.view.note(f"confirm: baseline + the fastest configurations until {k} pass the quality gate "
                        f"(at most {max_screen} screened), {reps} re-measurements each" if max_screen else
                        f"confirm: the baseline only (no other configuration completed), {reps} re-measurements")
@@ -265,7 +272,7 @@ class Tuner:
             """None while undecided (no run back yet, or the baseline's NE not in yet)."""
             if t.user_attrs.get("confirm_failed"):
                 return False
-            if not self.space.differs_in_numerics(t.params):
+            if self.simulated or not self.space.differs_in_numerics(t.params):
                 return True
             if qr is not None:  # quality runs decide: all of the candidate's and the baseline's seeds
                 if None in (t.user_attrs.get("quality_eval_ne") or []):
@@ -407,6 +414,9 @@ class Tuner:
                               "baseline (its quality runs failed: " + str(ua.get("quality_failed")) + ")")
             return True, "baseline"
         changed = self.space.differs_in_numerics(t.params)
+        if changed and self.simulated:
+            return True, (f"simulated: quality not judged (changes {', '.join(changed)}); a real tune's quality "
+                          "gate judges it")
         if not changed:
             return True, "numerics unchanged (only layout/kernel/pipelining knobs differ): no quality run needed"
         if qr is not None:
@@ -454,7 +464,10 @@ class Tuner:
                 "confirm_qps": cq, "short_config": short_config(self.space, w.params),
             }
             qr = self.space.quality_runs
-            if qr is not None:  # the evidence behind the quality verdict
+            if self.simulated:
+                winner["backend"] = "sim"
+                winner["cluster"] = self.runner.cluster.name
+            elif qr is not None:  # the evidence behind the quality verdict
                 winner["quality"] = {**qr.to_dict(), **{k.removeprefix("quality_"): w.user_attrs.get(k) for k in (
                     "quality_eval_ne", "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
                     "quality_resolved")},

@@ -25,6 +25,7 @@ class DenseCost:
     flops_bwd: int
     params: int
     act_floats: int
+    gemms: tuple[tuple[int, int], ...] = ()  # per GEMM: (forward, backward) FLOPs per sample, in order
 
     @property
     def flops(self) -> int:
@@ -36,12 +37,14 @@ class _Count:
 
     def __init__(self) -> None:
         self.fwd = self.bwd = self.act = self.params = 0
+        self.gemms: list[tuple[int, int]] = []
 
     def linear(self, rows: int, k: int, n: int, bias: bool = True, input_grad: bool = True) -> None:
         """`rows` rows of a k -> n Linear per sample."""
         f = 2 * rows * k * n
         self.fwd += f
         self.bwd += f * (2 if input_grad else 1)
+        self.gemms.append((f, f * (2 if input_grad else 1)))
         self.act += rows * (k + n)
         self.params += k * n + (n if bias else 0)
 
@@ -55,6 +58,7 @@ class _Count:
         f = 2 * m * k * n
         self.fwd += f
         self.bwd += 2 * f  # both operands are activations
+        self.gemms.append((f, 2 * f))
         self.act += m * k + k * n + m * n
 
     def norm(self, width: int) -> None:
@@ -95,4 +99,4 @@ def dense_cost(wl: Workload) -> DenseCost:
             c.act += n * d
         top_in = n * d
     c.mlp(list(wl.top_mlp), top_in)
-    return DenseCost(c.fwd, c.bwd, c.params, c.act)
+    return DenseCost(c.fwd, c.bwd, c.params, c.act, tuple(c.gemms))

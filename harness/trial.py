@@ -70,10 +70,10 @@ def train_one_rank(cfg: TrialConfig, rank: int, host: str, port: int, collect_ta
         store = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=cfg.timeout_s))
     dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
-    from harness.sharding.planner import make_plan
+    from harness.planning import plan_for
     from harness.train import train_rank
 
-    out = train_rank(cfg, make_plan(cfg), rank, device, collect_tables)
+    out = train_rank(cfg, plan_for(cfg), rank, device, collect_tables)
     dist.destroy_process_group()
     return out
 
@@ -110,9 +110,9 @@ def check_config(cfg: TrialConfig) -> None:
             raise ConfigError("kernel=fbgemm needs fbgemm_gpu (pip extra 'cpu' or 'cuda'); or use kernel=torch")
     if cfg.kernel == "triton" and cfg.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
         raise ConfigError("kernel=triton needs device=cuda (or TRITON_INTERPRET=1 for tests)")
-    from harness.sharding.planner import make_plan
+    from harness.planning import plan_for
 
-    make_plan(cfg)
+    plan_for(cfg)
 
 
 def env_info(cfg: TrialConfig) -> dict[str, Any]:
@@ -123,7 +123,8 @@ def env_info(cfg: TrialConfig) -> dict[str, Any]:
     except Exception:
         fb = None
     dev = torch.cuda.get_device_name(0) if cfg.device == "cuda" and torch.cuda.is_available() else platform.processor()
-    return {"torch": torch.__version__, "fbgemm": fb, "device": cfg.device, "device_name": dev or "cpu",
+    return {"backend": "real", "torch": torch.__version__, "fbgemm": fb, "device": cfg.device,
+            "device_name": dev or "cpu",
             "world_size": cfg.world_size, "hostname": platform.node(), "cpus": os.cpu_count(),
             "omp_wait_policy": rank_env(cfg).get("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "default")),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}

@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness.config import TrialConfig
-from harness.cost_model import estimate
 from harness.dense_cost import dense_cost
 from harness.errors import ConfigError
 from harness.model import CrossNet, WukongLayer, build_dense_arch
+from harness.sim.backend import simulate
+from harness.sim.cluster import local_cluster
 from harness.trial import run_trial
 from harness.workload import Workload
 from tests.helpers import reference, tiny_cfg, train
@@ -154,14 +155,16 @@ def test_performance_model_counts_flops_and_parameters_exactly(wl: Workload) -> 
     assert sum(p.numel() for p in model.parameters()) == c.params
 
 
-def test_cost_model_prices_the_heavier_dense_families() -> None:
-    """Same tables and batch: the estimate's dense time and DDP bytes follow the family's FLOPs and parameters."""
+def test_simulator_prices_the_heavier_dense_families() -> None:
+    """Same tables and batch: the predicted dense time and DDP traffic grow with the family's FLOPs and
+    parameters (the cross network's dense FLOPs are ~3x the dot interaction's at these sizes)."""
     base = TrialConfig(workload=Workload.preset("criteo-mlperf-mini"), batch_size=512)
-    dot = estimate(base)
-    dcn = estimate(base.replace(workload=Workload.preset("mlperf-dcnv2-mini")))
+    dot = simulate(base, local_cluster())
+    dcn = simulate(base.replace(workload=Workload.preset("mlperf-dcnv2-mini")), local_cluster())
     ratio = dense_cost(Workload.preset("mlperf-dcnv2-mini")).flops / dense_cost(base.workload).flops
-    assert dcn.breakdown_ms["dense"] / dot.breakdown_ms["dense"] == pytest.approx(ratio, rel=1e-9)
-    assert dcn.features["allreduce_bytes"] > dot.features["allreduce_bytes"]
+    assert ratio > 3
+    assert dcn.breakdown_ms["dense"] > 0.8 * ratio * dot.breakdown_ms["dense"]
+    assert dcn.extra["sim"]["comm_ms"]["ddp_allreduce"] > dot.extra["sim"]["comm_ms"]["ddp_allreduce"]
 
 
 # ---------------------------------------------------------------------------------------------- workload keys

@@ -80,7 +80,7 @@ def test_feasibility_classifier_learns_which_configs_fail(data) -> None:
     assert p[mask].mean() < 0.5 < p[~mask].mean()
 
 
-def test_proxy_features_include_the_cost_model(data) -> None:
+def test_proxy_features_include_the_simulator(data) -> None:
     space, train, *_ = data
     proxy = Proxy(space)
     rows = proxy.features.rows(train[:3])
@@ -88,13 +88,14 @@ def test_proxy_features_include_the_cost_model(data) -> None:
     assert {"est_qps", "bytes_lookup_per_rank", "a2a_bytes", "mem_mb_per_rank", "load_imbalance"} <= set(names)
     assert rows.shape == (3, len(proxy.features.names) + len(names))
     assert np.isfinite(rows).all()
-    # a plan the cost model cannot estimate has the same feature names (NaN), so a first batch of
+    # a plan the simulator cannot price has the same feature names (NaN), so a first batch of
     # infeasible configurations cannot drop features for the rest of the study
-    from harness import cost_model
     from harness.config import TrialConfig
+    from harness.sim.backend import features
+    from harness.sim.perf import FEATURE_NAMES
 
-    bad = cost_model.features(TrialConfig(sharding="column_wise", column_shard_dim=6))
-    assert set(bad) == set(cost_model.features(TrialConfig())) == set(cost_model.FEATURE_NAMES)
+    bad = features(TrialConfig(sharding="column_wise", column_shard_dim=6))
+    assert set(bad) == set(features(TrialConfig())) == set(FEATURE_NAMES)
     assert all(np.isnan(v) for v in bad.values())
 
 

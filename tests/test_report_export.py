@@ -13,7 +13,7 @@ import yaml
 
 from cubic import analysis, export
 from harness.config import SHARDING_TYPES, TrialConfig, TrialResult
-from harness.sharding.planner import make_plan
+from harness.planning import plan_for
 from harness.workload import Workload
 from tests.test_analysis import cubic_cli, tiny_tune
 
@@ -119,8 +119,10 @@ def test_export_torchrec_from_the_tune(run_dir: Path, tmp_path: Path) -> None:
     r = cubic_cli("export", str(run_dir), "--format", "torchrec", "-o", str(f))
     assert r.returncode == 0, r.stderr
     d = json.loads(f.read_text())
-    cfg = TrialConfig.from_dict(analysis.load_study(run_dir).attrs["winner"]["config"])
-    _check_torchrec_dict(d, cfg)
+    winner = analysis.load_study(run_dir).attrs["winner"]
+    df = analysis.load_study(run_dir)
+    plan = df.loc[df.number == winner["trial"], "plan"].iloc[0] if "plan" in df else None
+    _check_torchrec_dict(d, TrialConfig.from_dict(winner["config"]), plan)
 
 
 def _check_torchrec_dict(d: dict, cfg: TrialConfig, plan: list | None = None) -> None:
@@ -178,7 +180,7 @@ TORCHREC_CASES = [
 
 def _rec(cfg: TrialConfig) -> dict:
     """A winner record as export.winner_record builds it, with the harness's real plan for cfg."""
-    res = TrialResult(qps=1000.0, config=cfg.to_dict(), plan=make_plan(cfg).to_list())
+    res = TrialResult(qps=1000.0, config=cfg.to_dict(), plan=plan_for(cfg).to_list())
     return {"study": "t", "storage": "sqlite://", "trial": 3, "attrs": {}, "result": res.to_dict(),
             "winner": {"trial": 3, "qps": 1000.0, "speedup": 1.5}, "config": cfg.to_dict(),
             "baseline_qps": 666.0, "baseline_trial": 0, "confirmed": True}

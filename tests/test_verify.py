@@ -13,7 +13,7 @@ from cubic import export
 from cubic.space import load_space
 from harness.config import TrialConfig, TrialResult
 from harness.errors import ConfigError
-from harness.sharding.planner import make_plan
+from harness.planning import plan_for
 from harness.workload import Workload
 from tests.test_analysis import ROOT, cubic_cli, tiny_tune
 
@@ -28,7 +28,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _export(cfg: TrialConfig) -> dict:
-    res = TrialResult(qps=1.0, config=cfg.to_dict(), plan=make_plan(cfg).to_list())
+    res = TrialResult(qps=1.0, config=cfg.to_dict(), plan=plan_for(cfg).to_list())
     return export.to_torchrec_dict({"study": "t", "storage": "", "trial": 0, "attrs": {}, "result": res.to_dict(),
                                     "winner": {}, "config": cfg.to_dict(), "confirmed": True})
 

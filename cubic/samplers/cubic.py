@@ -3,7 +3,7 @@
 1. Baseline first (SpaceSampler).
 2. Warm-up: a space-filling design - each warm-up configuration is the random candidate farthest
    (Hamming distance over knobs) from everything tried, so a few trials touch every knob value.
-3. Proxy: `cubic.proxy.Proxy` (XGBoost rank:pairwise ensemble on log qps with the cost model's
+3. Proxy: `cubic.proxy.Proxy` (XGBoost rank:pairwise ensemble on log qps with the simulator's
    derived features, bootstrap spread as uncertainty, feasibility classifier from failed trials
    and from trials whose NE over the baseline's samples fails the quality gate, `cubic.quality`),
    refit on every proposal; trials of earlier studies on the same space (`history`) join the
@@ -24,7 +24,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial
 
-from cubic.proxy import FeatureFn, Proxy, cost_model_features, kendall_tau
+from cubic.proxy import FeatureFn, Proxy, kendall_tau, sim_features
 from cubic.samplers.base import Observations, SpaceSampler, distributions
 from cubic.space import SearchSpace
 
@@ -34,7 +34,7 @@ class CubicSampler(SpaceSampler):
 
     def __init__(self, space: SearchSpace, seed: int = 0, n_warmup: int = 5, kappa: float = 1.0,
                  n_random: int = 1000, n_fresh: int = 100, n_best: int = 3, n_tpe: int = 4,
-                 feature_fn: FeatureFn | None = cost_model_features,
+                 feature_fn: FeatureFn | None = sim_features,
                  history: Sequence[tuple[dict, float | None]] = (), use_prior: bool = True,
                  slack: int = 1) -> None:
         """history: (params, qps or None if the trial failed) of earlier studies on this space."""
@@ -68,7 +68,7 @@ class CubicSampler(SpaceSampler):
 
     # ------------------------------------------------------------------ proposals
     def _prior_agrees(self, ok: list[tuple], qps: list[float]) -> bool:
-        """Trust the cost model's estimate for warm-up picks until measurements contradict it
+        """Trust the simulator's prediction for warm-up picks until measurements contradict it
         (Kendall tau <= 0 over >= 3 measured configurations)."""
         if not self.use_prior or len(ok) < 3:
             return self.use_prior
@@ -80,7 +80,7 @@ class CubicSampler(SpaceSampler):
 
     def _space_filling(self, obs: Observations, use_prior: bool, n_cand: int = 256) -> tuple | None:
         """The random candidate farthest from everything tried; among equally far ones, the one the
-        analytic cost model expects to be fastest (a prior that costs no trial)."""
+        simulator predicts to be fastest (a prior that costs no trial)."""
         seen = list(obs.seen)
         cands = {self.space.random_tuple(self.rng, obs.seen) for _ in range(n_cand)} - {None}
         if not cands or not seen:

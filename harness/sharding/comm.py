@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from harness.sharding.plan import group_ranks
 from harness.timers import TIMERS
 
 COMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,16 +36,6 @@ class Groups:
     @property
     def replicas(self) -> int:
         return self.world // self.group_size
-
-
-def group_ranks(world: int, group_size: int, placement: str = "intra_node") -> list[list[int]]:
-    """The ranks of each sharding group, listed by position. `intra_node`: side by side (group g is
-    ranks g*G .. g*G+G-1, inside a node when G <= ranks per node); `cross_node`: strided (group g is
-    ranks g, g+R, g+2R, ...: one group spans the nodes, and a position's replicas sit together)."""
-    G, R = group_size, world // group_size
-    if placement == "cross_node":
-        return [list(range(g, world, R)) for g in range(R)]
-    return [list(range(g * G, (g + 1) * G)) for g in range(R)]
 
 
 def make_groups(rank: int, world: int, group_size: int, placement: str = "intra_node") -> Groups:

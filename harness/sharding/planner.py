@@ -1,11 +1,12 @@
 """Planners: a TrialConfig -> a ShardingPlan.
 
 TorchRec-style decomposition: enumerate the options per table, estimate each
-with the cost model, then partition onto ranks under the memory cap.
+with a `TableCost` (the performance model's, harness/sim/perf.py, which the caller
+passes: harness/planning.py), then partition onto ranks under the memory cap.
 `sharding` is either one type for all tables or a planner:
   size_greedy / lookup_greedy / size_lookup_greedy  NeuroShard's baselines: table-wise, greedy
       bin-packing by rows*dim, by dim*pooling, by dim*pooling*log10(rows)
-  auto   the cost model chooses per table: data-parallel where the dense-gradient all-reduce is
+  auto   the table costs choose per table: data-parallel where the dense-gradient all-reduce is
       cheaper than the table's all-to-all, row-wise for a table hotter than a rank's fair share,
       table-wise otherwise (placed greedily by estimated cost)
 """
@@ -13,11 +14,22 @@ with the cost model, then partition onto ranks under the memory cap.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
-from harness import cost_model
 from harness.config import TrialConfig
 from harness.errors import ConfigError
 from harness.sharding.plan import Shard, ShardingPlan, TablePlan
+
+WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+class TableCost(Protocol):
+    """Per-step ms of one table: held whole by one rank (`table`), data-parallel (`dp_table`), and its
+    pooled all-to-all when model-parallel (`comm`)."""
+
+    def table(self, t, cfg: TrialConfig) -> float: ...
+    def dp_table(self, t, cfg: TrialConfig) -> float: ...
+    def comm(self, t, cfg: TrialConfig) -> float: ...
 
 
 class PlanError(ConfigError):
@@ -43,28 +55,28 @@ def _greedy_positions(costs: dict[int, float], sizes: dict[int, int], G: int, ca
     return out
 
 
-def make_plan(cfg: TrialConfig, check_memory: bool = True) -> ShardingPlan:
+def make_plan(cfg: TrialConfig, cost: TableCost, check_memory: bool = True) -> ShardingPlan:
     """Build the plan for one sharding group; raises PlanError when no legal plan exists. `auto` picks
     kinds by speed alone, so when its plan misses the memory cap it falls back to whole tables packed
     by the cap before giving up (a plan that fits exists more often than its first choice shows)."""
-    kinds = _choose_kinds(cfg)
+    kinds = _choose_kinds(cfg, cost)
     try:
-        return _place(cfg, kinds, check_memory)
+        return _place(cfg, cost, kinds, check_memory)
     except PlanError as e:
         if cfg.sharding != "auto" or set(kinds.values()) == {"table_wise"}:
             raise
         first = e
     try:
-        return _place(cfg, dict.fromkeys(kinds, "table_wise"), check_memory)
+        return _place(cfg, cost, dict.fromkeys(kinds, "table_wise"), check_memory)
     except PlanError:
         raise first from None
 
 
-def _place(cfg: TrialConfig, kinds: dict[int, str], check_memory: bool) -> ShardingPlan:
+def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memory: bool) -> ShardingPlan:
     """Shards for the given kinds, placed on the group's positions (row-wise, column-wise,
     table-row-wise, then table-wise bin-packing by cost within the memory cap)."""
     wl, G = cfg.workload, cfg.group_size
-    wbytes = cost_model.DTYPE_BYTES[cfg.emb_precision]
+    wbytes = WEIGHT_BYTES[cfg.emb_precision]
     sizes = {i: t.rows * (t.dim * wbytes + 4) for i, t in enumerate(wl.tables)}
     cap = cfg.mem_cap_mb * 2**20 if (check_memory and cfg.mem_cap_mb > 0) else None
     tables = {i: TablePlan(i, t.name, kinds[i]) for i, t in enumerate(wl.tables)}
@@ -76,16 +88,17 @@ def _place(cfg: TrialConfig, kinds: dict[int, str], check_memory: bool) -> Shard
     for i, t in enumerate(wl.tables):
         if kinds[i] == "row_wise":
             _split_rows(tables[i], t.rows, t.dim, list(range(G)))
+            c = cost.table(t, cfg)
             for s in tables[i].shards:
                 used[s.rank] += s.rows * (t.dim * wbytes + 4)
-                load[s.rank] += cost_model.table_cost(t, cfg) * s.rows / t.rows
+                load[s.rank] += c * s.rows / t.rows
 
     # column-wise: shards of width w placed greedily
     for i, t in enumerate(wl.tables):
         if kinds[i] == "column_wise":
             w = cfg.column_width(t.dim, t.name)
             n = t.dim // w
-            c = cost_model.table_cost(t, cfg) / n
+            c = cost.table(t, cfg) / n
             for k in range(n):
                 pos = _greedy_positions({0: c}, {0: t.rows * (w * wbytes + 4)}, G, cap, load, used)[0]
                 tables[i].shards.append(Shard(i, pos, 0, t.rows, k * w, (k + 1) * w))
@@ -96,9 +109,9 @@ def _place(cfg: TrialConfig, kinds: dict[int, str], check_memory: bool) -> Shard
     twrw = [i for i in range(wl.num_tables) if kinds[i] == "table_row_wise"]
     if twrw:
         node_load = [0.0] * len(nodes)
-        for i in sorted(twrw, key=lambda i: (-cost_model.table_cost(wl.tables[i], cfg), i)):
+        for i in sorted(twrw, key=lambda i: (-cost.table(wl.tables[i], cfg), i)):
             n = min(range(len(nodes)), key=lambda n: (node_load[n], n))
-            node_load[n] += cost_model.table_cost(wl.tables[i], cfg)
+            node_load[n] += cost.table(wl.tables[i], cfg)
             _split_rows(tables[i], wl.tables[i].rows, wl.tables[i].dim, nodes[n])
             for s in tables[i].shards:
                 used[s.rank] += s.rows * (wl.tables[i].dim * wbytes + 4)
@@ -106,7 +119,7 @@ def _place(cfg: TrialConfig, kinds: dict[int, str], check_memory: bool) -> Shard
     # table-wise (incl. the greedy planners): bin-packing by the planner's cost
     tw = [i for i in range(wl.num_tables) if kinds[i] == "table_wise"]
     if tw:
-        costs = {i: _tw_cost(cfg, i) for i in tw}
+        costs = {i: _tw_cost(cfg, cost, i) for i in tw}
         pos = _greedy_positions(costs, {i: sizes[i] for i in tw}, G, cap, load, used)
         for i, p in pos.items():
             tables[i].shards.append(Shard(i, p, 0, wl.tables[i].rows, 0, wl.tables[i].dim))
@@ -129,7 +142,7 @@ def _split_rows(tp: TablePlan, rows: int, dim: int, positions: list[int]) -> Non
             tp.shards.append(Shard(tp.table, p, lo, hi, 0, dim))
 
 
-def _tw_cost(cfg: TrialConfig, i: int) -> float:
+def _tw_cost(cfg: TrialConfig, cost: TableCost, i: int) -> float:
     t = cfg.workload.tables[i]
     if cfg.sharding == "size_greedy":
         return float(t.rows * t.dim)
@@ -137,21 +150,21 @@ def _tw_cost(cfg: TrialConfig, i: int) -> float:
         return float(t.dim * t.pooling)
     if cfg.sharding == "size_lookup_greedy":
         return t.dim * t.pooling * math.log10(max(t.rows, 2))
-    return cost_model.table_cost(t, cfg) + cost_model.tw_comm_cost(t, cfg)
+    return cost.table(t, cfg) + cost.comm(t, cfg)
 
 
-def _choose_kinds(cfg: TrialConfig) -> dict[int, str]:
+def _choose_kinds(cfg: TrialConfig, cost: TableCost) -> dict[int, str]:
     wl = cfg.workload
     if cfg.sharding in ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"):
         return dict.fromkeys(range(wl.num_tables), cfg.sharding)
     if cfg.sharding != "auto":
         return dict.fromkeys(range(wl.num_tables), "table_wise")
     G = cfg.group_size
-    costs = {i: cost_model.table_cost(t, cfg) for i, t in enumerate(wl.tables)}
+    costs = {i: cost.table(t, cfg) for i, t in enumerate(wl.tables)}
     fair = sum(costs.values()) / G
     kinds = {}
     for i, t in enumerate(wl.tables):
-        if cost_model.dp_table_cost(t, cfg) < costs[i] / G + cost_model.tw_comm_cost(t, cfg):
+        if cost.dp_table(t, cfg) < costs[i] / G + cost.comm(t, cfg):
             kinds[i] = "data_parallel"
         elif G > 1 and costs[i] > fair:
             kinds[i] = "row_wise"

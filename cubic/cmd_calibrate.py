@@ -1,0 +1,45 @@
+"""`cubic calibrate [-o FILE] [--short]`: measure this machine and write its cluster file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+
+def calibrate(
+    output: Path = typer.Option(Path("clusters/local.yaml"), "--output", "-o",
+                                help="Cluster file to write (what the simulator and the planners price with)."),
+    short: bool = typer.Option(False, "--short", help="Fewer sizes and repeats (~10 s instead of ~1 min): CI."),
+) -> None:
+    """Measure copy bandwidth, the embedding kernels, dense GEMMs, gloo collectives and the framework's
+    step on this machine (harness/sim/calibrate.py) and write them as a cluster file."""
+    import yaml
+    from rich.console import Console
+
+    from harness.sim.calibrate import calibrate as measure
+    from harness.sim.cluster import cluster_from_dict
+
+    console = Console(stderr=True)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with open(output, "a"):
+            pass
+    except OSError as e:
+        print(f"error: --output {output}: cannot write: {e.strerror}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    with console.status("calibrating") as status:
+        def progress(step: str) -> None:
+            console.log(step)
+            status.update(f"calibrating: {step}")
+
+        d = measure(short=short, progress=progress)
+    cluster_from_dict(d, str(output))  # what we write must load
+    text = ("# This machine as `cubic calibrate` measured it. Re-run it to refresh; every number's\n"
+            "# measurement is under `source`.\n") + yaml.safe_dump(d, sort_keys=False)
+    output.write_text(text)
+    dev = d["device"]
+    console.print(f"wrote {output}: {dev['type']}, copy {dev['mem_bw_gbs']:.1f} GB/s, dense fp32 "
+                  f"{dev['dense_gflops']['fp32']:.0f} GFLOP/s, link {d['intra_node']['bandwidth_gbs']:.2f} GB/s "
+                  f"+ {d['intra_node']['latency_us']:.0f} us, in {d['source']['seconds']:.0f} s")

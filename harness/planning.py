@@ -1,0 +1,21 @@
+"""The sharding plan a trial runs: the harness's planner, priced by the performance model.
+
+The planner (harness/sharding/planner.py) takes a table cost and the performance model
+(harness/sim/perf.py) takes a plan; neither imports the other. This module joins them: a real trial
+plans with the local cluster's prices (clusters/local.yaml), a simulated one with its cluster's, so a
+simulation of this machine prices exactly the plan a real trial runs.
+"""
+
+from __future__ import annotations
+
+from harness.config import TrialConfig
+from harness.sharding.plan import ShardingPlan
+from harness.sharding.planner import make_plan
+from harness.sim.cluster import Cluster, local_cluster
+from harness.sim.perf import TableCosts
+
+
+def plan_for(cfg: TrialConfig, cluster: Cluster | None = None, check_memory: bool = True) -> ShardingPlan:
+    """`cfg`'s plan priced on `cluster` (default: this machine, by bytes alone before its first
+    calibration); PlanError when none is legal."""
+    return make_plan(cfg, TableCosts(cluster or local_cluster()), check_memory)

@@ -1,0 +1,75 @@
+"""The simulator: the harness's second trial backend (`TrialConfig` in, `TrialResult` out).
+
+`simulate(cfg, cluster)` plans the configuration with the harness's own planner priced on the
+cluster, prices one step with the performance model (harness/sim/perf.py) and returns the result a
+real trial would: qps, step time, the per-phase breakdown, per-rank memory, the plan; status `oom`
+naming the rank and the bytes over when a rank's memory exceeds what its device has (or the
+config's mem_cap_mb), `error` when the cluster cannot run it at all. It says nothing about quality:
+`ne` and the losses stay empty and `extra.quality` says so. It never imports the tuner.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+
+from harness.config import TrialConfig, TrialResult
+from harness.errors import ConfigError
+from harness.sharding.planner import PlanError, make_plan
+from harness.sim.cluster import Cluster
+from harness.sim.perf import ModelError, TableCosts, estimate
+
+NO_QUALITY = "not measured: a simulated trial predicts speed and memory, never model quality"
+
+
+def sim_env(cfg: TrialConfig, c: Cluster) -> dict:
+    """The real backend's env keys, with what the simulation stands for."""
+    nodes = math.ceil(cfg.world_size / c.devices_per_node)
+    return {"backend": "sim", "cluster": c.name, "torch": None, "fbgemm": None, "device": c.device.type,
+            "device_name": f"simulated {c.device.type} ({c.name})", "world_size": cfg.world_size,
+            "hostname": "", "cpus": c.device.cores or c.devices, "omp_wait_policy": "n/a",
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "placement": "simulated",
+            "nodes": nodes, "rank_nodes": [f"{c.name}-node{c.node_of(r)}" for r in range(cfg.world_size)],
+            "wall_s": 0.0, "startup_s": 0.0}
+
+
+def simulate(cfg: TrialConfig, c: Cluster) -> TrialResult:
+    """Predict one trial of `cfg` on cluster `c`; never raises for a config the cluster cannot run."""
+    env = sim_env(cfg, c)
+    extra = {"quality": NO_QUALITY}
+    try:
+        cfg.validate()
+        plan = make_plan(cfg, TableCosts(c))
+        est = estimate(cfg, plan, c)
+    except PlanError as e:
+        return TrialResult.failed("oom" if "mem_cap" in str(e) else "error", str(e), cfg, env=env, extra=extra)
+    except (ModelError, ConfigError) as e:
+        return TrialResult.failed("error", str(e), cfg, env=env, extra=extra)
+    worst = max(range(len(est.mem_mb)), key=lambda p: est.mem_mb[p])
+    peak = est.mem_mb[worst]
+    limit = min(est.mem_limit_mb, cfg.mem_cap_mb or math.inf)
+    extra["sim"] = {"comm_ms": est.comm_ms, "mem_mb": est.mem_mb, "mem_limit_mb": limit,
+                    "emb_fwd_ms": est.per_rank["emb_fwd"], "emb_bwd_ms": est.per_rank["emb_bwd"]}
+    if peak > limit:
+        what = "mem_cap_mb" if limit == cfg.mem_cap_mb else f"its device's memory on {c.name}"
+        return TrialResult.failed("oom", f"rank {worst}: needs {peak:,.0f} MB, {peak - limit:,.0f} MB over "
+                                  f"{what} ({limit:,.0f} MB)", cfg, env=env, extra=extra, peak_mem_mb=peak,
+                                  plan=plan.to_list())
+    return TrialResult(status="ok", qps=est.qps, qps_cv=0.0, step_ms_p50=est.step_ms, step_ms_p90=est.step_ms,
+                       peak_mem_mb=peak, breakdown_ms=est.breakdown_ms, config=cfg.to_dict(), env=env,
+                       window_qps=[est.qps], plan=plan.to_list(), extra=extra)
+
+
+def features(cfg: TrialConfig, c: Cluster | None = None) -> dict[str, float]:
+    """The simulator's prediction as the proxy's features (the local cluster by default); NaNs where
+    it has none (no calibration, an illegal plan), under the same names, so columns never shift."""
+    from harness.sim.cluster import local_cluster
+    from harness.sim.perf import FEATURE_NAMES
+
+    c = c or local_cluster()
+    try:
+        if c is None:
+            raise ModelError("no clusters/local.yaml: run cubic calibrate")
+        return estimate(cfg, make_plan(cfg, TableCosts(c), check_memory=False), c).features
+    except (PlanError, ModelError, ConfigError):
+        return dict.fromkeys(FEATURE_NAMES, float("nan"))

@@ -1,0 +1,393 @@
+"""`cubic calibrate`: measure the machine at hand and write its cluster file.
+
+Each factor of the performance model is fitted on its own micro-benchmark, never on a training trial
+(so factors cannot absorb each other's errors; DESIGN.md, "How the best performance models are built"):
+
+- copy bandwidth: a large tensor copy, one thread (read + write bytes / time);
+- embedding kernels: each backend's forward and backward+optimizer over a few row widths and table
+  precisions, as the fraction of the copy bandwidth its bytes (harness.sim.perf.lookup_bytes /
+  update_bytes, the model's own formulas) achieve; a second thread's speed-up as an exponent;
+- dense GEMMs: fp32 and bf16 at the workloads' layer sizes, fitted as time = MFLOP / peak + a fixed
+  cost per GEMM (the model's `gemm_half_mflop` is that cost x peak);
+- collectives: gloo all-to-all and all-reduce between two rank processes over a size sweep, fitted
+  as latency + bytes on the wire / bandwidth;
+- framework cost per step and a rank's resident memory: the harness's own step on a workload too
+  small to compute anything (one rank, 16 samples).
+
+On a CUDA device the same measurements run on the GPU (copy, the torch/triton kernels, GEMMs; NCCL
+is not measured with one GPU). Times are medians after warm-up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.sim.perf import lookup_bytes, update_bytes
+
+Progress = Callable[[str], None]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn: Callable[[], Any], device: torch.device, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, reps: int) -> float:
+    """GB/s moved (read + write) by a large copy."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda: dst.copy_(src), device, reps)
+    return 2 * nbytes / (ms * 1e6)
+
+
+def gemm_fit(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]], reps: int) -> dict:
+    """time(ms) = MFLOP / peak + per-GEMM cost, least squares over `shapes` (m, k, n)."""
+    mf, ms = [], []
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(k, n, device=device).to(dtype)
+        ms.append(_median_ms(lambda a=a, b=b: a @ b, device, reps))
+        mf.append(2 * m * k * n / 1e6)
+    A = np.stack([np.asarray(mf), np.ones(len(mf))], axis=1)
+    (inv_peak, fixed), *_ = np.linalg.lstsq(A, np.asarray(ms), rcond=None)
+    inv_peak = max(inv_peak, 1e-9)
+    peak = 1.0 / inv_peak  # MFLOP per ms = GFLOP/s
+    return {"peak_gflops": float(peak), "fixed_ms": float(max(fixed, 0.0)),
+            "points": [[round(f, 3), round(t, 4)] for f, t in zip(mf, ms, strict=True)]}
+
+
+def embedding_eff(backend: str, precision: str, dim: int, device: torch.device, copy_gbs: float, reps: int,
+                  tables: int = 4, rows: int = 200_000, bags: int = 2048, pooling: int = 20) -> dict[str, float]:
+    """Achieved fraction of the copy bandwidth of one backend's forward and backward+optimizer."""
+    from kernels import OptimSpec, make_kernel
+
+    k = make_kernel(backend, [rows] * tables, [dim] * tables, weight_dtype=precision,
+                    optim=OptimSpec("rowwise_adagrad", lr=0.01), device=device)
+    k.load([torch.randn(rows, dim) * 0.01 for _ in range(tables)])
+    g = torch.Generator().manual_seed(dim)
+    batches = []
+    for _ in range(4):
+        ids = torch.randint(0, rows, (tables * bags * pooling,), generator=g).to(device)
+        offsets = torch.arange(0, tables * bags * pooling + 1, pooling, device=device)
+        batches.append((ids, offsets))
+    grad = torch.randn(bags, tables * dim, device=device) * 1e-3
+    i = [0]
+
+    def fwd() -> None:
+        k.forward(*batches[i[0] % 4])
+        i[0] += 1
+
+    def bwd() -> None:
+        k.backward_update(*batches[i[0] % 4], grad)
+        i[0] += 1
+
+    wb = {"fp32": 4, "fp16": 2, "bf16": 2}[precision]
+    n_ids, n_bags = tables * bags * pooling, tables * bags
+    f_ms, b_ms = _median_ms(fwd, device, reps), _median_ms(bwd, device, reps)
+    return {"fwd": lookup_bytes(n_ids, n_bags, dim, wb) / (f_ms * 1e6) / copy_gbs,
+            "bwd": update_bytes(n_ids, n_bags, dim, wb, 4) / (b_ms * 1e6) / copy_gbs,
+            "fwd_ms": f_ms, "bwd_ms": b_ms}
+
+
+# ---------------------------------------------------------------------- two rank processes side by side
+def _burst(a: torch.Tensor, n: int) -> None:
+    for _ in range(n):
+        a @ a
+
+
+def _pair_rank(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
+    """One of two rank processes: (1) a GEMM and an embedding kernel alone (rank 1 waits) and then both
+    ranks at once: how much of its speed a rank keeps when every core runs one; (2) all-to-all and
+    all-reduce over a size sweep, each call after a burst of compute and without a barrier, as a
+    training step issues them: the mean time then includes the peers' skew and a waiting rank's wake-up
+    (a barrier-synchronised loop measured a third of it here)."""
+    import datetime as dt
+
+    import torch.distributed as dist
+
+    from kernels import OptimSpec, make_kernel
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, dt.timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    a = torch.randn(384, 384)
+    k = make_kernel("native", [200_000] * 4, [64] * 4, optim=OptimSpec("rowwise_adagrad", lr=0.01))
+    ids = torch.randint(0, 200_000, (4 * 1024 * 20,))
+    offs = torch.arange(0, ids.numel() + 1, 20)
+    grad = torch.randn(1024, 256) * 1e-3
+    work = {"dense": lambda: _burst(a, 8),
+            "embedding": lambda: (k.forward(ids, offs), k.backward_update(ids, offs, grad))}
+    out: dict = {"shared": {}, "all_to_all": [], "all_reduce": []}
+    dev = torch.device("cpu")
+    for name, fn in work.items():
+        dist.barrier()
+        solo = _median_ms(fn, dev, reps) if rank == 0 else 0.0
+        dist.barrier()
+        both = _median_ms(fn, dev, reps)
+        dist.barrier()
+        out["shared"][name] = solo / both if rank == 0 else 0.0
+    for s in sizes:
+        x = torch.ones(s // 4)
+        y = torch.empty_like(x)
+        for name, fn in (("all_to_all", lambda x=x, y=y: dist.all_to_all_single(y, x)),
+                         ("all_reduce", lambda x=x: dist.all_reduce(x))):
+            synced, loaded = [], []
+            for _ in range(3 * reps + 3):
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                synced.append((time.perf_counter() - t0) * 1e3)
+            dist.barrier()
+            for _ in range(3 * reps + 3):
+                _burst(a, 2)
+                t0 = time.perf_counter()
+                fn()
+                loaded.append((time.perf_counter() - t0) * 1e3)
+            out[name].append([s, statistics.median(synced[3:]), statistics.mean(loaded[3:])])
+    if rank == 0:
+        q.put(out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def pair(sizes: list[int], reps: int) -> dict:
+    """Two spawned rank processes (gloo): each resource's shared speed, and per collective a latency and
+    a bandwidth (t = latency x calls + wire bytes / bandwidth, wire bytes per nccl-tests' bus factors)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_pair_rank, args=(r, port, sizes, reps, q), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        out = q.get(timeout=300)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    fits: dict = {"shared": {k: round(min(1.0, v), 3) for k, v in out["shared"].items()}}
+    for name in ("all_to_all", "all_reduce"):
+        pts = out[name]
+        factor = 0.5 if name == "all_to_all" else 1.0  # (n-1)/n and 2(n-1)/n of the buffer at n = 2
+        calls = 1.0 if name == "all_to_all" else 2.0
+        wire = np.asarray([p[0] * factor for p in pts])
+        synced = np.asarray([p[1] for p in pts])
+        A = np.stack([wire / 1e6, np.full(len(wire), calls)], axis=1)
+        (inv_bw, _), *_ = np.linalg.lstsq(A, synced, rcond=None)
+        bw = float(1.0 / max(inv_bw, 1e-3))
+        # the latency a step sees: a call after compute, at the smallest size, less its bytes
+        lat = (pts[0][2] - wire[0] / (bw * 1e6)) / calls
+        fits[name] = {"bandwidth_gbs": bw, "latency_us": float(max(lat, 0.0) * 1e3),
+                      "points_bytes_synced_ms_loaded_ms": [[int(p[0]), round(p[1], 4), round(p[2], 4)]
+                                                           for p in pts]}
+    return fits
+
+
+def dense_other(device: torch.device, gemm: dict, reps: int, batches: tuple[int, ...]) -> dict[str, dict[int, float]]:
+    """What the dense part costs beyond its GEMMs (activations, casts, the interaction's gathers, the
+    loss), per dense precision and batch size, as GB/s of activation bytes: the small workload's
+    DenseArch forward + backward, minus the model's GEMM time for it. Its rate falls with the batch as
+    the activations leave the caches, so it is a curve, interpolated in log batch."""
+    from harness.dense_cost import dense_cost
+    from harness.model import build_dense_arch
+    from harness.sim.perf import gemm_ms
+    from harness.workload import Workload
+
+    wl = Workload.small()
+    arch = build_dense_arch(wl, 0).to(device)
+    dc = dense_cost(wl)
+    out: dict[str, dict[int, float]] = {}
+    for prec, g in gemm.items():
+        out[prec] = {}
+        for B in batches:
+            x = torch.randn(B, wl.dense_features, device=device)
+            pooled = torch.randn(B, wl.num_tables * wl.dim, device=device, requires_grad=True)
+            y = torch.rand(B, device=device)
+
+            def step(x=x, pooled=pooled, y=y, prec=prec) -> None:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=prec != "fp32"):
+                    logits = arch(x, pooled)
+                torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), y).backward()
+
+            ms = _median_ms(step, device, reps)
+            f, b = gemm_ms(dc, B, g["peak_gflops"], g["fixed_ms"] * g["peak_gflops"])
+            out[prec][B] = round(B * dc.act_floats * 4 / (max(ms - f - b, 0.05 * ms) * 1e6), 3)
+    return out
+
+
+def framework_step() -> dict:
+    """The harness's own step where there is nothing to compute: its fixed cost and a rank's memory."""
+    from harness.config import TrialConfig
+    from harness.trial import run_trial
+    from harness.workload import Workload
+
+    cfg = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, warmup_steps=5, measure_steps=30,
+                      windows=3, kernel="native")
+    old = os.environ.get("CUBIC_LOCAL_CLUSTER")
+    os.environ["CUBIC_LOCAL_CLUSTER"] = "none"  # one table-wise rank: no plan to price, no file to read
+    try:
+        res = run_trial(cfg)
+    finally:
+        if old is None:
+            os.environ.pop("CUBIC_LOCAL_CLUSTER")
+        else:
+            os.environ["CUBIC_LOCAL_CLUSTER"] = old
+    if res.status != "ok":
+        raise RuntimeError(f"calibration step failed: {res.error}")
+    return {"step_ms": res.step_ms_p50, "peak_mem_mb": res.peak_mem_mb}
+
+
+# ---------------------------------------------------------------------- the whole calibration
+def _backends(device: torch.device) -> list[str]:
+    from kernels.fbgemm_backend import available
+
+    if device.type == "cuda":
+        return ["torch", "triton"]
+    return ["native", "fbgemm", "torch"] if available() else ["native", "torch"]
+
+
+def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
+    """Measure this machine; return a cluster file's dict (see harness/sim/cluster.py)."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(1)
+    reps = 3 if short else 7
+    src: dict[str, Any] = {"command": "cubic calibrate" + (" --short" if short else ""),
+                           "host": platform.node(), "torch": str(torch.__version__),
+                           "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                           "load_avg": round(os.getloadavg()[0], 2)}
+    t_start = time.perf_counter()
+
+    progress("copy bandwidth")
+    copy = copy_bandwidth(device, (64 if short else 256) << 20, reps)
+    src["copy_gbs"] = round(copy, 3)
+
+    progress("dense GEMMs")
+    sizes = [(256, 64, 256), (1024, 256, 128), (1024, 512, 256)] if short else [
+        (256, 64, 256), (512, 13, 256), (1024, 256, 128), (1024, 415, 512), (2048, 512, 256), (4096, 512, 256),
+        (4096, 1024, 512)]
+    dense = {"fp32": gemm_fit(device, torch.float32, sizes, reps)}
+    dense["bf16"] = gemm_fit(device, torch.bfloat16, sizes, reps)
+    src["gemm"] = dense
+    half = statistics.median(d["fixed_ms"] * d["peak_gflops"] for d in dense.values())
+
+    thread_exp: dict[str, float] = {}
+    if not cuda and cores > 1:
+        progress("dense GEMMs, 2 threads")
+        torch.set_num_threads(2)
+        two = gemm_fit(device, torch.float32, sizes[-2:], reps)["points"]
+        torch.set_num_threads(1)
+        one = dense["fp32"]["points"][-2:]  # the largest GEMMs: a speed-up, not a fit's slope
+        thread_exp["dense"] = round(max(0.0, math.log2(sum(t for _, t in one) / sum(t for _, t in two))), 3)
+
+    emb: dict[str, dict] = {}
+    dims = [64] if short else [16, 64, 128]
+    precisions = ["fp32", "fp16"]
+    raw = {}
+    for b in _backends(device):
+        emb[b] = {}
+        for p in precisions:
+            if b == "fbgemm" and p == "bf16":
+                continue
+            progress(f"embedding kernel {b} {p}")
+            curve = {d: embedding_eff(b, p, d, device, copy, reps, bags=512 if (short or b == "torch") else 2048)
+                     for d in dims}
+            raw[f"{b}/{p}"] = {d: {k: round(v, 4) for k, v in c.items()} for d, c in curve.items()}
+            emb[b][p] = {"fwd": {d: round(c["fwd"], 4) for d, c in curve.items()},
+                         "bwd": {d: round(c["bwd"], 4) for d, c in curve.items()}}
+        if not cuda and cores > 1:
+            progress(f"embedding kernel {b}, 2 threads")
+            torch.set_num_threads(2)
+            two = embedding_eff(b, "fp32", 64, device, copy, reps, bags=512 if (short or b == "torch") else 2048)
+            torch.set_num_threads(1)
+            one = raw[f"{b}/fp32"][64]
+            thread_exp[b] = round(max(0.0, math.log2((one["fwd_ms"] + one["bwd_ms"]) /
+                                                     (two["fwd_ms"] + two["bwd_ms"]))), 3)
+    src["embedding"] = raw
+
+    progress("dense part beyond its GEMMs")
+    other = dense_other(device, dense, reps, (512, 2048) if short else (256, 1024, 4096))
+    src["elementwise_gbs"] = other
+    shared = {}
+    if cuda:
+        link = {"bandwidth_gbs": 450.0, "latency_us": 20.0}  # one GPU: no link to measure
+        src["links"] = "one GPU here: NVLink figures are DGX H100's public ones (DESIGN.md), not measured"
+    else:
+        progress("2 ranks side by side: shared speed, gloo collectives")
+        csizes = [1 << 12, 1 << 16, 1 << 20, 1 << 22] if short else [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20,
+                                                                     1 << 22, 1 << 24]
+        fits = pair(csizes, reps)
+        src["collectives"] = {k: v for k, v in fits.items() if k != "shared"}
+        shared = fits["shared"]
+        a2a = fits["all_to_all"]
+        link = {"bandwidth_gbs": round(a2a["bandwidth_gbs"], 4), "latency_us": round(a2a["latency_us"], 1)}
+
+    progress("framework step")
+    fw = framework_step() if not cuda else {"step_ms": 1.0, "peak_mem_mb": 0.0}
+    src["framework_step"] = fw
+    src["seconds"] = round(time.perf_counter() - t_start, 1)
+
+    mem_gb = (torch.cuda.get_device_properties(0).total_memory / 2**30) if cuda else _host_gb()
+    return {
+        "name": "local",
+        "about": ("This machine, measured by `cubic calibrate` (harness/sim/calibrate.py); single node, so "
+                  "`network` repeats the measured local link."),
+        "nodes": 1,
+        "devices_per_node": 1 if cuda else 8,
+        "host_memory_gb": round(_host_gb(), 1),
+        "device": {
+            "type": "gpu" if cuda else "cpu",
+            **({} if cuda else {"cores": cores}),
+            "memory_gb": round(mem_gb, 1),
+            "mem_bw_gbs": round(copy, 3),
+            "dense_gflops": {k: round(v["peak_gflops"], 2) for k, v in dense.items()},
+            "gemm_half_mflop": round(half, 4),
+            "embedding": emb,
+            "thread_exp": thread_exp,
+            "elementwise_gbs": other,
+            **({"shared_speed": shared} if shared else {}),
+            "step_overhead_ms": round(fw["step_ms"], 3),
+            "process_mb": round(fw["peak_mem_mb"], 1),
+        },
+        "intra_node": link,
+        "network": dict(link),
+        "source": src,
+    }
+
+
+def _host_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        return 16.0

@@ -1,0 +1,68 @@
+"""Collective costs on the cluster's link tiers: latency + bytes x factor / bandwidth, per tier.
+
+A group of ranks is routed by where its members sit: all on one node -> the intra-node link; across
+nodes -> each device's own NIC for the inter-node part (an all-to-all cannot aggregate NICs; its
+intra-node part runs on the node link at the same time). Bus-bandwidth factors are nccl-tests':
+all-to-all / all-gather (n-1)/n of a rank's buffer, all-reduce 2(n-1)/n (ring), hierarchical across
+nodes (reduce-scatter in the node, all-reduce of 1/m over the NICs, all-gather in the node). Latency
+grows with log2 of the ranks (tree-like schedules; published all-to-all latencies grow ~2.5x from 8 to
+256 ranks). Times in ms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.sim.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a group of n ranks sits: m ranks per node on k nodes."""
+
+    n: int
+    m: int
+    k: int
+
+
+def span(ranks: list[int], cluster: Cluster) -> Span:
+    nodes: dict[int, int] = {}
+    for r in ranks:
+        nodes[cluster.node_of(r)] = nodes.get(cluster.node_of(r), 0) + 1
+    return Span(len(ranks), max(nodes.values()), len(nodes))
+
+
+def _lat(us: float, n: int) -> float:
+    return us * max(1.0, math.log2(n)) / 1e3
+
+
+def _ms(nbytes: float, gbs: float) -> float:
+    return nbytes / (gbs * 1e6)
+
+
+def all_to_all(bytes_per_rank: float, s: Span, c: Cluster) -> float:
+    """Each rank sends (n-1)/n of its buffer: (m-1)/n to its node's ranks, (n-m)/n through its own NIC."""
+    if s.n <= 1:
+        return 0.0
+    intra = _ms(bytes_per_rank * (s.m - 1) / s.n, c.intra_node.bandwidth_gbs)
+    if s.k <= 1:
+        return intra + _lat(c.intra_node.latency_us, s.n)
+    inter = _ms(bytes_per_rank * (s.n - s.m) / s.n, c.network.bandwidth_gbs)
+    return max(intra, inter) + _lat(c.network.latency_us, s.n)
+
+
+def all_gather(bytes_per_rank: float, s: Span, c: Cluster) -> float:
+    """Every rank ends with all n buffers: the same bytes on the wire as an all-to-all of n x its buffer."""
+    return all_to_all(bytes_per_rank * s.n, s, c)
+
+
+def all_reduce(nbytes: float, s: Span, c: Cluster) -> float:
+    """Ring inside a node; across nodes the hierarchical form (the m NICs of a node each carry 1/m)."""
+    if s.n <= 1:
+        return 0.0
+    if s.k <= 1:
+        return _ms(2 * nbytes * (s.n - 1) / s.n, c.intra_node.bandwidth_gbs) + 2 * _lat(c.intra_node.latency_us, s.n)
+    t = _ms(2 * nbytes * (s.m - 1) / s.m, c.intra_node.bandwidth_gbs) if s.m > 1 else 0.0
+    t += _ms(2 * nbytes / s.m * (s.k - 1) / s.k, c.network.bandwidth_gbs)
+    return t + 2 * _lat(c.network.latency_us, s.n)

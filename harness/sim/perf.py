@@ -1,0 +1,308 @@
+"""The performance model: the one place where bytes, FLOPs and collectives become milliseconds.
+
+Three users price with it: the planners (`TableCosts`, one table's cost on a rank), the simulator
+backend (`estimate` -> a TrialResult) and the tuner's proxy (`features`, the simulator's prediction for
+the local cluster). It takes a plan and never imports the planner (the planner takes a cost).
+
+What one training step of the harness costs, per group position p (every sharding group holds the
+same plan, so position p's ranks all carry the same load):
+
+- emb_fwd[p]: the bytes of p's shards' pooled lookups (ids x row bytes read, bags x width written)
+  over the copy bandwidth x the backend's measured efficiency at that row width and precision;
+- emb_bwd[p]: the fused backward+optimizer's bytes (rows and row state read and written, gradient
+  rows read): with 2D `grad_allreduce` the union of the R replicas' bags;
+- comm: the input distribution (lengths and ids all-to-all in the group; hidden by pipelining as
+  far as the hardware allows), the pooled all-to-all forward and backward in the comm precision,
+  the data-parallel tables' sparse sync (all-gather of ids and pooled gradients over the world),
+  DDP's dense all-reduce (only what the backward does not hide), 2D's replica traffic
+  (`grad_allreduce`: all-gather of the replicas' ids and gradients every step; `weight_avg`: the
+  cheaper of a sparse all-gather of the touched rows and a dense all-reduce, every k steps);
+- dense: every GEMM of the dense part at the rate measured for its size and precision;
+- optim: the dense Adagrad's bytes; plus the framework's fixed cost per step.
+
+Rule: each phase's time is the maximum over ranks (the all-to-alls synchronise the group every
+step, so the slowest rank sets each phase), and the step is the sum of the phases. On CPU the ranks
+of a node share its cores: with more threads than cores every rank slows by the oversubscription,
+and a backend's speed-up with threads is the measured exponent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.config import TrialConfig
+from harness.dense_cost import DenseCost, dense_cost
+from harness.sharding.plan import ShardingPlan, group_ranks
+from harness.sim import collectives as coll
+from harness.sim.cluster import Cluster, KernelEff, log_interp
+from harness.workload import TableSpec
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_auto": 2, "fp8_all": 1}
+STATE_BYTES = {"rowwise_adagrad": 4, "momentum_scaled_rowwise_adagrad": 4, "sgd": 0}
+ID_BYTES = 8
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one is launched when the backward ends
+SPARSE_BYTE_COST = 2.0  # harness/sharding/replica_sync.py: a sparse byte costs ~2 dense ones (index work)
+PHASES = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
+
+
+class ModelError(ValueError):
+    """The cluster cannot run this configuration at all (too few devices, an uncalibrated backend)."""
+
+
+# ---------------------------------------------------------------------- embedding bytes
+def lookup_bytes(ids: float, bags: float, dim: int, wbytes: int) -> float:
+    """Forward: every id's row read, every bag's pooled row written (fp32)."""
+    return ids * dim * wbytes + bags * dim * 4
+
+
+def update_bytes(ids: float, bags: float, dim: int, wbytes: int, state_bytes: int) -> float:
+    """Backward+optimizer: every id's row and its state read and written, every bag's gradient read."""
+    return ids * (2 * dim * wbytes + 2 * state_bytes) + bags * dim * 4
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """Per-rank rates for one config on one cluster (GB/s and GFLOP/s after threads and contention)."""
+
+    copy_gbs: float
+    eff: KernelEff
+    emb_speed: float
+    dense_speed: float
+    ranks_per_node: int
+    effs: dict[tuple[str, int], float] = field(default_factory=dict)  # (phase, width) -> efficiency
+
+
+def speeds(cfg: TrialConfig, c: Cluster) -> Speeds:
+    eff = c.device.kernel(cfg.kernel, cfg.emb_precision)
+    if eff is None:
+        raise ModelError(f"cluster {c.name}: kernel={cfg.kernel} (emb_precision={cfg.emb_precision}) is not "
+                         f"calibrated; it has {sorted(c.device.embedding)}")
+    rpn = min(cfg.world_size, c.devices_per_node)
+    if c.device.type == "cpu":
+        t, cores = cfg.threads_per_rank, c.device.cores
+        contention = max(1.0, rpn * t / cores)
+        # cores in use beyond the first, as a fraction of the rest: 0 alone, 1 when the node is full
+        busy = (min(rpn * t, cores) - 1) / (cores - 1) if cores > 1 else 0.0
+        share = {k: 1.0 - (1.0 - c.device.shared_speed.get(k, 1.0)) * busy for k in ("dense", "embedding")}
+        emb = min(t, cores) ** c.device.thread_exp.get(cfg.kernel, 0.0) / contention * share["embedding"]
+        dense = min(t, cores) ** c.device.thread_exp.get("dense", 0.0) / contention * share["dense"]
+    else:
+        emb = dense = 1.0
+    return Speeds(c.device.mem_bw_gbs, eff, emb, dense, rpn)
+
+
+def _emb_ms(nbytes: float, phase: str, dim: int, s: Speeds) -> float:
+    key = (phase, dim)
+    eff = s.effs.get(key)
+    if eff is None:  # a few widths per config, asked per shard: interpolate each once
+        eff = s.effs[key] = s.eff.at(phase, dim)
+    return nbytes / (s.copy_gbs * 1e6 * eff * s.emb_speed)
+
+
+# ---------------------------------------------------------------------- planner costs
+class TableCosts:
+    """What the planners ask: one table's cost on the rank holding it, its data-parallel cost, and its
+    share of the pooled all-to-all (ms per step), all priced on `cluster`."""
+
+    def __init__(self, cluster: Cluster | None) -> None:
+        self.cluster = cluster  # None (no calibration yet): tables are priced by their bytes alone
+
+    def _speeds(self, cfg: TrialConfig) -> Speeds | None:
+        if self.cluster is None:
+            return None
+        try:
+            return speeds(cfg, self.cluster)
+        except ModelError:  # the planner still plans (by bytes); the simulator reports the gap
+            return None
+
+    def table(self, t: TableSpec, cfg: TrialConfig) -> float:
+        bags = cfg.group_size * cfg.batch_size
+        return self._lookups(t, bags, bags, cfg)
+
+    def _lookups(self, t: TableSpec, fwd_bags: float, upd_bags: float, cfg: TrialConfig) -> float:
+        wb, sb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
+        f = lookup_bytes(fwd_bags * t.pooling, fwd_bags, t.dim, wb)
+        u = update_bytes(upd_bags * t.pooling, upd_bags, t.dim, wb, sb)
+        s = self._speeds(cfg)
+        if s is None:
+            return (f + u) / 1e6
+        return _emb_ms(f, "fwd", t.dim, s) + _emb_ms(u, "bwd", t.dim, s)
+
+    def dp_table(self, t: TableSpec, cfg: TrialConfig) -> float:
+        """Local lookup of B bags, the sparse all-gather's bandwidth, the update with the union of W*B."""
+        B, W = cfg.batch_size, cfg.world_size
+        ranks = list(range(W))
+        if self.cluster is None:
+            return self._lookups(t, B, W * B, cfg) + W * B * (t.pooling * ID_BYTES + t.dim * 4) / 1e6
+        gather = coll.all_gather(B * (t.pooling * ID_BYTES + t.dim * 4), coll.span(ranks, self.cluster),
+                                 self.cluster) if W > 1 else 0.0
+        return self._lookups(t, B, W * B, cfg) + gather
+
+    def comm(self, t: TableSpec, cfg: TrialConfig) -> float:
+        """The table's pooled all-to-all forward and backward when model-parallel (bandwidth only: the
+        tables share the calls)."""
+        G = cfg.group_size
+        if G <= 1:
+            return 0.0
+        if self.cluster is None:
+            return 2 * cfg.batch_size * t.dim * DTYPE_BYTES[cfg.comm_precision] / 1e6
+        b = cfg.batch_size * t.dim * DTYPE_BYTES[cfg.comm_precision]
+        s = coll.span(group_ranks(cfg.world_size, G, cfg.group_placement)[0], self.cluster)
+        return 2 * max(0.0, coll.all_to_all(b, s, self.cluster) - coll.all_to_all(0.0, s, self.cluster))
+
+
+# ---------------------------------------------------------------------- the step
+@dataclass(frozen=True)
+class Estimate:
+    step_ms: float
+    qps: float
+    breakdown_ms: dict[str, float]
+    comm_ms: dict[str, float]  # the comm phase by collective
+    mem_mb: list[float]  # per group position
+    mem_limit_mb: float
+    features: dict[str, float]
+    per_rank: dict[str, list[float]] = field(default_factory=dict)  # emb_fwd / emb_bwd per position
+
+
+def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
+    """Predict one training step of `cfg` with `plan` on cluster `c` (see the module docstring)."""
+    wl, W, G, B = cfg.workload, cfg.world_size, cfg.group_size, cfg.batch_size
+    R = W // G
+    if W > c.devices:
+        raise ModelError(f"world_size={W} needs {W} devices; cluster {c.name} has {c.devices} "
+                         f"({c.nodes} nodes x {c.devices_per_node})")
+    s = speeds(cfg, c)
+    wb, sb, cb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer], DTYPE_BYTES[cfg.comm_precision]
+    groups = group_ranks(W, G, cfg.group_placement)
+    g_span = coll.span(groups[0], c)
+    r_span = coll.span([g[0] for g in groups], c)
+    w_span = coll.span(list(range(W)), c)
+
+    # embedding work per position
+    upd_mult = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
+    fwd, bwd = [0.0] * G, [0.0] * G
+    ids_send = lens_send = recv_cols = 0.0
+    rep_gather = [0.0] * G  # grad_allreduce: bytes each position all-gathers over its replicas
+    shard_rows_bytes = [0.0] * G
+    touched_bytes = [0.0] * G  # weight_avg: touched rows' sparse payload per interval
+    for tp in plan.tables:
+        t = wl.tables[tp.table]
+        if tp.kind == "data_parallel":
+            continue
+        for sh in tp.shards:
+            frac = sh.rows / t.rows
+            bags = G * B
+            ids = bags * t.pooling * frac
+            fwd[sh.rank] += _emb_ms(lookup_bytes(ids, bags, sh.dim, wb), "fwd", sh.dim, s)
+            bwd[sh.rank] += _emb_ms(update_bytes(ids * upd_mult, bags * upd_mult, sh.dim, wb, sb), "bwd", sh.dim, s)
+            recv_cols += sh.dim
+            lens_send += B * ID_BYTES
+            ids_send += B * t.pooling * frac * ID_BYTES
+            rep_gather[sh.rank] += bags * (t.pooling * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
+            shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
+            k_ids = cfg.sparse_sync_interval * ids
+            touched = sh.rows * -math.expm1(-k_ids / max(1, sh.rows))
+            touched_bytes[sh.rank] += touched * (ID_BYTES + sh.dim * cb)
+    dp = [wl.tables[i] for i in plan.dp_tables()]
+    dp_fwd = sum(_emb_ms(lookup_bytes(B * t.pooling, B, t.dim, wb), "fwd", t.dim, s) for t in dp)
+    dp_bwd = sum(_emb_ms(update_bytes(W * B * t.pooling, W * B, t.dim, wb, sb), "bwd", t.dim, s) for t in dp)
+    emb_fwd = max(fwd) + dp_fwd
+    emb_bwd = max(bwd) + dp_bwd
+
+    # dense part
+    dc = dense_cost(wl)
+    prec = "bf16" if cfg.dense_precision != "fp32" and "bf16" in c.device.dense_gflops else "fp32"
+    dense_fwd, dense_bwd = gemm_ms(dc, B, c.device.dense_gflops[prec] * s.dense_speed, c.device.gemm_half_mflop)
+    ew = c.device.elementwise_gbs.get(prec)
+    other = B * dc.act_floats * 4 / (log_interp(ew, B) * 1e6 * s.dense_speed) if ew else 0.0
+    dense = dense_fwd + dense_bwd + other
+    optim = dc.params * 16 / (s.copy_gbs * 1e6 * s.dense_speed)
+
+    # communication
+    comm: dict[str, float] = {}
+    if G > 1 and recv_cols:
+        inp = coll.all_to_all(lens_send, g_span, c) + coll.all_to_all(ids_send, g_span, c)
+        if cfg.pipeline_depth > 0:
+            inp = _overlapped(inp, coll.all_to_all(0.0, g_span, c), cfg, c, s)
+        comm["input_a2a"] = inp
+        comm["pooled_a2a"] = 2 * coll.all_to_all(B * recv_cols * cb, g_span, c)
+    if dp and W > 1:
+        comm["dp_sync"] = coll.all_gather(sum(B * (t.pooling * ID_BYTES + t.dim * 4 + ID_BYTES) for t in dp),
+                                          w_span, c)
+    if W > 1:
+        ar = coll.all_reduce(dc.params * 4, w_span, c)
+        last = ar * min(1.0, DDP_BUCKET_BYTES / max(1.0, dc.params * 4))
+        comm["ddp_allreduce"] = max(last, ar - dense_bwd)  # the backward hides all but the last bucket
+    if R > 1 and recv_cols:
+        if cfg.sparse_sync == "grad_allreduce":
+            comm["replica_sync"] = coll.all_gather(max(rep_gather), r_span, c)
+        else:
+            sparse = coll.all_gather(SPARSE_BYTE_COST * max(touched_bytes), r_span, c)
+            dense_sync = coll.all_reduce(max(shard_rows_bytes), r_span, c)
+            comm["replica_sync"] = min(sparse, dense_sync) / cfg.sparse_sync_interval
+    comm_ms = sum(comm.values())
+
+    step = emb_fwd + emb_bwd + comm_ms + dense + optim + c.device.step_overhead_ms
+    qps = W * B / step * 1e3
+    bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm_ms, "dense": dense + c.device.step_overhead_ms,
+          "optim": optim}
+
+    # memory per position (MB)
+    shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
+    act = B * dc.act_floats * 4 + B * wl.num_tables * wl.dim * 4 * 3  # activations, pooled rows and grads
+    kin = G * B * sum(t.pooling for t in wl.tables) * ID_BYTES * 2
+    fixed = c.device.process_mb * 2**20 + dc.params * 16 + act + kin + _batch_bytes(cfg)
+    mem = [(fixed + b) / 2**20 for b in shard_bytes]
+    mem_limit = c.rank_memory_mb(s.ranks_per_node)
+    mean_load = (sum(fwd) + sum(bwd)) / G
+    features = {
+        "bytes_lookup_per_rank": max(fwd) * s.copy_gbs * 1e6,
+        "a2a_bytes": B * recv_cols * cb * 2 + ids_send,
+        "allreduce_bytes": dc.params * 4.0,
+        "mlp_gflops": B * dc.flops / 1e9,
+        "mem_mb_per_rank": max(mem),
+        "load_imbalance": (max(fwd) + max(bwd)) / mean_load if mean_load > 0 else 1.0,
+        "est_step_ms": step,
+        "est_qps": qps,
+        **{f"est_{k}_ms": v for k, v in bd.items()},
+    }
+    return Estimate(step, qps, bd, comm, mem, mem_limit, features, {"emb_fwd": fwd, "emb_bwd": bwd})
+
+
+FEATURE_NAMES = ("bytes_lookup_per_rank", "a2a_bytes", "allreduce_bytes", "mlp_gflops", "mem_mb_per_rank",
+                 "load_imbalance", "est_step_ms", "est_qps", *(f"est_{k}_ms" for k in PHASES))
+
+
+def gemm_rate(mflop: float, peak_gflops: float, half_mflop: float) -> float:
+    """Achieved GFLOP/s of one GEMM of `mflop` MFLOP: peak x size / (size + half) (roofline-like ramp)."""
+    return peak_gflops * mflop / (mflop + half_mflop)
+
+
+def gemm_ms(dc: DenseCost, B: int, peak: float, half: float) -> tuple[float, float]:
+    fwd = bwd = 0.0
+    for f, b in dc.gemms:
+        mf = B * f / 1e6
+        fwd += mf / gemm_rate(mf, peak, half)
+        # the backward's GEMMs are of the forward's size (one or two of them)
+        bwd += (B * b / 1e6) / gemm_rate(mf, peak, half)
+    return fwd, bwd  # MFLOP / (GFLOP/s) = ms
+
+
+def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Speeds) -> float:
+    """The pipelined input distribution runs beside the previous step's compute: on a GPU it is hidden;
+    on CPU cores that the ranks already fill, its byte copying still takes them (only the waiting,
+    the latency, is hidden)."""
+    if c.device.type == "gpu":
+        return 0.0
+    busy = min(1.0, s.ranks_per_node * cfg.threads_per_rank / c.device.cores)
+    return max(0.0, inp - latency) * busy
+
+
+def _batch_bytes(cfg: TrialConfig) -> float:
+    """Pre-generated input batches held by one rank (harness/data.py: rank_batches)."""
+    wl = cfg.workload
+    per = cfg.batch_size * (sum(t.pooling for t in wl.tables) * 8 + wl.dense_features * 4 + 4)
+    steps = cfg.warmup_steps + cfg.measure_steps
+    cyc, gb = wl.sample_cycle, cfg.global_batch
+    return per * (min(steps, cyc // gb) if cyc % gb == 0 else steps)

@@ -1,0 +1,195 @@
+"""The simulator backend: one performance model, cluster files, `cubic calibrate`, simulated trials and tunes."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cubic.cli import app
+from harness.config import TrialConfig, TrialResult
+from harness.sim.backend import NO_QUALITY, simulate
+from harness.sim.cluster import cluster_from_dict, load_cluster, local_cluster, shipped_cluster
+from harness.trial import env_info
+from harness.workload import Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def local_dict() -> dict:
+    return yaml.safe_load(shipped_cluster("local.yaml").read_text())
+
+
+def cluster(**over) -> object:
+    d = local_dict()
+    for path, v in over.items():
+        node = d
+        *head, last = path.split("__")
+        for k in head:
+            node = node[k]
+        node[last] = v
+    return cluster_from_dict(d, "test")
+
+
+def test_simulated_result_has_the_real_backends_schema() -> None:
+    cfg = TrialConfig()
+    res = simulate(cfg, local_cluster())
+    assert res.status == "ok" and res.qps > 0 and res.step_ms_p50 > 0 and res.peak_mem_mb > 0
+    assert set(res.to_dict()) == set(TrialResult().to_dict())
+    real_env = set(env_info(cfg)) | {"placement", "nodes", "rank_nodes", "wall_s", "startup_s"}
+    assert real_env <= set(res.env) and res.env["backend"] == "sim" and res.env["cluster"] == "local"
+    assert env_info(cfg)["backend"] == "real"
+    assert set(res.breakdown_ms) == {"emb_fwd", "emb_bwd", "comm", "dense", "optim"}
+    assert res.qps == pytest.approx(cfg.global_batch / sum(res.breakdown_ms.values()) * 1e3)
+    assert math.isnan(res.ne) and res.losses == [] and res.extra["quality"] == NO_QUALITY
+    assert [t["table"] for t in res.plan] == list(range(cfg.workload.num_tables))
+    json.loads(res.to_json())  # strict JSON
+
+
+def test_oom_names_the_rank_and_the_bytes_over() -> None:
+    small_gpu = cluster(device__type="gpu", device__memory_gb=0.5)
+    res = simulate(TrialConfig(), small_gpu)
+    assert res.status == "oom" and "rank " in res.error and "MB over its device's memory" in res.error
+    capped = simulate(TrialConfig(mem_cap_mb=400), local_cluster())
+    assert capped.status == "oom" and "over mem_cap_mb" in capped.error
+    too_big = simulate(TrialConfig(world_size=64), local_cluster())
+    assert too_big.status == "error" and "cluster local has 8" in too_big.error
+
+
+def test_the_model_prices_what_decides_the_answer() -> None:
+    """Each knob moves the prediction the way its bytes, FLOPs and collectives say."""
+    c = local_cluster()
+    base = simulate(TrialConfig(), c)
+    comm = base.extra["sim"]["comm_ms"]
+    fp16 = simulate(TrialConfig(comm_precision="fp16"), c).extra["sim"]["comm_ms"]
+    assert fp16["pooled_a2a"] < comm["pooled_a2a"]  # half the bytes on the wire
+    assert simulate(TrialConfig(kernel="torch"), c).breakdown_ms["emb_bwd"] > 3 * base.breakdown_ms["emb_bwd"]
+    assert simulate(TrialConfig(dense_precision="bf16"), c).breakdown_ms["dense"] < base.breakdown_ms["dense"]
+    k1 = simulate(TrialConfig(sharding_group_size=1, sparse_sync="weight_avg", sparse_sync_interval=1), c)
+    k8 = simulate(TrialConfig(sharding_group_size=1, sparse_sync="weight_avg", sparse_sync_interval=8), c)
+    assert k8.extra["sim"]["comm_ms"]["replica_sync"] < k1.extra["sim"]["comm_ms"]["replica_sync"]
+    assert simulate(TrialConfig(pipeline_depth=1), c).extra["sim"]["comm_ms"]["input_a2a"] < comm["input_a2a"]
+    # the step waits for the slowest rank: one rank holding every table is the step's embedding time
+    skew = simulate(TrialConfig(world_size=4, sharding="row_wise"), c)
+    assert skew.breakdown_ms["emb_fwd"] == pytest.approx(max(skew.extra["sim"]["emb_fwd_ms"]))
+
+
+def test_all_to_all_across_nodes_runs_on_each_devices_nic() -> None:
+    """Two nodes of 4 on a slow network: a 2D group inside a node keeps its all-to-all on the node link,
+    a strided one sends most of it through the NICs (and its replica sync stays inside the node)."""
+    c = cluster(nodes=2, devices_per_node=4, network__bandwidth_gbs=0.05, device__type="gpu",
+                device__memory_gb=80)
+    cfg = TrialConfig(world_size=8, sharding_group_size=4, sparse_sync="grad_allreduce", batch_size=4096)
+    intra = simulate(cfg.replace(group_placement="intra_node"), c).extra["sim"]["comm_ms"]
+    cross = simulate(cfg.replace(group_placement="cross_node"), c).extra["sim"]["comm_ms"]
+    assert cross["pooled_a2a"] > 5 * intra["pooled_a2a"]
+    assert intra["replica_sync"] > 5 * cross["replica_sync"]
+
+
+def test_the_planner_and_the_model_do_not_import_each_other() -> None:
+    def imports(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        out = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                out.add(node.module)
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+        return out
+
+    planner = imports(ROOT / "harness/sharding/planner.py")
+    model = imports(ROOT / "harness/sim/perf.py") | imports(ROOT / "harness/sim/collectives.py")
+    assert not any(m.startswith("harness.sim") for m in planner)
+    assert "harness.sharding.planner" not in model
+    assert not (ROOT / "harness/cost_model.py").exists()  # one performance model, not two
+    # and the simulator never imports the tuner
+    for f in (ROOT / "harness/sim").glob("*.py"):
+        assert not any(m.startswith("cubic") for m in imports(f)), f
+
+
+def test_real_trials_and_the_simulator_run_the_same_plan() -> None:
+    from harness.planning import plan_for
+
+    cfg = TrialConfig(world_size=4, sharding="auto")
+    assert simulate(cfg, local_cluster()).plan == plan_for(cfg).to_list()
+
+
+BAD = [
+    ("nodes: [1\n", "not valid YAML"),
+    ("- 1\n- 2\n", "(top level): must be a mapping"),
+    ({"drop": "network"}, "network: missing"),
+    ({"set": ("intra_node", "bandwidth_gbs", -1.0)}, "intra_node.bandwidth_gbs: -1.0 must be > 0"),
+    ({"set": (None, "nodes", 0)}, "nodes: 0 must be > 0"),
+    ({"set": (None, "devices_per_node", "eight")}, "devices_per_node: 'eight' is not an integer"),
+    ({"set": ("device", "type", "tpu")}, "device.type: 'tpu' is not allowed; choose one of ['cpu', 'gpu']"),
+    ({"set": (None, "colour", "red")}, "colour: unknown key"),
+]
+
+
+@pytest.mark.parametrize("bad,needle", BAD)
+def test_bad_cluster_files_exit_2_with_one_line(tmp_path: Path, bad, needle: str) -> None:
+    path = tmp_path / "bad.yaml"
+    if isinstance(bad, str):
+        path.write_text(bad)
+    else:
+        d = local_dict()
+        if "drop" in bad:
+            del d[bad["drop"]]
+        else:
+            sec, key, val = bad["set"]
+            (d[sec] if sec else d)[key] = val
+        path.write_text(yaml.safe_dump(d))
+    r = CliRunner().invoke(app, ["trial", "--backend", "sim", "--cluster", str(path)])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and needle in lines[0], r.output
+
+
+def test_cubic_trial_on_the_simulator_prints_the_predicted_result() -> None:
+    r = CliRunner().invoke(app, ["trial", "--backend", "sim", "--cluster", "local", "--set", "batch_size=2048",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    assert res["env"]["backend"] == "sim" and res["config"]["batch_size"] == 2048 and res["ne"] is None
+    r = CliRunner().invoke(app, ["trial", "--cluster", "local"])
+    assert r.exit_code == 2 and "--cluster FILE goes with --backend sim" in r.output
+
+
+def test_cubic_calibrate_short_writes_a_cluster_file_that_loads(tmp_path: Path) -> None:
+    out = tmp_path / "here.yaml"
+    r = CliRunner().invoke(app, ["calibrate", "--short", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    c = load_cluster(out)
+    assert c.device.type == "cpu" and c.device.mem_bw_gbs > 0 and c.intra_node.bandwidth_gbs > 0
+    assert {"native", "torch"} <= set(c.device.embedding) and c.device.dense_gflops["fp32"] > 0
+    assert simulate(TrialConfig(), c).status == "ok"
+
+
+def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Path) -> None:
+    from cubic.analysis import load_study
+
+    run = tmp_path / "sim"
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space",
+                                 str(ROOT / "search_spaces/dlrm_cpu.yaml"), "--trials", "25", "--run-dir", str(run),
+                                 "--no-live"])
+    assert r.exit_code == 0, r.output
+    df = load_study(run)
+    assert df.attrs["study"] == "dlrm_cpu@sim:local"
+    assert len(df) >= 25 and (df["env_backend"] == "sim").all()
+    r = CliRunner().invoke(app, ["report", str(run), "--top", "3"])
+    assert r.exit_code == 0 and (run / "report.html").exists(), r.output
+    out = tmp_path / "winner.json"
+    r = CliRunner().invoke(app, ["export", str(run), "-f", "json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    exp = json.loads(out.read_text())
+    assert exp["config"]["workload"]["name"] == Workload.small().name
+    # the tune said why nothing was quality-gated, and a resumed tune runs no trial twice
+    r2 = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space",
+                                  str(ROOT / "search_spaces/dlrm_cpu.yaml"), "--trials", "25", "--run-dir", str(run),
+                                  "--no-live"])
+    assert r2.exit_code == 0 and len(load_study(run)) == len(df)
