@@ -38,6 +38,7 @@ from cubic.samplers import SEARCHERS, distributions, make_sampler
 from cubic.space import SearchSpace, load_space
 
 DATA = Path(__file__).parent / "data"
+NO_FEATURES = "cubic-nofeat"  # `--searchers cubic,cubic-nofeat`: the proxy with vs without the simulator
 CPU_SPACE = DATA / "landscape_cpu_space.yaml"
 CPU_TABLE = DATA / "landscape_cpu.parquet"
 MODEL_SPACE = DATA / "landscape_model_space.yaml"
@@ -98,7 +99,7 @@ class Landscape:
         return self.true[tup] * math.exp(self.noise * rng.standard_normal())
 
     def feature_fn(self):
-        """Precomputed cost-model features (the proxy's derived inputs) for this landscape's space."""
+        """Precomputed simulator features (the proxy's derived inputs) for this landscape's space."""
         if self.features is None:
             return None
         space, feats = self.space, self.features
@@ -154,9 +155,10 @@ def _features(space: SearchSpace) -> dict[tuple, dict[str, float]]:
 def run_searcher(land: Landscape, searcher: str, seed: int, n_trials: int) -> list[float]:
     """True value (fraction of the optimum) of each trial's configuration, in trial order."""
     space = land.space
-    sampler = make_sampler(searcher, space, seed=seed, budget=n_trials)
-    if searcher == "cubic":
-        sampler.proxy.features.fn = land.feature_fn()  # type: ignore[attr-defined]
+    base = "cubic" if searcher == NO_FEATURES else searcher
+    sampler = make_sampler(base, space, seed=seed, budget=n_trials)
+    if base == "cubic":  # cubic-nofeat: the same proxy on the knobs alone (no simulator features or prior)
+        sampler.proxy.features.fn = None if searcher == NO_FEATURES else land.feature_fn()  # type: ignore[attr-defined]
     study = optuna.create_study(direction="maximize", sampler=sampler)
     dists = distributions(space)
     rng = np.random.default_rng(10_000 + seed)

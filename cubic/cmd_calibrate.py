@@ -36,8 +36,12 @@ def calibrate(
 
         d = measure(short=short, progress=progress)
     cluster_from_dict(d, str(output))  # what we write must load
+    class NoAliases(yaml.SafeDumper):  # a number measured once and used twice is written twice, not &id1
+        def ignore_aliases(self, data: object) -> bool:
+            return True
+
     text = ("# This machine as `cubic calibrate` measured it. Re-run it to refresh; every number's\n"
-            "# measurement is under `source`.\n") + yaml.safe_dump(d, sort_keys=False)
+            "# measurement is under `source`.\n") + yaml.dump(d, Dumper=NoAliases, sort_keys=False)
     output.write_text(text)
     dev = d["device"]
     console.print(f"wrote {output}: {dev['type']}, copy {dev['mem_bw_gbs']:.1f} GB/s, dense fp32 "

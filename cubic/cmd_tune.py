@@ -40,6 +40,9 @@ def tune(
                                 "(needs --cluster; no quality gate)."),
     cluster: str | None = typer.Option(None, "--cluster", help="Cluster file (clusters/*.yaml) or preset name "
                                        "for --backend sim."),
+    warm_start: list[str] = typer.Option([], "--warm-start", help="Run dir or storage URL of a study of the same "
+                                         "space (typically a simulated one) whose trials the searcher learns from "
+                                         "first; repeatable (searcher cubic)."),
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
     import optuna
@@ -91,7 +94,16 @@ def tune(
             runner = SimRunner(sim_cluster)
         else:
             runner = RayRunner(address, sp.isolation).check()
-        tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live)
+        warm = []
+        if warm_start:
+            from cubic.warm_start import load_warm_start
+
+            if searcher != "cubic":
+                raise ConfigError(f"--warm-start: only the cubic searcher learns from other studies, not {searcher}")
+            for src in warm_start:
+                warm += load_warm_start(src, sp)
+        tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live,
+                      warm_start=warm)
         summary = tuner.run()
     except ConfigError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)

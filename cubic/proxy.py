@@ -109,28 +109,44 @@ class Proxy:
         self.members: list[tuple[xgb.Booster, float, float]] = []
         self.classifier: xgb.Booster | None = None
         self.fitted = False
+        self.multi_fidelity = False
 
-    def fit(self, ok: Sequence[tuple], qps: Sequence[float], failed: Sequence[tuple] = ()) -> Proxy:
+    def fit(self, ok: Sequence[tuple], qps: Sequence[float], failed: Sequence[tuple] = (),
+            simulated: Sequence[bool] | None = None) -> Proxy:
         """ok/qps: measured configurations; failed: configurations that did not run (any reason) or
-        that ran but fail the quality gate (those may also be in ok: their speed is still data)."""
-        X = self.features.rows(list(ok))
+        that ran but fail the quality gate (those may also be in ok: their speed is still data).
+        simulated: which of `ok` are a simulator's predictions (a warm start from a simulated study).
+        Multi-fidelity: a prediction is never ranked against a measurement (each fidelity is its own
+        ranking group), the `simulated` column lets the trees learn where the simulator's order is
+        wrong, and the proxy answers for measurements (column = 0) with its scale fitted on them."""
+        sim = np.asarray(simulated if simulated is not None else [False] * len(ok), dtype=bool)
+        self.multi_fidelity = bool(sim.any())
+        X = self._with_fidelity(self.features.rows(list(ok)), sim)
         y = np.log(np.asarray(qps, dtype=np.float64))
         rng = np.random.default_rng(self.seed + len(ok))
         self.members = []
         n = len(ok)
+        real = ~sim if (~sim).sum() >= 2 else np.ones(n, dtype=bool)  # the scale: from measurements
         if n >= 2:
             for m in range(self.n_models):
                 idx = rng.choice(n, n, replace=True) if m else np.arange(n)  # member 0: all data
                 if len(np.unique(y[idx])) < 2:
                     idx = np.arange(n)
-                dm = xgb.DMatrix(X[idx], label=(y[idx] - y[idx].min()).astype(np.float32),
-                                 qid=np.zeros(len(idx), dtype=np.int32))
+                idx = idx[np.argsort(sim[idx], kind="stable")]  # XGBoost wants rows grouped by qid
+                label = np.empty(len(idx), dtype=np.float32)
+                for g in (False, True):  # relevance within each group, from its own minimum
+                    sel = sim[idx] == g
+                    if sel.any():
+                        label[sel] = y[idx][sel] - y[idx][sel].min()
+                dm = xgb.DMatrix(X[idx], label=label, qid=sim[idx].astype(np.int32))
                 params = {**RANK_PARAMS, "seed": int(self.seed * 1000 + m),
                           "lambdarank_num_pair_per_sample": min(len(idx), 64)}
                 bst = xgb.train(params, dm, num_boost_round=self.rounds)
-                s = bst.predict(xgb.DMatrix(X))
-                a, b = _calibrate(s, y)
+                s = bst.predict(xgb.DMatrix(self._with_fidelity(X[:, :X.shape[1] - self.multi_fidelity],
+                                                                np.zeros(n, dtype=bool))))
+                a, b = _calibrate(s[real], y[real])
                 self.members.append((bst, a, b))
+        X = X[:, :X.shape[1] - self.multi_fidelity] if self.multi_fidelity else X  # feasibility: one fidelity
         self.classifier = None
         bad = set(failed)  # may include measured configurations that failed the quality gate
         good = [i for i, c in enumerate(ok) if c not in bad]
@@ -143,9 +159,14 @@ class Proxy:
         self.fitted = bool(self.members)
         return self
 
+    def _with_fidelity(self, X: np.ndarray, sim: np.ndarray) -> np.ndarray:
+        """The feature rows plus the `simulated` column, when the proxy was fitted on two fidelities."""
+        return np.concatenate([X, sim[:, None].astype(np.float32)], axis=1) if self.multi_fidelity else X
+
     def predict(self, tuples: Sequence[tuple]) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, std) of predicted log qps per configuration."""
-        X = xgb.DMatrix(self.features.rows(list(tuples)))
+        """(mean, std) of predicted log qps per configuration (as measured: the `simulated` column 0)."""
+        rows = self.features.rows(list(tuples))
+        X = xgb.DMatrix(self._with_fidelity(rows, np.zeros(len(rows), dtype=bool)))
         preds = np.stack([a * bst.predict(X) + b for bst, a, b in self.members])
         return preds.mean(axis=0), preds.std(axis=0)
 

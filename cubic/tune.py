@@ -46,7 +46,7 @@ class Tuner:
 
     def __init__(self, space: SearchSpace, store: Store, runner: RayRunner, searcher: str = "cubic",
                  budget: int | None = None, seed: int = 0, console: Console | None = None,
-                 live: bool | None = None) -> None:
+                 live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None) -> None:
         self.space, self.store, self.runner, self.searcher = space, store, runner, searcher
         self.study: optuna.Study = store.study
         self.budget = budget or space.budget
@@ -57,8 +57,10 @@ class Tuner:
             history = [(t.params, t.value if t.state == TrialState.COMPLETE else None)
                        for t in store.history() if set(t.params) == set(space.knobs)
                        and t.user_attrs.get("status") not in NOT_RUN]
+        self.warm = [h for h in warm_start or [] if set(h[0]) == set(space.knobs)] if searcher == "cubic" else []
+        history += self.warm
         self.sampler = make_sampler(searcher, space, seed=seed, budget=self.budget, history=history)
-        self.n_history = len(history)
+        self.n_history = len(history) - len(self.warm)
         self.study.sampler = self.sampler
         self.dists = distributions(space)
         self.base_key = space.config(space.baseline_params()).key()
@@ -90,6 +92,10 @@ class Tuner:
                            f"{[t.number for t in interrupted]} marked failed and re-queued")
         if self.n_history:
             self.view.note(f"warm start: {self.n_history} trials of earlier studies on this space")
+        if self.warm:
+            n_sim = sum(h[2] == "sim" for h in self.warm)
+            self.view.note(f"warm start: {len(self.warm)} trials from --warm-start ({n_sim} simulated: the proxy "
+                           "ranks them apart from measurements and learns where they are wrong)")
         with self.view:
             self._search()
             self.view.phase = "confirm"

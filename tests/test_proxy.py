@@ -46,7 +46,7 @@ def data() -> tuple[SearchSpace, list[tuple], np.ndarray, list[tuple], np.ndarra
     return space, tuples[:40], y[:40], tuples[40:], y[40:]
 
 
-@pytest.mark.parametrize("derived", [False, True], ids=["knobs-only", "with-cost-model-features"])
+@pytest.mark.parametrize("derived", [False, True], ids=["knobs-only", "with-simulator-features"])
 def test_proxy_ranks_held_out_configs(data, derived: bool) -> None:
     space, train, y_train, test, y_test = data
     kw = {} if derived else {"feature_fn": None}
@@ -55,7 +55,7 @@ def test_proxy_ranks_held_out_configs(data, derived: bool) -> None:
     tau = kendall_tau(list(mu), list(y_test))
     single = kendall_tau([space.params_of(t)["batch_size"] for t in test], list(y_test))
     assert tau is not None and single is not None
-    # With the cost-model features the proxy also gets ~14 inputs that carry nothing about this
+    # With the simulator features the proxy also gets ~14 inputs that carry nothing about this
     # synthetic landscape: it must still rank well despite them (a lower bar, same >14 sigma from chance).
     floor, margin = (0.6, 0.05) if derived else (0.65, 0.1)
     assert tau >= floor and tau >= single + margin, (tau, single)
@@ -115,3 +115,21 @@ def test_measured_configs_that_fail_quality_teach_the_classifier(data) -> None:
     p = proxy.p_feasible(test)
     mask = np.array([bad_quality(t) for t in test])
     assert p[mask].mean() < 0.5 < p[~mask].mean()
+
+
+def test_a_simulated_warm_start_teaches_the_order_and_measurements_set_the_scale(data) -> None:
+    """Multi-fidelity: 300 'simulated' trials with the right order at twice the speed and 8 measured ones.
+    The proxy ranks held-out configurations better than from the 8 measurements alone, and its answers
+    are on the measured scale (a prediction is never ranked against a measurement)."""
+    space, train, y_train, test, y_test = data
+    sim_t, sim_y = test[:300], list(2.0 * y_test[:300])
+    held, held_y = train[8:], list(y_train[8:])
+    few = Proxy(space, seed=1, feature_fn=None).fit(train[:8], list(y_train[:8]))
+    warm = Proxy(space, seed=1, feature_fn=None).fit(sim_t + train[:8], sim_y + list(y_train[:8]),
+                                                     simulated=[True] * 300 + [False] * 8)
+    assert warm.multi_fidelity and not few.multi_fidelity
+    tau_few = kendall_tau(list(few.predict(held)[0]), held_y)
+    tau_warm = kendall_tau(list(warm.predict(held)[0]), held_y)
+    assert tau_warm > tau_few + 0.1, (tau_warm, tau_few)
+    mu, _ = warm.predict(held)
+    assert abs(np.median(mu - np.log(held_y))) < 0.3  # not log 2 = 0.69 above: the measured scale

@@ -193,3 +193,25 @@ def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Pat
                                   str(ROOT / "search_spaces/dlrm_cpu.yaml"), "--trials", "25", "--run-dir", str(run),
                                   "--no-live"])
     assert r2.exit_code == 0 and len(load_study(run)) == len(df)
+
+
+def test_a_simulated_study_warm_starts_another(tmp_path: Path) -> None:
+    """--warm-start: a simulated study's trials enter the next study's searcher as simulated history."""
+    space = str(ROOT / "search_spaces/dlrm_cpu.yaml")
+    first = tmp_path / "first"
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space", space, "--trials", "12",
+                                 "--run-dir", str(first), "--no-live"])
+    assert r.exit_code == 0, r.output
+    d = local_dict()
+    d["name"] = "fastlink"
+    d["intra_node"]["bandwidth_gbs"] *= 10
+    other = tmp_path / "fastlink.yaml"
+    other.write_text(yaml.safe_dump(d))
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", str(other), "--space", space, "--trials",
+                                 "8", "--run-dir", str(tmp_path / "second"), "--warm-start", str(first), "--no-live"])
+    assert r.exit_code == 0, r.output
+    assert "trials from --warm-start (" in r.output and "simulated" in r.output
+    bad = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space",
+                                   str(ROOT / "search_spaces/tiny.yaml"), "--run-dir", str(tmp_path / "t"),
+                                   "--warm-start", str(first), "--no-live"])
+    assert bad.exit_code == 2 and "no study of search space 'tiny'" in bad.output, bad.output

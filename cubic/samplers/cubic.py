@@ -37,7 +37,8 @@ class CubicSampler(SpaceSampler):
                  feature_fn: FeatureFn | None = sim_features,
                  history: Sequence[tuple[dict, float | None]] = (), use_prior: bool = True,
                  slack: int = 1) -> None:
-        """history: (params, qps or None if the trial failed) of earlier studies on this space."""
+        """history: (params, qps or None if the trial failed[, "sim" for a simulated trial]) of earlier
+        studies on this space (a warm start: `cubic tune --warm-start`)."""
         super().__init__(space, seed)
         self.n_warmup, self.kappa, self.n_best, self.n_tpe = n_warmup, kappa, n_best, n_tpe
         self.n_random, self.n_fresh = n_random, n_fresh
@@ -45,17 +46,22 @@ class CubicSampler(SpaceSampler):
         self.reservoir: set[tuple] = set()  # random candidates kept across proposals (features are cached)
         self.proxy = Proxy(space, feature_fn, seed=seed)
         self.tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, multivariate=True)
-        self.hist_ok = [(space.tup(p), q) for p, q in history if q is not None and q > 0]
-        self.hist_failed = [space.tup(p) for p, q in history if q is None or q <= 0]
+        self.hist_ok = [(space.tup(h[0]), h[1], len(h) > 2 and h[2] == "sim") for h in history
+                        if h[1] is not None and h[1] > 0]
+        # a simulated failure (a predicted OOM) says where memory runs out, as a real one does
+        self.hist_failed = [space.tup(h[0]) for h in history if h[1] is None or h[1] <= 0]
 
     def propose(self, study: optuna.Study, trial: FrozenTrial, obs: Observations) -> tuple[tuple | None, dict]:
         n_known = len(obs.ok) + len(obs.failed) + len(self.hist_ok)
-        ok = [t for t, _ in self.hist_ok] + obs.ok
-        qps = [q for _, q in self.hist_ok] + obs.qps
+        ok = [t for t, _, _ in self.hist_ok] + obs.ok
+        qps = [q for _, q, _ in self.hist_ok] + obs.qps
+        sim = [s for _, _, s in self.hist_ok] + [False] * len(obs.ok)
         if n_known < self.n_warmup or len(ok) < 2:
-            return self._space_filling(obs, self._prior_agrees(ok, qps)), {"phase": "warmup"}
+            real = [(t, q) for t, q, s in zip(ok, qps, sim, strict=True) if not s]
+            return self._space_filling(obs, self._prior_agrees([t for t, _ in real], [q for _, q in real])), {
+                "phase": "warmup"}
         # configurations whose NE fails the quality gate teach the feasibility classifier too
-        self.proxy.fit(ok, qps, self.hist_failed + obs.failed + obs.quality_failed)
+        self.proxy.fit(ok, qps, self.hist_failed + obs.failed + obs.quality_failed, simulated=sim)
         pool = self._pool(study, trial, obs, ok, qps)
         if not pool:
             return None, {}

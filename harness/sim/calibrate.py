@@ -140,7 +140,7 @@ def _pair_rank(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
     grad = torch.randn(1024, 256) * 1e-3
     work = {"dense": lambda: _burst(a, 8),
             "embedding": lambda: (k.forward(ids, offs), k.backward_update(ids, offs, grad))}
-    out: dict = {"shared": {}, "all_to_all": [], "all_reduce": []}
+    out: dict = {"shared": {}, "all_to_all": [], "all_reduce": [], "merge": {}}
     dev = torch.device("cpu")
     for name, fn in work.items():
         dist.barrier()
@@ -149,6 +149,8 @@ def _pair_rank(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
         both = _median_ms(fn, dev, reps)
         dist.barrier()
         out["shared"][name] = solo / both if rank == 0 else 0.0
+    out["merge"] = _replica_merge(k, reps)
+    out["glue"] = _collection_glue(rank, reps)
     for s in sizes:
         x = torch.ones(s // 4)
         y = torch.empty_like(x)
@@ -161,16 +163,101 @@ def _pair_rank(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
                 fn()
                 synced.append((time.perf_counter() - t0) * 1e3)
             dist.barrier()
-            for _ in range(3 * reps + 3):
+            for _ in range(6 * reps + 3):
                 _burst(a, 2)
                 t0 = time.perf_counter()
                 fn()
                 loaded.append((time.perf_counter() - t0) * 1e3)
             out[name].append([s, statistics.median(synced[3:]), statistics.mean(loaded[3:])])
+    out["jitter"] = _jitter(a, reps)
     if rank == 0:
         q.put(out)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _jitter(a: torch.Tensor, reps: int) -> dict[str, float]:
+    """How the wait at a collective grows with the compute before it: two ranks that run the same work
+    still finish it at different times (preemption, cache and memory contention), and the first waits.
+    A small all-to-all after 2 and after 16 GEMMs: the extra mean wait per ms of extra compute."""
+    import torch.distributed as dist
+
+    x, y = torch.ones(1024), torch.empty(1024)
+    res = {}
+    for n in (2, 16):
+        burst = _median_ms(lambda n=n: _burst(a, n), torch.device("cpu"), reps)
+        waits = []
+        dist.barrier()
+        for _ in range(6 * reps + 3):
+            _burst(a, n)
+            t0 = time.perf_counter()
+            dist.all_to_all_single(y, x)
+            waits.append((time.perf_counter() - t0) * 1e3)
+        res[n] = (burst, statistics.mean(waits[3:]))
+    (b2, w2), (b16, w16) = res[2], res[16]
+    return {"burst_ms": [b2, b16], "wait_ms": [w2, w16], "per_compute_ms": max(0.0, (w16 - w2) / (b16 - b2))}
+
+
+def _collection_glue(rank: int, reps: int) -> dict[str, float]:
+    """What the harness's sharded embedding collection costs beyond its kernels and collectives: its
+    own forward + backward on two ranks (small workload, table-wise, batch 1024; no dense part, no
+    optimizer, no DDP), less the time its phase timers give the kernels and the all-to-alls. That is
+    the input routing (per-shard id selection, concatenation, offsets), the pooled output's assembly
+    and autograd, per looked-up id of the rank's own bags."""
+    from harness.config import TrialConfig
+    from harness.data import rank_batches
+    from harness.sharding.collection import ShardedEmbeddingCollection
+    from harness.sharding.comm import make_groups
+    from harness.sharding.planner import make_plan
+    from harness.sim.perf import TableCosts
+    from harness.timers import TIMERS
+    from harness.workload import Workload
+
+    cfg = TrialConfig(workload=Workload.small(), world_size=2, batch_size=1024)
+    plan = make_plan(cfg, TableCosts(None))
+    coll = ShardedEmbeddingCollection(cfg, plan, make_groups(rank, 2, 2), torch.device("cpu"))
+    batches = rank_batches(cfg.workload, 0, rank, cfg.batch_size, 2, 4)
+    steps, warm = 3 * reps, 3
+    TIMERS.totals.clear()
+    t_all = 0.0
+    for i in range(warm + steps):
+        TIMERS.enabled = i >= warm
+        b = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        pooled = coll.forward(coll.input_dist(b.ids, b.offsets, cfg.batch_size))
+        pooled.sum().backward()
+        if i >= warm:
+            t_all += time.perf_counter() - t0
+    TIMERS.enabled = False
+    phases = sum(TIMERS.totals.values())
+    ids = cfg.batch_size * sum(t.pooling for t in cfg.workload.tables)
+    return {"ms_per_step": t_all * 1e3 / steps, "phases_ms": phases * 1e3 / steps,
+            "ns_per_id": max(0.0, (t_all - phases) / steps / ids * 1e9)}
+
+
+def _replica_merge(k, reps: int) -> dict[str, list[float]]:
+    """The 2D weight_avg merge (harness/sharding/replica_sync.py) of two replicas, after one step's
+    touched rows (sparse transport) and after eight steps' (dense): [payload bytes, ms] per transport."""
+    from harness.sharding.replica_sync import ReplicaSync
+
+    out = {}
+    g = torch.Generator().manual_seed(1)
+    for name, steps in (("sparse", 1), ("dense", 8)):
+        times, payload = [], 0.0
+        for _ in range(reps):
+            rs = ReplicaSync(k, 2, None, steps, False, torch.float32)
+            for _s in range(steps):
+                ids = torch.randint(0, 200_000, (4 * 1024 * 20,), generator=g)
+                rs.record(ids, torch.arange(0, ids.numel() + 1, 20))
+            touched = sum(int(t.sum()) for t in rs.touched)
+            rows = touched if name == "sparse" else sum(k.rows)
+            payload = 2 * rows * (64 + 1) * 4  # R replicas' rows x (width + the state column), fp32
+            t0 = time.perf_counter()
+            rs.sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+            assert (rs.stats.sparse == 1) == (name == "sparse"), "the transport the harness picked"
+        out[name] = [payload, statistics.median(times)]
+    return out
 
 
 def pair(sizes: list[int], reps: int) -> dict:
@@ -195,7 +282,8 @@ def pair(sizes: list[int], reps: int) -> dict:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    fits: dict = {"shared": {k: round(min(1.0, v), 3) for k, v in out["shared"].items()}}
+    fits: dict = {"shared": {k: round(min(1.0, v), 3) for k, v in out["shared"].items()}, "merge": out["merge"],
+                  "glue": out["glue"], "jitter": out["jitter"]}
     for name in ("all_to_all", "all_reduce"):
         pts = out[name]
         factor = 0.5 if name == "all_to_all" else 1.0  # (n-1)/n and 2(n-1)/n of the buffer at n = 2
@@ -205,8 +293,10 @@ def pair(sizes: list[int], reps: int) -> dict:
         A = np.stack([wire / 1e6, np.full(len(wire), calls)], axis=1)
         (inv_bw, _), *_ = np.linalg.lstsq(A, synced, rcond=None)
         bw = float(1.0 / max(inv_bw, 1e-3))
-        # the latency a step sees: a call after compute, at the smallest size, less its bytes
-        lat = (pts[0][2] - wire[0] / (bw * 1e6)) / calls
+        # the latency a step sees: a call after compute, less its bytes; the median over the sizes up to
+        # 256 KB, where latency dominates (one size alone varied 2x between calibrations)
+        small = [p[2] - w / (bw * 1e6) for p, w in zip(pts, wire, strict=True) if p[0] <= 1 << 18]
+        lat = statistics.median(small or [pts[0][2] - wire[0] / (bw * 1e6)]) / calls
         fits[name] = {"bandwidth_gbs": bw, "latency_us": float(max(lat, 0.0) * 1e3),
                       "points_bytes_synced_ms_loaded_ms": [[int(p[0]), round(p[1], 4), round(p[2], 4)]
                                                            for p in pts]}
@@ -313,7 +403,7 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
 
     emb: dict[str, dict] = {}
     dims = [64] if short else [16, 64, 128]
-    precisions = ["fp32", "fp16"]
+    precisions = ["fp32", "fp16", "bf16"]
     raw = {}
     for b in _backends(device):
         emb[b] = {}
@@ -351,6 +441,17 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
         src["collectives"] = {k: v for k, v in fits.items() if k != "shared"}
         shared = fits["shared"]
         a2a = fits["all_to_all"]
+        # the merge's own work: its time less its collective (an all-gather of the payload sparse, an
+        # all-reduce dense), as GB/s of the replicas' payload
+        merge = {}
+        for name, (payload, ms) in fits["merge"].items():
+            link = fits["all_to_all" if name == "sparse" else "all_reduce"]
+            wire = payload / 2 * 0.5 / (link["bandwidth_gbs"] * 1e6) if name == "sparse" else (
+                payload / 2 / (link["bandwidth_gbs"] * 1e6))
+            merge[name] = round(payload / (max(ms - wire, 0.1 * ms) * 1e6), 3)
+        src["replica_merge"] = {"measured": fits["merge"], "merge_gbs": merge}
+        src["collection_glue"] = {k: round(v, 3) for k, v in fits["glue"].items()}
+        src["jitter"] = fits["jitter"]
         link = {"bandwidth_gbs": round(a2a["bandwidth_gbs"], 4), "latency_us": round(a2a["latency_us"], 1)}
 
     progress("framework step")
@@ -377,6 +478,9 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
             "thread_exp": thread_exp,
             "elementwise_gbs": other,
             **({"shared_speed": shared} if shared else {}),
+            **({"replica_merge_gbs": src["replica_merge"]["merge_gbs"]} if "replica_merge" in src else {}),
+            **({"glue_ns_per_id": src["collection_glue"]["ns_per_id"]} if "collection_glue" in src else {}),
+            **({"jitter": round(src["jitter"]["per_compute_ms"], 4)} if "jitter" in src else {}),
             "step_overhead_ms": round(fw["step_ms"], 3),
             "process_mb": round(fw["peak_mem_mb"], 1),
         },

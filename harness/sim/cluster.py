@@ -76,6 +76,10 @@ class Device:
     #   activation bytes per second, per dense precision, by batch size (interpolated in log batch)
     shared_speed: dict[str, float] = field(default_factory=dict)  # CPU: speed a rank keeps (dense, embedding)
     #   when every core of its node runs a rank (shared caches and memory bandwidth)
+    glue_ns_per_id: float = 0.0  # the embedding collection's own work (id routing, assembly) per local id
+    jitter: float = 0.0  # the wait at a collective per ms of compute before it (ranks drift apart)
+    replica_merge_gbs: dict[str, float] = field(default_factory=dict)  # 2D weight_avg merge, beyond its wire:
+    #   GB/s of the replicas' payload (rows x (width + state)), per transport (sparse, dense)
 
     def kernel(self, backend: str, precision: str) -> KernelEff | None:
         per = self.embedding.get(backend) or {}
@@ -182,7 +186,8 @@ def _float_map(c: _Check, d: Any, path: str, keys: tuple[str, ...]) -> dict[str,
 def _device(c: _Check, d: Any) -> Device:
     d = c.section(d, "device", {"type", "memory_gb", "mem_bw_gbs", "dense_gflops", "gemm_half_mflop", "embedding",
                                 "step_overhead_ms"},
-                  {"cores", "thread_exp", "process_mb", "elementwise_gbs", "shared_speed"})
+                  {"cores", "thread_exp", "process_mb", "elementwise_gbs", "shared_speed", "replica_merge_gbs",
+                   "glue_ns_per_id", "jitter"})
     typ = c.choice(d["type"], "device.type", DEVICE_TYPES)
     dense = d["dense_gflops"]
     if not isinstance(dense, dict) or "fp32" not in dense:
@@ -217,6 +222,7 @@ def _device(c: _Check, d: Any) -> Device:
     ew = {c.choice(k, f"device.elementwise_gbs.{k}", DENSE_PRECISIONS): _eff_curve(c, v, f"device.elementwise_gbs.{k}")
           for k, v in ew_raw.items()}
     shared = _float_map(c, d.get("shared_speed", {}), "device.shared_speed", ("dense", "embedding"))
+    merge = _float_map(c, d.get("replica_merge_gbs", {}), "device.replica_merge_gbs", ("sparse", "dense"))
     if any(v > 1 for v in shared.values()):
         raise c.fail("device.shared_speed", "fractions of a rank's solo speed must be <= 1")
     cores = int(c.num(d, "cores", "device.cores", integer=True)) if "cores" in d else 0
@@ -228,7 +234,9 @@ def _device(c: _Check, d: Any) -> Device:
                   {k: float(v) for k, v in texp.items()}, c.num(d, "step_overhead_ms", "device.step_overhead_ms",
                                                                  positive=False), cores,
                   c.num(d, "process_mb", "device.process_mb", positive=False) if "process_mb" in d else 0.0,
-                  ew, shared)
+                  ew, shared, c.num(d, "glue_ns_per_id", "device.glue_ns_per_id", positive=False)
+                  if "glue_ns_per_id" in d else 0.0,
+                  c.num(d, "jitter", "device.jitter", positive=False) if "jitter" in d else 0.0, merge)
 
 
 TOP_KEYS = {"name", "nodes", "devices_per_node", "device", "intra_node", "network", "host_memory_gb"}

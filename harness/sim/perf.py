@@ -186,6 +186,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     rep_gather = [0.0] * G  # grad_allreduce: bytes each position all-gathers over its replicas
     shard_rows_bytes = [0.0] * G
     touched_bytes = [0.0] * G  # weight_avg: touched rows' sparse payload per interval
+    touched_rows, shard_rows, shard_width = [0.0] * G, [0] * G, [0] * G
     for tp in plan.tables:
         t = wl.tables[tp.table]
         if tp.kind == "data_parallel":
@@ -204,6 +205,9 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             k_ids = cfg.sparse_sync_interval * ids
             touched = sh.rows * -math.expm1(-k_ids / max(1, sh.rows))
             touched_bytes[sh.rank] += touched * (ID_BYTES + sh.dim * cb)
+            touched_rows[sh.rank] += touched
+            shard_rows[sh.rank] += sh.rows
+            shard_width[sh.rank] = max(shard_width[sh.rank], sh.dim)
     dp = [wl.tables[i] for i in plan.dp_tables()]
     dp_fwd = sum(_emb_ms(lookup_bytes(B * t.pooling, B, t.dim, wb), "fwd", t.dim, s) for t in dp)
     dp_bwd = sum(_emb_ms(update_bytes(W * B * t.pooling, W * B, t.dim, wb, sb), "bwd", t.dim, s) for t in dp)
@@ -237,16 +241,28 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     if R > 1 and recv_cols:
         if cfg.sparse_sync == "grad_allreduce":
             comm["replica_sync"] = coll.all_gather(max(rep_gather), r_span, c)
-        else:
-            sparse = coll.all_gather(SPARSE_BYTE_COST * max(touched_bytes), r_span, c)
-            dense_sync = coll.all_reduce(max(shard_rows_bytes), r_span, c)
-            comm["replica_sync"] = min(sparse, dense_sync) / cfg.sparse_sync_interval
+        else:  # the harness's transport: sparse while its bytes (x SPARSE_BYTE_COST) are the fewer
+            sparse = SPARSE_BYTE_COST * R * max(touched_bytes) < 2 * (R - 1) * max(shard_rows_bytes) / R
+            merge = c.device.replica_merge_gbs.get("sparse" if sparse else "dense")
+            if sparse:
+                t = coll.all_gather(max(touched_bytes), r_span, c)
+                work = R * max(touched_rows)
+            else:
+                t = coll.all_reduce(max(shard_rows_bytes), r_span, c)
+                work = R * max(shard_rows)
+            if merge:  # the merge's own work on the replicas' rows (width + the state column, fp32)
+                t += work * (max(shard_width) + 1) * 4 / (merge * 1e6 * s.emb_speed)
+            comm["replica_sync"] = t / cfg.sparse_sync_interval
+    if W > 1 and c.device.jitter:  # ranks drift apart over their compute; each collective waits for the last
+        comm["wait"] = c.device.jitter * (emb_fwd + emb_bwd + dense)
     comm_ms = sum(comm.values())
 
-    step = emb_fwd + emb_bwd + comm_ms + dense + optim + c.device.step_overhead_ms
+    # the collection's own work on this rank's ids (routing them to their shards, assembling the pooled rows)
+    glue = B * sum(t.pooling for t in wl.tables) * c.device.glue_ns_per_id / 1e6 / s.emb_speed
+    step = emb_fwd + emb_bwd + comm_ms + dense + optim + c.device.step_overhead_ms + glue
     qps = W * B / step * 1e3
-    bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm_ms, "dense": dense + c.device.step_overhead_ms,
-          "optim": optim}
+    bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm_ms,
+          "dense": dense + c.device.step_overhead_ms + glue, "optim": optim}
 
     # memory per position (MB)
     shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
