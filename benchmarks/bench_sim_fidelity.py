@@ -42,7 +42,8 @@ from harness.workload import Workload  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 OUT = DATA / "sim_fidelity_cpu.json"  # set A
-OUT_B = DATA / "sim_fidelity_cpu_b.json"  # set B, held out
+OUT_B = DATA / "sim_fidelity_cpu_b.json"  # set B, held out from the model as of 58b2732
+OUT_C = DATA / "sim_fidelity_cpu_c.json"  # set C, random configurations of the CPU space, held out
 STEPS = {"warmup_steps": 3, "measure_steps": 12, "windows": 3, "timeout_s": 300}
 
 FRESH: list[dict] = [
@@ -96,6 +97,24 @@ HELD_OUT: list[dict] = [
 ]
 
 
+def random_space_configs(n: int = 32, seed: int = 2026) -> list[dict]:
+    """Set C: configurations drawn uniformly from the default CPU search space (what a tune explores),
+    measured after calibrate's concurrency measurement was fixed (commit 'sim: frozen for set C')."""
+    import numpy as np
+
+    from cubic.space import load_space
+
+    space = load_space(Path(__file__).resolve().parent.parent / "search_spaces" / "dlrm_cpu.yaml")
+    rng, seen, out = np.random.default_rng(seed), set(), []
+    base = space.baseline_params()
+    while len(out) < n:
+        t = space.random_tuple(rng, seen)
+        seen.add(t)
+        params = space.params_of(t)
+        out.append({k: v for k, v in params.items() if v != base.get(k)})
+    return out
+
+
 def fresh_config(knobs: dict) -> TrialConfig:
     knobs = dict(knobs)
     wl = Workload.preset(knobs.pop("workload", "small"))
@@ -108,7 +127,7 @@ def measure(which: str) -> None:
     console = Console()
     rows = []
     t0 = time.time()
-    todo = FRESH if which == "a" else HELD_OUT
+    todo = {"a": FRESH, "b": HELD_OUT, "c": random_space_configs()}[which]
     for i, knobs in enumerate(todo):
         res = run_trial(fresh_config(knobs))
         rows.append({"knobs": knobs, "status": res.status, "error": res.error, "qps": res.qps,
@@ -116,7 +135,7 @@ def measure(which: str) -> None:
                      "peak_mem_mb": res.peak_mem_mb})
         console.print(f"[{i + 1}/{len(todo)}] {knobs or 'baseline'}: {res.status} {res.qps:,.0f} samples/s "
                       f"(cv {res.qps_cv:.1%}), load {os.getloadavg()[0]:.1f}")
-    out = OUT if which == "a" else OUT_B
+    out = {"a": OUT, "b": OUT_B, "c": OUT_C}[which]
     out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
                                "seconds": round(time.time() - t0), "steps": STEPS, "trials": rows}, indent=1))
     console.print(f"wrote {out}")
@@ -140,11 +159,15 @@ def scores(pred: list[float], meas: list[float]) -> dict:
             "bias": statistics.median(p / m for p, m in zip(pred, meas, strict=True))}
 
 
-def landscape_set() -> tuple[list[str], list[float], list[float]]:
+LANDSCAPE_TODAY = DATA / "landscape_cpu_2026-11-24.parquet"  # the same 40 configurations, re-measured:
+# python benchmarks/bench_searchers.py measure --repeats 1 --out benchmarks/data/landscape_cpu_2026-11-24.parquet
+
+
+def landscape_set(path: Path = DATA / "landscape_cpu.parquet") -> tuple[list[str], list[float], list[float]]:
     import pandas as pd
     import yaml
 
-    df = pd.read_parquet(DATA / "landscape_cpu.parquet")
+    df = pd.read_parquet(path)
     space = yaml.safe_load((DATA / "landscape_cpu_space.yaml").read_text())
     knobs = ["sharding", "batch_size", "kernel", "emb_precision"]
     meas = df[df.status == "ok"].groupby(knobs)["qps"].mean().reset_index()
@@ -186,19 +209,27 @@ def report() -> None:
     names, fp, fr, rows = fresh_set()
     sets = {"landscape (2026-11-22, loaded)": (lp, lr), "fresh A (guided the model)": (fp, fr)}
     rows_b: list[dict] = []
+    if LANDSCAPE_TODAY.exists():
+        _, tp, tr = landscape_set(LANDSCAPE_TODAY)
+        sets["landscape re-measured (quiet)"] = (tp, tr)
     if OUT_B.exists():
         _, bp, br, rows_b = fresh_set(OUT_B)
-        sets["fresh B (held out)"] = (bp, br)
+        sets["fresh B (held out at 58b2732)"] = (bp, br)
+    rows_c: list[dict] = []
+    if OUT_C.exists():
+        _, cp, cr, rows_c = fresh_set(OUT_C)
+        sets["fresh C (random, held out)"] = (cp, cr)
     for name, (p, r) in sets.items():
         s = scores(p, r)
         results[name] = s
         tab.add_row(name, str(s["n"]), f"{s['tau']:.2f}", f"{s['median_err']:.0%}", f"{s['p90_err']:.0%}",
                     f"{s['bias']:.2f}", "yes" if s["best_in_top3"] else "no")
     console.print(tab)
-    per = Table(title="fresh trials (B, then A): predicted vs measured (ms per step by phase: sim / real)")
+    per = Table(title="set C (random configurations, held out): predicted vs measured (ms per step by phase: "
+                      "sim / real)")
     for col in ("config", "pred qps", "real qps", "pred/real", "emb fwd+bwd", "comm", "dense+optim"):
         per.add_column(col, justify="right")
-    for r in sorted(rows_b, key=lambda r: r["pred"] / r["real"]) + sorted(rows, key=lambda r: r["pred"] / r["real"]):
+    for r in sorted(rows_c, key=lambda r: r["pred"] / r["real"]):
         sb, rb = r["pred_bd"], r["real_bd"]
         per.add_row(r["name"][:60], f"{r['pred']:,.0f}", f"{r['real']:,.0f}", f"{r['pred'] / r['real']:.2f}",
                     f"{sb['emb_fwd'] + sb['emb_bwd']:.1f} / {rb['emb_fwd'] + rb['emb_bwd']:.1f}",
@@ -206,12 +237,12 @@ def report() -> None:
                     f"{sb['dense'] + sb['optim']:.1f} / {rb['dense'] + rb['optim']:.1f}")
     console.print(per)
     (DATA / "sim_fidelity_scores.json").write_text(json.dumps({"scores": results, "fresh_a": rows,
-                                                               "fresh_b": rows_b}, indent=1))
+                                                               "fresh_b": rows_b, "fresh_c": rows_c}, indent=1))
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=["measure", "report"])
-    ap.add_argument("--set", choices=["a", "b"], default="b", help="which fresh set `measure` runs")
+    ap.add_argument("--set", choices=["a", "b", "c"], default="c", help="which fresh set `measure` runs")
     args = ap.parse_args()
     measure(args.set) if args.mode == "measure" else report()
