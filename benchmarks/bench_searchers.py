@@ -106,9 +106,9 @@ class Landscape:
         return lambda cfg: feats[space.tup({k: getattr(cfg, k) for k in space.knobs})]
 
 
-def cpu_landscape() -> Landscape:
+def cpu_landscape(table: Path | None = None) -> Landscape:
     space = load_space(CPU_SPACE)
-    df = pd.read_parquet(CPU_TABLE)
+    df = pd.read_parquet(table or CPU_TABLE)
     samples: dict[tuple, list[float]] = {}
     true: dict[tuple, float] = {}
     for tup in space.all_tuples or []:
@@ -228,6 +228,7 @@ def main() -> None:
     r.add_argument("--searchers", default=",".join(SEARCHERS))
     r.add_argument("--landscapes", default="cpu,model")
     r.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
+    r.add_argument("--cpu-table", type=Path, default=None, help="another measurement of the cpu landscape")
     args = ap.parse_args()
     if args.cmd == "measure":
         measure(args.repeats, args.out)
@@ -240,7 +241,7 @@ def main() -> None:
         if name == "cpu":
             if not CPU_TABLE.exists():
                 sys.exit(f"{CPU_TABLE} is missing: run `python {sys.argv[0]} measure` first")
-            lands.append(cpu_landscape())
+            lands.append(cpu_landscape(args.cpu_table))
         elif name == "model":
             lands.append(model_landscape())
         else:

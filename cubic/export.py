@@ -106,6 +106,8 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "sharding_plan": res.get("plan") or [],
         "provenance": {
             "study": rec["study"], "storage": rec["storage"], "trial": rec["trial"],
+            # "sim": a prediction (env.cluster says for which cluster), not a measurement
+            "backend": env.get("backend", "real"),
             "baseline_trial": rec["baseline_trial"], "confirmed": rec["confirmed"],
             "phase": ua.get("phase"), "searcher": ua.get("searcher"), "config_key": ua.get("config_key"),
             "versions": _versions(env), "machine": env,

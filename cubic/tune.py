@@ -486,7 +486,7 @@ class Tuner:
             "trial": top.number, "qps": top.value, "short_config": short_config(self.space, top.params),
             "speedup": top.value / first_base if first_base else None}
         return {
-            "study": self.space.name, "storage": safe_url(self.store.rdb.url), "best_measured": best,
+            "study": self.study.study_name, "storage": safe_url(self.store.rdb.url), "best_measured": best,
             "run_dir": str(self.store.run_dir) if self.store.run_dir else None, "searcher": self.searcher,
             "budget": self.budget, "trials": len(ran),
             "ok": sum(t.state == TrialState.COMPLETE for t in ran),

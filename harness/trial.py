@@ -101,6 +101,12 @@ def _nccl_ok(cfg: TrialConfig) -> bool:
 def check_config(cfg: TrialConfig) -> None:
     """Everything that makes a config bad input (raises ConfigError with one line)."""
     cfg.validate()
+    from harness.workload import SIMULATED_ONLY
+
+    if cfg.workload.name in SIMULATED_ONLY:
+        raise ConfigError(f"workload {cfg.workload.name} is for the simulator (--backend sim --cluster ...): "
+                          f"{sum(t.bytes_fp32 for t in cfg.workload.tables) / 2**30:.0f} GiB of tables; for a real "
+                          "trial use mlperf-dcnv2-mini")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda: no CUDA device is available here; use device=cpu")
     if cfg.kernel == "fbgemm":

@@ -40,6 +40,7 @@ MLPERF_ROWS = [
 ]
 MLPERF_POOLING = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 MLPERF_ROW_CAP = 200_000  # fits this 24 GiB / 2-core machine with room for 4 ranks
+SIMULATED_ONLY = ("mlperf-dcnv2",)  # presets too large for a real trial here: `--backend sim` only
 
 
 def _is_int(x: Any) -> bool:
@@ -120,6 +121,17 @@ class Workload:
                                    dcn_layers=3, dcn_rank=128)
 
     @classmethod
+    def mlperf_dcnv2(cls) -> Workload:
+        """MLPerf Training's DLRM-DCNv2 at full size: the 26 tables with the published rows (four of 40M),
+        multi-hot sizes, dim 128, DCN-v2 3 layers of rank 512 over the 3,456-wide concatenation, bottom
+        512-256-128, top 1024-1024-512-256-1. For the simulator only (~100 GB of fp32 tables): a real
+        trial refuses it (SIMULATED_ONLY)."""
+        tables = [TableSpec(f"t{i}", r, 128, p, "zipf", 1.05)
+                  for i, (r, p) in enumerate(zip(MLPERF_ROWS, MLPERF_POOLING, strict=True))]
+        return cls("mlperf-dcnv2", tables, 13, [512, 256, 128], [1024, 1024, 512, 256, 1], "dcn",
+                   dcn_layers=3, dcn_rank=512)
+
+    @classmethod
     def wukong_mini(cls) -> Workload:
         """Wukong in the public re-implementation's shape (3 layers, dim 128, n_F = n_L = 16, FM rank 24,
         FM MLP 2 x 512) over 8 Zipf tables of 100k rows, pooling 8: the dense stack, not the tables, is
@@ -131,7 +143,8 @@ class Workload:
     @classmethod
     def preset(cls, name: str, where: str = "workload") -> Workload:
         presets = {"small": cls.small, "tiny": cls.tiny, "criteo-mlperf-mini": cls.criteo_mlperf_mini,
-                   "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini}
+                   "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini,
+                   "mlperf-dcnv2": cls.mlperf_dcnv2}
         if name not in presets:
             raise ConfigError(f"{where}: unknown preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()

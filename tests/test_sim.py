@@ -188,6 +188,7 @@ def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Pat
     assert r.exit_code == 0, r.output
     exp = json.loads(out.read_text())
     assert exp["config"]["workload"]["name"] == Workload.small().name
+    assert exp["provenance"]["backend"] == "sim" and exp["provenance"]["machine"]["cluster"] == "local"
     # the tune said why nothing was quality-gated, and a resumed tune runs no trial twice
     r2 = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space",
                                   str(ROOT / "search_spaces/dlrm_cpu.yaml"), "--trials", "25", "--run-dir", str(run),
@@ -215,3 +216,36 @@ def test_a_simulated_study_warm_starts_another(tmp_path: Path) -> None:
                                    str(ROOT / "search_spaces/tiny.yaml"), "--run-dir", str(tmp_path / "t"),
                                    "--warm-start", str(first), "--no-live"])
     assert bad.exit_code == 2 and "no study of search space 'tiny'" in bad.output, bad.output
+
+
+@pytest.mark.parametrize("name", ["h100-8", "h100-64", "h100-128", "h100-4096", "a100-zionex-128"])
+def test_cluster_presets_load_and_price_the_full_mlperf_model(name: str) -> None:
+    c = load_cluster(shipped_cluster(f"{name}.yaml"))
+    wl = Workload.preset("mlperf-dcnv2")
+    res = simulate(TrialConfig(workload=wl, world_size=min(c.devices, 64), batch_size=1024, device="cuda",
+                               kernel="triton", sharding="column_wise", dense_precision="bf16", ranks_per_node=8), c)
+    assert res.status == "ok" and res.qps > 0, res.error
+
+
+def test_traffic_that_leaves_a_pod_pays_the_oversubscription() -> None:
+    """h100-4096: pods of 384 nodes, 7:1 above. An all-to-all over 4,096 ranks sends 1/4 of its bytes out
+    of the pod; inside one pod (3,072 ranks) none."""
+    from harness.sim import collectives as coll
+
+    c = load_cluster(shipped_cluster("h100-4096.yaml"))
+    flat = cluster_from_dict({**yaml.safe_load(shipped_cluster("h100-4096.yaml").read_text()),
+                              "network": {"bandwidth_gbs": 46, "latency_us": 25}}, "flat")
+    world = coll.span(list(range(4096)), c)
+    assert (world.p, world.q) == (2, 3072)
+    one_pod = coll.span(list(range(3072)), c)
+    mb = 64 * 2**20
+    assert coll.all_to_all(mb, one_pod, c) == pytest.approx(coll.all_to_all(mb, one_pod, flat))
+    assert coll.all_to_all(mb, world, c) > 2 * coll.all_to_all(mb, world, flat)
+
+
+def test_the_full_size_mlperf_model_is_for_the_simulator_only() -> None:
+    from harness.errors import ConfigError
+    from harness.trial import check_config
+
+    with pytest.raises(ConfigError, match="for the simulator"):
+        check_config(TrialConfig(workload=Workload.preset("mlperf-dcnv2")))

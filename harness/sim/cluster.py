@@ -10,6 +10,7 @@ TrialConfig): Calculon's system / model / execution split. One file describes
   width; a fixed framework cost per step;
 - `intra_node`: the link between devices of a node (bandwidth per direction, latency per collective);
 - `network`: each device's own NIC (an all-to-all cannot aggregate NICs), bandwidth and latency;
+  optionally `pod_nodes` (nodes per pod, non-blocking inside) and `oversubscription` (above the pod);
 - `host_memory_gb` per node.
 
 Every key is checked at load, with one line naming the file, the key and what is allowed (exit 2 at
@@ -90,6 +91,8 @@ class Device:
 class Link:
     bandwidth_gbs: float  # per direction, per device
     latency_us: float  # per collective call between two ranks
+    pod_nodes: int = 0  # network only: nodes per pod (a non-blocking fabric inside); 0 = one pod
+    oversubscription: float = 1.0  # network only: traffic that leaves a pod shares links this much
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class Cluster:
 
     def node_of(self, rank: int) -> int:
         return rank // self.devices_per_node
+
+    def pod_of(self, rank: int) -> int:
+        return self.node_of(rank) // self.network.pod_nodes if self.network.pod_nodes else 0
 
     def rank_memory_mb(self, ranks_on_node: int) -> float:
         """What one rank may hold: its device's memory (GPU), or its share of the node's host memory."""
@@ -160,8 +166,13 @@ class _Check:
 
 
 def _link(c: _Check, d: Any, key: str) -> Link:
-    d = c.section(d, key, {"bandwidth_gbs", "latency_us"})
-    return Link(c.num(d, "bandwidth_gbs", f"{key}.bandwidth_gbs"), c.num(d, "latency_us", f"{key}.latency_us", False))
+    pods = {"pod_nodes", "oversubscription"} if key == "network" else set()
+    d = c.section(d, key, {"bandwidth_gbs", "latency_us"}, pods)
+    over = c.num(d, "oversubscription", f"{key}.oversubscription") if "oversubscription" in d else 1.0
+    if over < 1:
+        raise c.fail(f"{key}.oversubscription", f"{over!r} must be >= 1 (1 = non-blocking)")
+    return Link(c.num(d, "bandwidth_gbs", f"{key}.bandwidth_gbs"), c.num(d, "latency_us", f"{key}.latency_us", False),
+                int(c.num(d, "pod_nodes", f"{key}.pod_nodes", integer=True)) if "pod_nodes" in d else 0, over)
 
 
 def _eff_curve(c: _Check, d: Any, path: str) -> dict[int, float]:

@@ -2,7 +2,8 @@
 
 A group of ranks is routed by where its members sit: all on one node -> the intra-node link; across
 nodes -> each device's own NIC for the inter-node part (an all-to-all cannot aggregate NICs; its
-intra-node part runs on the node link at the same time). Bus-bandwidth factors are nccl-tests':
+intra-node part runs on the node link at the same time); bytes that leave a pod cross links
+oversubscribed `network.oversubscription` times. Bus-bandwidth factors are nccl-tests':
 all-to-all / all-gather (n-1)/n of a rank's buffer, all-reduce 2(n-1)/n (ring), hierarchical across
 nodes (reduce-scatter in the node, all-reduce of 1/m over the NICs, all-gather in the node). Latency
 grows with log2 of the ranks (tree-like schedules; published all-to-all latencies grow ~2.5x from 8 to
@@ -19,18 +20,27 @@ from harness.sim.cluster import Cluster
 
 @dataclass(frozen=True)
 class Span:
-    """Where a group of n ranks sits: m ranks per node on k nodes."""
+    """Where a group of n ranks sits: m ranks per node on k nodes; q ranks per pod on p pods."""
 
     n: int
     m: int
     k: int
+    q: int = 0
+    p: int = 1
 
 
 def span(ranks: list[int], cluster: Cluster) -> Span:
     nodes: dict[int, int] = {}
+    pods: dict[int, int] = {}
     for r in ranks:
         nodes[cluster.node_of(r)] = nodes.get(cluster.node_of(r), 0) + 1
-    return Span(len(ranks), max(nodes.values()), len(nodes))
+        pods[cluster.pod_of(r)] = pods.get(cluster.pod_of(r), 0) + 1
+    return Span(len(ranks), max(nodes.values()), len(nodes), max(pods.values()), len(pods))
+
+
+def _nic_ms(in_pod: float, out_pod: float, c: Cluster) -> float:
+    """Bytes through one device's NIC: those leaving its pod share oversubscribed links."""
+    return _ms(in_pod + out_pod * c.network.oversubscription, c.network.bandwidth_gbs)
 
 
 def _lat(us: float, n: int) -> float:
@@ -48,7 +58,8 @@ def all_to_all(bytes_per_rank: float, s: Span, c: Cluster) -> float:
     intra = _ms(bytes_per_rank * (s.m - 1) / s.n, c.intra_node.bandwidth_gbs)
     if s.k <= 1:
         return intra + _lat(c.intra_node.latency_us, s.n)
-    inter = _ms(bytes_per_rank * (s.n - s.m) / s.n, c.network.bandwidth_gbs)
+    q = s.q or s.n
+    inter = _nic_ms(bytes_per_rank * (q - s.m) / s.n, bytes_per_rank * (s.n - q) / s.n, c)
     return max(intra, inter) + _lat(c.network.latency_us, s.n)
 
 
@@ -64,5 +75,7 @@ def all_reduce(nbytes: float, s: Span, c: Cluster) -> float:
     if s.k <= 1:
         return _ms(2 * nbytes * (s.n - 1) / s.n, c.intra_node.bandwidth_gbs) + 2 * _lat(c.intra_node.latency_us, s.n)
     t = _ms(2 * nbytes * (s.m - 1) / s.m, c.intra_node.bandwidth_gbs) if s.m > 1 else 0.0
-    t += _ms(2 * nbytes / s.m * (s.k - 1) / s.k, c.network.bandwidth_gbs)
+    wire = 2 * nbytes / s.m * (s.k - 1) / s.k
+    # a ring over pods crosses the oversubscribed links on every pod-to-pod hop: the slowest link sets it
+    t += _nic_ms(wire, 0.0, c) if s.p <= 1 else _nic_ms(0.0, wire, c)
     return t + 2 * _lat(c.network.latency_us, s.n)
