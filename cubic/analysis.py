@@ -54,10 +54,8 @@ def storage_url(run_dir_or_storage_url: str | Path) -> str:
     raise ConfigError(f"{s}: no such run directory or storage URL")
 
 
-def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> optuna.Study:
-    """Open an existing study; with study=None the storage's only study (the name is the space's name)."""
-    url = storage_url(run_dir_or_storage_url)
-    where = safe_url(url)
+def existing_storage(url: str, where: str) -> tuple[Any, list]:
+    """(storage, its studies) of a trial store that exists; ConfigError naming `where` otherwise."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         # look before Optuna opens it: RDBStorage creates its tables in any database it is given
@@ -69,12 +67,20 @@ def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
         if not is_store:
             raise ConfigError(f"{where}: not a cubic/Optuna trial store (no 'studies' table)")
         storage = rdb_storage(url, skip_compatibility_check=False)
-        names = [s.study_name for s in storage.get_all_studies()]
+        return storage, storage.get_all_studies()
     except ConfigError:
         raise
     except Exception as e:  # not a database, not an Optuna schema, server unreachable
         msg = " ".join(str(e).split())[:200]
         raise ConfigError(f"{where}: cannot read the trial store ({type(e).__name__}: {msg})") from None
+
+
+def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> optuna.Study:
+    """Open an existing study; with study=None the storage's only study (the name is the space's name)."""
+    url = storage_url(run_dir_or_storage_url)
+    where = safe_url(url)
+    storage, studies = existing_storage(url, where)
+    names = [s.study_name for s in studies]
     if not names:
         raise ConfigError(f"{where}: the trial store holds no study; run `cubic tune` first")
     if study is None:

@@ -11,36 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy
 from optuna.trial import TrialState
 
 from cubic.space import SearchSpace, fingerprint
-from cubic.store import NOT_RUN, rdb_storage, safe_url
+from cubic.store import NOT_RUN, safe_url
 from harness.errors import ConfigError
 
 
 def load_warm_start(source: str, space: SearchSpace) -> list[tuple[dict[str, Any], float | None, str]]:
     """(params, qps or None for a failed trial, "sim" | "real") of every finished trial of every study of
     `space` in `source` (a run directory or a storage URL); ConfigError naming the source otherwise."""
-    from cubic.analysis import storage_url
+    from cubic.analysis import existing_storage, storage_url
 
     url = storage_url(source)
-    where = f"--warm-start {safe_url(url) if '://' in source else source}"
-    try:
-        engine = sqlalchemy.create_engine(url)
-        try:
-            is_store = sqlalchemy.inspect(engine).has_table("studies")
-        finally:
-            engine.dispose()
-        if not is_store:
-            raise ConfigError(f"{where}: not a cubic trial store (no 'studies' table)")
-        storage = rdb_storage(url, skip_compatibility_check=False)
-        studies = storage.get_all_studies()
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise ConfigError(f"{where}: cannot read the trial store ({type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:200]})") from None
+    where = f"--warm-start {safe_url(url) if '://' in source else source}"  # never a password
+    storage, studies = existing_storage(url, where)
     fp = fingerprint(space.to_dict())
     same = [s for s in studies if fingerprint(s.user_attrs.get("space") or {}) == fp]
     if not same:

@@ -7,7 +7,8 @@ passes: harness/planning.py), then partition onto ranks under the memory cap.
   size_greedy / lookup_greedy / size_lookup_greedy  NeuroShard's baselines: table-wise, greedy
       bin-packing by rows*dim, by dim*pooling, by dim*pooling*log10(rows)
   auto   the table costs choose per table: data-parallel where the dense-gradient all-reduce is
-      cheaper than the table's all-to-all, row-wise for a table hotter than a rank's fair share,
+      cheaper than the table's all-to-all, row-wise for a table hotter than a rank's fair share
+      (unless moving every rank's partial sums costs more than the lookups it spreads: at scale),
       table-wise otherwise (placed greedily by estimated cost)
 """
 
@@ -29,7 +30,7 @@ class TableCost(Protocol):
 
     def table(self, t, cfg: TrialConfig) -> float: ...
     def dp_table(self, t, cfg: TrialConfig) -> float: ...
-    def comm(self, t, cfg: TrialConfig) -> float: ...
+    def comm(self, t, cfg: TrialConfig, parts: int = 1) -> float: ...
 
 
 class PlanError(ConfigError):
@@ -166,8 +167,8 @@ def _choose_kinds(cfg: TrialConfig, cost: TableCost) -> dict[int, str]:
     for i, t in enumerate(wl.tables):
         if cost.dp_table(t, cfg) < costs[i] / G + cost.comm(t, cfg):
             kinds[i] = "data_parallel"
-        elif G > 1 and costs[i] > fair:
-            kinds[i] = "row_wise"
+        elif G > 1 and costs[i] > fair and costs[i] / G + cost.comm(t, cfg, G) < costs[i] + cost.comm(t, cfg):
+            kinds[i] = "row_wise"  # its lookups spread, unless every rank's partial sums cost more to move
         else:
             kinds[i] = "table_wise"
     return kinds

@@ -139,15 +139,15 @@ class TableCosts:
                                  self.cluster) if W > 1 else 0.0
         return self._lookups(t, B, W * B, cfg) + gather
 
-    def comm(self, t: TableSpec, cfg: TrialConfig) -> float:
+    def comm(self, t: TableSpec, cfg: TrialConfig, parts: int = 1) -> float:
         """The table's pooled all-to-all forward and backward when model-parallel (bandwidth only: the
-        tables share the calls)."""
+        tables share the calls). `parts` row blocks each send their partial sums (row-wise: the group)."""
         G = cfg.group_size
         if G <= 1:
             return 0.0
         if self.cluster is None:
-            return 2 * cfg.batch_size * t.dim * DTYPE_BYTES[cfg.comm_precision] / 1e6
-        b = cfg.batch_size * t.dim * DTYPE_BYTES[cfg.comm_precision]
+            return 2 * cfg.batch_size * t.dim * parts * DTYPE_BYTES[cfg.comm_precision] / 1e6
+        b = cfg.batch_size * t.dim * parts * DTYPE_BYTES[cfg.comm_precision]
         s = coll.span(group_ranks(cfg.world_size, G, cfg.group_placement)[0], self.cluster)
         return 2 * max(0.0, coll.all_to_all(b, s, self.cluster) - coll.all_to_all(0.0, s, self.cluster))
 
