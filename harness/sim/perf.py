@@ -121,13 +121,17 @@ class TableCosts:
         return self._lookups(t, bags, bags, cfg)
 
     def _lookups(self, t: TableSpec, fwd_bags: float, upd_bags: float, cfg: TrialConfig) -> float:
+        return sum(self.phases(t, fwd_bags, upd_bags, cfg))
+
+    def phases(self, t: TableSpec, fwd_bags: float, upd_bags: float, cfg: TrialConfig) -> tuple[float, float]:
+        """(forward, backward+optimizer) ms of one whole table for these bags (bytes alone without a cluster)."""
         wb, sb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
         f = lookup_bytes(fwd_bags * t.pooling, fwd_bags, t.dim, wb)
         u = update_bytes(upd_bags * t.pooling, upd_bags, t.dim, wb, sb)
         s = self._speeds(cfg)
         if s is None:
-            return (f + u) / 1e6
-        return _emb_ms(f, "fwd", t.dim, s) + _emb_ms(u, "bwd", t.dim, s)
+            return f / 1e6, u / 1e6
+        return _emb_ms(f, "fwd", t.dim, s), _emb_ms(u, "bwd", t.dim, s)
 
     def dp_table(self, t: TableSpec, cfg: TrialConfig) -> float:
         """Local lookup of B bags, the sparse all-gather's bandwidth, the update with the union of W*B."""
@@ -183,6 +187,8 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     upd_mult = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
     fwd, bwd = [0.0] * G, [0.0] * G
     ids_send = lens_send = recv_cols = 0.0
+    # what each position's shards receive (lengths, ids) and send back (pooled columns)
+    held_lens, held_ids, held_cols = [0.0] * G, [0.0] * G, [0.0] * G
     rep_gather = [0.0] * G  # grad_allreduce: bytes each position all-gathers over its replicas
     shard_rows_bytes = [0.0] * G
     touched_bytes = [0.0] * G  # weight_avg: touched rows' sparse payload per interval
@@ -200,6 +206,9 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             recv_cols += sh.dim
             lens_send += B * ID_BYTES
             ids_send += B * t.pooling * frac * ID_BYTES
+            held_cols[sh.rank] += sh.dim
+            held_lens[sh.rank] += bags * ID_BYTES
+            held_ids[sh.rank] += ids * ID_BYTES
             rep_gather[sh.rank] += bags * (t.pooling * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
             shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
             k_ids = cfg.sparse_sync_interval * ids
@@ -226,11 +235,14 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     # communication
     comm: dict[str, float] = {}
     if G > 1 and recv_cols:
-        inp = coll.all_to_all(lens_send, g_span, c) + coll.all_to_all(ids_send, g_span, c)
+        # an all-to-all takes as long as its busiest rank: every rank sends its own bags' ids (and receives
+        # its pooled rows), but the rank holding the hot shards receives (and sends back) the most
+        inp = (coll.all_to_all(max(lens_send, max(held_lens)), g_span, c)
+               + coll.all_to_all(max(ids_send, max(held_ids)), g_span, c))
         if cfg.pipeline_depth > 0:
             inp = _overlapped(inp, coll.all_to_all(0.0, g_span, c), cfg, c, s)
         comm["input_a2a"] = inp
-        comm["pooled_a2a"] = 2 * coll.all_to_all(B * recv_cols * cb, g_span, c)
+        comm["pooled_a2a"] = 2 * coll.all_to_all(max(B * recv_cols, G * B * max(held_cols)) * cb, g_span, c)
     if dp and W > 1:
         comm["dp_sync"] = coll.all_gather(sum(B * (t.pooling * ID_BYTES + t.dim * 4 + ID_BYTES) for t in dp),
                                           w_span, c)
