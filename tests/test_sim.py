@@ -249,3 +249,27 @@ def test_the_full_size_mlperf_model_is_for_the_simulator_only() -> None:
 
     with pytest.raises(ConfigError, match="for the simulator"):
         check_config(TrialConfig(workload=Workload.preset("mlperf-dcnv2")))
+
+
+def test_tables_that_do_not_fit_live_in_host_memory_behind_a_cache() -> None:
+    """Neo's hierarchy: on 2 A100 40 GB the full MLPerf tables (~100 GB fp32) do not fit; the biggest shards
+    move to host memory with the rest of the device as their cache (hit rate from the ids' Zipf law), the
+    step pays the misses over PCIe, and without a host link the same config is out of memory."""
+    import dataclasses
+
+    from harness.sim.perf import hit_rate
+    from harness.workload import TableSpec
+
+    c = load_cluster(shipped_cluster("a100-zionex-128.yaml"))
+    cfg = TrialConfig(workload=Workload.preset("mlperf-dcnv2"), world_size=2, batch_size=4096, device="cuda",
+                      kernel="triton", sharding="table_wise", ranks_per_node=8)
+    res = simulate(cfg, c)
+    assert res.status == "ok" and res.peak_mem_mb <= c.device.memory_gb * 1024
+    moved = [x for shards in res.extra["sim"]["offload"].values() for x in shards]
+    assert moved and all(0 < x["hit_rate"] < 1 for x in moved)
+    roomy = dataclasses.replace(c, device=dataclasses.replace(c.device, memory_gb=1000.0))
+    assert simulate(cfg, roomy).qps > res.qps  # the misses cost time
+    no_link = dataclasses.replace(c, device=dataclasses.replace(c.device, host_link_gbs=0.0))
+    assert simulate(cfg, no_link).status == "oom"
+    uni, zipf = TableSpec("u", 1000, 8), TableSpec("z", 1000, 8, 1, "zipf", 1.05)
+    assert hit_rate(100, 1000, uni) == pytest.approx(0.1) and hit_rate(100, 1000, zipf) > 0.5

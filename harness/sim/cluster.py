@@ -7,7 +7,8 @@ TrialConfig): Calculon's system / model / execution split. One file describes
 - `device`: memory capacity and copy bandwidth; the dense rate per precision and the GEMM size at
   which it reaches half of that (small GEMMs run far below peak); the embedding kernels' achieved
   fraction of the copy bandwidth per backend and precision, forward and backward+optimizer, by row
-  width; a fixed framework cost per step;
+  width; a fixed framework cost per step; on a GPU, the link to host memory (`host_link_gbs`: tables that
+  do not fit live in host memory behind a device-side cache, Neo's hierarchy);
 - `intra_node`: the link between devices of a node (bandwidth per direction, latency per collective);
 - `network`: each device's own NIC (an all-to-all cannot aggregate NICs), bandwidth and latency;
   optionally `pod_nodes` (nodes per pod, non-blocking inside) and `oversubscription` (above the pod);
@@ -78,6 +79,7 @@ class Device:
     shared_speed: dict[str, float] = field(default_factory=dict)  # CPU: speed a rank keeps (dense, embedding)
     #   when every core of its node runs a rank (shared caches and memory bandwidth)
     glue_ns_per_id: float = 0.0  # the embedding collection's own work (id routing, assembly) per local id
+    host_link_gbs: float = 0.0  # GPU: device <-> host memory (PCIe) per device; 0 = tables must fit the device
     jitter: float = 0.0  # the wait at a collective per ms of compute before it (ranks drift apart)
     replica_merge_gbs: dict[str, float] = field(default_factory=dict)  # 2D weight_avg merge, beyond its wire:
     #   GB/s of the replicas' payload (rows x (width + state)), per transport (sparse, dense)
@@ -198,7 +200,7 @@ def _device(c: _Check, d: Any) -> Device:
     d = c.section(d, "device", {"type", "memory_gb", "mem_bw_gbs", "dense_gflops", "gemm_half_mflop", "embedding",
                                 "step_overhead_ms"},
                   {"cores", "thread_exp", "process_mb", "elementwise_gbs", "shared_speed", "replica_merge_gbs",
-                   "glue_ns_per_id", "jitter"})
+                   "glue_ns_per_id", "jitter", "host_link_gbs"})
     typ = c.choice(d["type"], "device.type", DEVICE_TYPES)
     dense = d["dense_gflops"]
     if not isinstance(dense, dict) or "fp32" not in dense:
@@ -239,15 +241,17 @@ def _device(c: _Check, d: Any) -> Device:
     cores = int(c.num(d, "cores", "device.cores", integer=True)) if "cores" in d else 0
     if typ == "cpu" and not cores:
         raise c.fail("device.cores", "required for a cpu device (the node's cores its ranks share)")
+    def opt(key: str) -> float:
+        return c.num(d, key, f"device.{key}", positive=False) if key in d else 0.0
+
     return Device(typ, c.num(d, "memory_gb", "device.memory_gb"), c.num(d, "mem_bw_gbs", "device.mem_bw_gbs"),
                   {k: c.num(dense, k, f"device.dense_gflops.{k}") for k in dense},
                   c.num(d, "gemm_half_mflop", "device.gemm_half_mflop", positive=False), embedding,
                   {k: float(v) for k, v in texp.items()}, c.num(d, "step_overhead_ms", "device.step_overhead_ms",
                                                                  positive=False), cores,
-                  c.num(d, "process_mb", "device.process_mb", positive=False) if "process_mb" in d else 0.0,
-                  ew, shared, c.num(d, "glue_ns_per_id", "device.glue_ns_per_id", positive=False)
-                  if "glue_ns_per_id" in d else 0.0,
-                  c.num(d, "jitter", "device.jitter", positive=False) if "jitter" in d else 0.0, merge)
+                  process_mb=opt("process_mb"), elementwise_gbs=ew, shared_speed=shared,
+                  glue_ns_per_id=opt("glue_ns_per_id"), host_link_gbs=opt("host_link_gbs"), jitter=opt("jitter"),
+                  replica_merge_gbs=merge)
 
 
 TOP_KEYS = {"name", "nodes", "devices_per_node", "device", "intra_node", "network", "host_memory_gb"}

@@ -167,6 +167,7 @@ class Estimate:
     mem_limit_mb: float
     features: dict[str, float]
     per_rank: dict[str, list[float]] = field(default_factory=dict)  # emb_fwd / emb_bwd per position
+    offload: dict[int, list[dict]] = field(default_factory=dict)  # position -> shards in host memory
 
 
 def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
@@ -189,6 +190,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     ids_send = lens_send = recv_cols = 0.0
     # what each position's shards receive (lengths, ids) and send back (pooled columns)
     held_lens, held_ids, held_cols = [0.0] * G, [0.0] * G, [0.0] * G
+    on_pos: list[list[_ShardLoad]] = [[] for _ in range(G)]
     rep_gather = [0.0] * G  # grad_allreduce: bytes each position all-gathers over its replicas
     shard_rows_bytes = [0.0] * G
     touched_bytes = [0.0] * G  # weight_avg: touched rows' sparse payload per interval
@@ -209,6 +211,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             held_cols[sh.rank] += sh.dim
             held_lens[sh.rank] += bags * ID_BYTES
             held_ids[sh.rank] += ids * ID_BYTES
+            on_pos[sh.rank].append(_ShardLoad(tp.table, sh.rows, sh.dim * wb + sb, ids * upd_mult, t))
             rep_gather[sh.rank] += bags * (t.pooling * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
             shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
             k_ids = cfg.sparse_sync_interval * ids
@@ -217,6 +220,26 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             touched_rows[sh.rank] += touched
             shard_rows[sh.rank] += sh.rows
             shard_width[sh.rank] = max(shard_width[sh.rank], sh.dim)
+    # memory per position, and Neo's hierarchy: what does not fit a GPU lives in host memory behind a cache
+    dc = dense_cost(wl)
+    shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
+    act = B * dc.act_floats * 4 + B * wl.num_tables * wl.dim * 4 * 3  # activations, pooled rows and grads
+    kin = G * B * sum(t.pooling for t in wl.tables) * ID_BYTES * 2
+    fixed = c.device.process_mb * 2**20 + dc.params * 16 + act + kin + _batch_bytes(cfg)
+    mem = [(fixed + b) / 2**20 for b in shard_bytes]
+    mem_limit = c.rank_memory_mb(min(W, c.devices_per_node))
+    offload: dict[int, list[dict]] = {}
+    if c.device.type == "gpu" and c.device.host_link_gbs > 0:
+        host_per_rank = c.host_memory_gb * 2**30 / c.devices_per_node
+        for p in range(G):
+            if mem[p] > mem_limit:
+                extra, off, mem[p] = _offload(on_pos[p], mem_limit * 2**20 - fixed - (shard_bytes[p] - sum(
+                    x.rows * x.row_bytes for x in on_pos[p])), host_per_rank, c)
+                fwd[p] += extra
+                bwd[p] += extra
+                mem[p] = (fixed + mem[p]) / 2**20
+                offload[p] = off
+
     dp = [wl.tables[i] for i in plan.dp_tables()]
     dp_fwd = sum(_emb_ms(lookup_bytes(B * t.pooling, B, t.dim, wb), "fwd", t.dim, s) for t in dp)
     dp_bwd = sum(_emb_ms(update_bytes(W * B * t.pooling, W * B, t.dim, wb, sb), "bwd", t.dim, s) for t in dp)
@@ -224,7 +247,6 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     emb_bwd = max(bwd) + dp_bwd
 
     # dense part
-    dc = dense_cost(wl)
     prec = "bf16" if cfg.dense_precision != "fp32" and "bf16" in c.device.dense_gflops else "fp32"
     dense_fwd, dense_bwd = gemm_ms(dc, B, c.device.dense_gflops[prec] * s.dense_speed, c.device.gemm_half_mflop)
     ew = c.device.elementwise_gbs.get(prec)
@@ -276,13 +298,6 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm_ms,
           "dense": dense + c.device.step_overhead_ms + glue, "optim": optim}
 
-    # memory per position (MB)
-    shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
-    act = B * dc.act_floats * 4 + B * wl.num_tables * wl.dim * 4 * 3  # activations, pooled rows and grads
-    kin = G * B * sum(t.pooling for t in wl.tables) * ID_BYTES * 2
-    fixed = c.device.process_mb * 2**20 + dc.params * 16 + act + kin + _batch_bytes(cfg)
-    mem = [(fixed + b) / 2**20 for b in shard_bytes]
-    mem_limit = c.rank_memory_mb(s.ranks_per_node)
     mean_load = (sum(fwd) + sum(bwd)) / G
     features = {
         "bytes_lookup_per_rank": max(fwd) * s.copy_gbs * 1e6,
@@ -295,7 +310,53 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         "est_qps": qps,
         **{f"est_{k}_ms": v for k, v in bd.items()},
     }
-    return Estimate(step, qps, bd, comm, mem, mem_limit, features, {"emb_fwd": fwd, "emb_bwd": bwd})
+    return Estimate(step, qps, bd, comm, mem, mem_limit, features, {"emb_fwd": fwd, "emb_bwd": bwd}, offload)
+
+
+@dataclass(frozen=True)
+class _ShardLoad:
+    table: int
+    rows: int
+    row_bytes: int  # weight row + its optimizer state
+    ids: float  # lookups per step (the backward updates as many rows)
+    spec: TableSpec
+
+
+def hit_rate(cache_rows: float, rows: int, t: TableSpec) -> float:
+    """Share of lookups a cache of the hottest `cache_rows` rows serves: uniform ids c / n; Zipf(alpha)
+    ids the hottest rows' share of the mass, (c^(1-a) - 1) / (n^(1-a) - 1) (ln c / ln n at a = 1)."""
+    if cache_rows >= rows:
+        return 1.0
+    if cache_rows < 1:
+        return 0.0
+    if t.id_dist != "zipf":
+        return cache_rows / rows
+    a = t.zipf_alpha
+    if abs(a - 1.0) < 1e-6:
+        return math.log(cache_rows) / math.log(rows)
+    return (cache_rows ** (1 - a) - 1) / (rows ** (1 - a) - 1)
+
+
+def _offload(shards: list[_ShardLoad], room: float, host_bytes: float, c: Cluster) -> tuple[float, list[dict], float]:
+    """Move the largest shards to host memory until the rest fits `room` bytes, the rest of `room` is their
+    device-side cache (rows kept by heat, split by the shards' sizes). Returns (ms each of the forward and the
+    backward spend on misses over the host link, what moved, bytes left on the device)."""
+    on_dev = sorted(shards, key=lambda x: -x.rows * x.row_bytes)
+    moved: list[_ShardLoad] = []
+    while on_dev and sum(x.rows * x.row_bytes for x in on_dev) > room * 0.5:  # half the room stays a cache
+        moved.append(on_dev.pop(0))
+    dev_bytes = sum(x.rows * x.row_bytes for x in on_dev)
+    cache = max(0.0, room - dev_bytes)
+    moved_bytes = sum(x.rows * x.row_bytes for x in moved) or 1.0
+    ms, out = 0.0, []
+    for x in moved:
+        rows_cached = cache * (x.rows * x.row_bytes / moved_bytes) / x.row_bytes
+        hr = hit_rate(rows_cached, x.rows, x.spec)
+        ms += x.ids * (1 - hr) * x.row_bytes / (c.device.host_link_gbs * 1e6)
+        out.append({"table": x.table, "rows": x.rows, "cache_rows": int(rows_cached), "hit_rate": round(hr, 4)})
+    if sum(x.rows * x.row_bytes for x in moved) > host_bytes:  # host memory is the limit too: stays over
+        return ms, out, dev_bytes + sum(x.rows * x.row_bytes for x in moved)
+    return ms, out, dev_bytes + cache
 
 
 FEATURE_NAMES = ("bytes_lookup_per_rank", "a2a_bytes", "allreduce_bytes", "mlp_gflops", "mem_mb_per_rank",
