@@ -191,4 +191,8 @@ def summary_line(df: pd.DataFrame) -> str:
         return f"no successful trial among {s['trials']}"
     sp = s["speedup"]
     sp_txt = f"{sp:.2f}x over the baseline" if sp and sp == sp else "baseline not measured"
-    return f"winner: trial #{s['winner_trial']} at {s['winner_qps']:,.0f} samples/s, {sp_txt}"
+    line = f"winner: trial #{s['winner_trial']} at {s['winner_qps']:,.0f} samples/s, {sp_txt}"
+    if "env_backend" in df and (df["env_backend"] == "sim").any():  # say so: a prediction, not a measurement
+        clusters = sorted({str(c) for c in df.get("env_cluster", pd.Series(dtype=str)).dropna()})
+        line += f" (simulated on {', '.join(clusters) or 'a cluster file'}: predicted, not measured)"
+    return line

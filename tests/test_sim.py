@@ -183,6 +183,7 @@ def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Pat
     assert len(df) >= 25 and (df["env_backend"] == "sim").all()
     r = CliRunner().invoke(app, ["report", str(run), "--top", "3"])
     assert r.exit_code == 0 and (run / "report.html").exists(), r.output
+    assert "simulated on local: predicted, not measured" in r.output
     out = tmp_path / "winner.json"
     r = CliRunner().invoke(app, ["export", str(run), "-f", "json", "-o", str(out)])
     assert r.exit_code == 0, r.output
