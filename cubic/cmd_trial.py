@@ -22,6 +22,19 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+def sim_cluster_of(backend: str, cluster: str | None):
+    """The cluster `--backend sim --cluster FILE|NAME` names (None for real trials); ConfigError otherwise."""
+    if backend not in ("real", "sim"):
+        raise ConfigError(f"--backend {backend!r}: choose one of ['real', 'sim']")
+    if (backend == "sim") != (cluster is not None):
+        raise ConfigError("--cluster FILE goes with --backend sim (and --backend sim needs one)")
+    if cluster is None:
+        return None
+    from harness.sim.cluster import resolve
+
+    return resolve(cluster)
+
+
 def base_config(space: Path | None) -> TrialConfig:
     """The baseline of `space` (default: the shipped CPU space; TrialConfig's defaults without one)."""
     from cubic.space import load_space, shipped_space
@@ -87,16 +100,8 @@ def trial(
 ) -> None:
     """Run one real training trial (or simulate it) and print its result (exit 1 when the trial fails:
     error, oom, timeout)."""
-    sim_cluster = None
     try:
-        if backend not in ("real", "sim"):
-            raise ConfigError(f"--backend {backend!r}: choose one of ['real', 'sim']")
-        if (backend == "sim") != (cluster is not None):
-            raise ConfigError("--cluster FILE goes with --backend sim (and --backend sim needs one)")
-        if cluster is not None:
-            from harness.sim.cluster import resolve
-
-            sim_cluster = resolve(cluster)
+        sim_cluster = sim_cluster_of(backend, cluster)
         cfg = load_config_file(config) if config else base_config(space)
         if workload:
             cfg = apply_workload_file(cfg, workload)

@@ -67,17 +67,11 @@ def tune(
                               "for a local Ray")
         if trials is not None and trials < 1:
             raise ConfigError(f"--trials {trials}: must be >= 1")
-        if backend not in ("real", "sim"):
-            raise ConfigError(f"--backend {backend!r}: choose one of ['real', 'sim']")
-        if (backend == "sim") != (cluster is not None):
-            raise ConfigError("--cluster FILE goes with --backend sim (and --backend sim needs one)")
-        if backend == "sim" and address is not None:
-            raise ConfigError("--address: simulated trials run in this process, not on Ray; leave it out")
-        sim_cluster = None
-        if backend == "sim":
-            from harness.sim.cluster import resolve
+        from cubic.cmd_trial import sim_cluster_of
 
-            sim_cluster = resolve(cluster)
+        sim_cluster = sim_cluster_of(backend, cluster)
+        if sim_cluster is not None and address is not None:
+            raise ConfigError("--address: simulated trials run in this process, not on Ray; leave it out")
         sp = load_space(space or default_space())
         if run_dir is None and storage is None:
             run_dir = Path("runs") / (sp.name if sim_cluster is None else f"{sp.name}-sim-{sim_cluster.name}")

@@ -121,7 +121,8 @@ class Proxy:
         wrong, and the proxy answers for measurements (column = 0) with its scale fitted on them."""
         sim = np.asarray(simulated if simulated is not None else [False] * len(ok), dtype=bool)
         self.multi_fidelity = bool(sim.any())
-        X = self._with_fidelity(self.features.rows(list(ok)), sim)
+        F = self.features.rows(list(ok))
+        X = self._with_fidelity(F, sim)
         y = np.log(np.asarray(qps, dtype=np.float64))
         rng = np.random.default_rng(self.seed + len(ok))
         self.members = []
@@ -142,16 +143,14 @@ class Proxy:
                 params = {**RANK_PARAMS, "seed": int(self.seed * 1000 + m),
                           "lambdarank_num_pair_per_sample": min(len(idx), 64)}
                 bst = xgb.train(params, dm, num_boost_round=self.rounds)
-                s = bst.predict(xgb.DMatrix(self._with_fidelity(X[:, :X.shape[1] - self.multi_fidelity],
-                                                                np.zeros(n, dtype=bool))))
+                s = bst.predict(xgb.DMatrix(self._with_fidelity(F, np.zeros(n, dtype=bool))))  # as measured
                 a, b = _calibrate(s[real], y[real])
                 self.members.append((bst, a, b))
-        X = X[:, :X.shape[1] - self.multi_fidelity] if self.multi_fidelity else X  # feasibility: one fidelity
-        self.classifier = None
+        self.classifier = None  # feasibility on the features alone: a predicted OOM is an OOM
         bad = set(failed)  # may include measured configurations that failed the quality gate
         good = [i for i, c in enumerate(ok) if c not in bad]
         if len(failed) and good:
-            Xc = np.concatenate([X[good], self.features.rows(list(failed))])
+            Xc = np.concatenate([F[good], self.features.rows(list(failed))])
             yc = np.concatenate([np.ones(len(good)), np.zeros(len(failed))]).astype(np.float32)
             w = np.where(yc == 0, len(good) / len(failed), 1.0).astype(np.float32)  # balance the classes
             self.classifier = xgb.train({**CLS_PARAMS, "seed": self.seed}, xgb.DMatrix(Xc, label=yc, weight=w),

@@ -84,6 +84,8 @@ class RayRunner:
     run again never starts it); `check()` validates the address up front, `stop()` shuts down the Ray it
     started (from a cluster given by `--address` it only disconnects; the cluster keeps running)."""
 
+    simulated = False  # cubic/sim_runner.py's SimRunner says True
+
     def __init__(self, address: str | None = None, isolation: str = "node") -> None:
         self.address = address
         self.isolation = isolation  # "node" | "cores", see the module docstring

@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -38,13 +38,16 @@ from cubic.view import TuneView, short_config
 from harness.config import TrialResult
 from harness.errors import ConfigError
 
+if TYPE_CHECKING:  # the simulator's runner is imported only by a --backend sim tune
+    from cubic.sim_runner import SimRunner
+
 MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
 SCREEN_FACTOR = 3  # confirm screens at most this many x confirm_top_k configurations
 
 class Tuner:
     """One `cubic tune`: `run()` searches until the budget is spent, confirms, returns the summary."""
 
-    def __init__(self, space: SearchSpace, store: Store, runner: RayRunner, searcher: str = "cubic",
+    def __init__(self, space: SearchSpace, store: Store, runner: RayRunner | SimRunner, searcher: str = "cubic",
                  budget: int | None = None, seed: int = 0, console: Console | None = None,
                  live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None) -> None:
         self.space, self.store, self.runner, self.searcher = space, store, runner, searcher
@@ -65,7 +68,7 @@ class Tuner:
         self.dists = distributions(space)
         self.base_key = space.config(space.baseline_params()).key()
         # trials on the simulator (cubic/sim_runner.py): no quality to judge, nothing to re-measure
-        self.simulated = bool(getattr(runner, "simulated", False))
+        self.simulated = runner.simulated
         self._base: FrozenTrial | None = None  # the completed baseline trial, once known
 
     # ------------------------------------------------------------------ entry
@@ -472,7 +475,7 @@ class Tuner:
             qr = self.space.quality_runs
             if self.simulated:
                 winner["backend"] = "sim"
-                winner["cluster"] = self.runner.cluster.name
+                winner["cluster"] = self.runner.cluster.name  # type: ignore[union-attr]
             elif qr is not None:  # the evidence behind the quality verdict
                 winner["quality"] = {**qr.to_dict(), **{k.removeprefix("quality_"): w.user_attrs.get(k) for k in (
                     "quality_eval_ne", "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",

@@ -47,6 +47,9 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "device": ("cpu", "cuda"),
     "inject_fault": ("none", "crash", "hang", "oom", "kill"),
 }
+#: Bytes per element of every precision a knob can name (tables, dense, comm): the planner's memory and the
+#: performance model's bytes both read this one table.
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_auto": 2, "fp8_all": 1}
 SHARDING_TYPES = CHOICES["sharding"][:5]
 PLANNERS = CHOICES["sharding"][5:]
 

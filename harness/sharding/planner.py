@@ -17,11 +17,9 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from harness.config import TrialConfig
+from harness.config import DTYPE_BYTES, TrialConfig
 from harness.errors import ConfigError
 from harness.sharding.plan import Shard, ShardingPlan, TablePlan
-
-WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 class TableCost(Protocol):
@@ -77,7 +75,7 @@ def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memor
     """Shards for the given kinds, placed on the group's positions (row-wise, column-wise,
     table-row-wise, then table-wise bin-packing by cost within the memory cap)."""
     wl, G = cfg.workload, cfg.group_size
-    wbytes = WEIGHT_BYTES[cfg.emb_precision]
+    wbytes = DTYPE_BYTES[cfg.emb_precision]
     sizes = {i: t.rows * (t.dim * wbytes + 4) for i, t in enumerate(wl.tables)}
     cap = cfg.mem_cap_mb * 2**20 if (check_memory and cfg.mem_cap_mb > 0) else None
     tables = {i: TablePlan(i, t.name, kinds[i]) for i, t in enumerate(wl.tables)}

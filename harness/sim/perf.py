@@ -29,16 +29,16 @@ and a backend's speed-up with threads is the measured exponent.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from harness.config import TrialConfig
+from harness.config import DTYPE_BYTES, TrialConfig
 from harness.dense_cost import DenseCost, dense_cost
 from harness.sharding.plan import ShardingPlan, group_ranks
 from harness.sim import collectives as coll
 from harness.sim.cluster import Cluster, KernelEff, log_interp
 from harness.workload import TableSpec
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_auto": 2, "fp8_all": 1}
 STATE_BYTES = {"rowwise_adagrad": 4, "momentum_scaled_rowwise_adagrad": 4, "sgd": 0}
 ID_BYTES = 8
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one is launched when the backward ends
@@ -107,6 +107,12 @@ class TableCosts:
 
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster  # None (no calibration yet): tables are priced by their bytes alone
+        self._spans: dict[tuple, coll.Span] = {}  # the planner asks per table; a span walks every rank
+
+    def _span(self, ranks_of: tuple[int, int, str], ranks: Callable[[], list[int]]) -> coll.Span:
+        if ranks_of not in self._spans:
+            self._spans[ranks_of] = coll.span(ranks(), self.cluster)
+        return self._spans[ranks_of]
 
     def _speeds(self, cfg: TrialConfig) -> Speeds | None:
         if self.cluster is None:
@@ -136,11 +142,10 @@ class TableCosts:
     def dp_table(self, t: TableSpec, cfg: TrialConfig) -> float:
         """Local lookup of B bags, the sparse all-gather's bandwidth, the update with the union of W*B."""
         B, W = cfg.batch_size, cfg.world_size
-        ranks = list(range(W))
         if self.cluster is None:
             return self._lookups(t, B, W * B, cfg) + W * B * (t.pooling * ID_BYTES + t.dim * 4) / 1e6
-        gather = coll.all_gather(B * (t.pooling * ID_BYTES + t.dim * 4), coll.span(ranks, self.cluster),
-                                 self.cluster) if W > 1 else 0.0
+        world = self._span((W, W, "world"), lambda: list(range(W)))
+        gather = coll.all_gather(B * (t.pooling * ID_BYTES + t.dim * 4), world, self.cluster) if W > 1 else 0.0
         return self._lookups(t, B, W * B, cfg) + gather
 
     def comm(self, t: TableSpec, cfg: TrialConfig, parts: int = 1) -> float:
@@ -152,7 +157,8 @@ class TableCosts:
         if self.cluster is None:
             return 2 * cfg.batch_size * t.dim * parts * DTYPE_BYTES[cfg.comm_precision] / 1e6
         b = cfg.batch_size * t.dim * parts * DTYPE_BYTES[cfg.comm_precision]
-        s = coll.span(group_ranks(cfg.world_size, G, cfg.group_placement)[0], self.cluster)
+        s = self._span((cfg.world_size, G, cfg.group_placement),
+                       lambda: group_ranks(cfg.world_size, G, cfg.group_placement)[0])
         return 2 * max(0.0, coll.all_to_all(b, s, self.cluster) - coll.all_to_all(0.0, s, self.cluster))
 
 
@@ -227,7 +233,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     kin = G * B * sum(t.pooling for t in wl.tables) * ID_BYTES * 2
     fixed = c.device.process_mb * 2**20 + dc.params * 16 + act + kin + _batch_bytes(cfg)
     mem = [(fixed + b) / 2**20 for b in shard_bytes]
-    mem_limit = c.rank_memory_mb(min(W, c.devices_per_node))
+    mem_limit = c.rank_memory_mb(s.ranks_per_node)
     offload: dict[int, list[dict]] = {}
     if c.device.type == "gpu" and c.device.host_link_gbs > 0:
         host_per_rank = c.host_memory_gb * 2**30 / c.devices_per_node
