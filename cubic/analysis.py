@@ -169,6 +169,8 @@ def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
     row["quality_reason"] = ua.get("quality_reason", "")
     row["ne_matched"] = _num(ua.get("ne_matched"))  # NE over the baseline's samples (cubic.quality)
     row["quality_est_ok"] = ua.get("quality_est_ok")
+    row["quality_heldout_ok"] = ua.get("quality_heldout_ok")  # a held-out check while searching (cubic.tune)
+    row["quality_runs_of"] = ua.get("quality_runs_of")  # whose quality runs it shares (the same model)
     # quality runs (a space's `quality:` section): held-out eval NE/AUC per seed, and the gate's numbers
     row["quality_eval_ne"] = [_num(x) for x in ua.get("quality_eval_ne") or []]
     row["quality_eval_auc"] = [_num(x) for x in ua.get("quality_eval_auc") or []]
@@ -237,11 +239,13 @@ def baseline_qps(df: pd.DataFrame, winner: dict[str, Any] | None = None) -> floa
 
 def usable(df: pd.DataFrame) -> pd.DataFrame:
     """Trials with a real measurement, minus those that failed the quality gate (or whose own
-    NE over the baseline's samples already fails it)."""
+    NE over the baseline's samples already fails it, or a held-out check rejected)."""
     out = df[df["ok"]]
-    for col in ("quality_ok", "quality_est_ok"):
-        if col in out:
-            out = out[out[col].ne(False)]
+    if "quality_ok" in out:
+        out = out[out["quality_ok"].ne(False)]
+    if "quality_est_ok" in out:  # a held-out check's verdict overrides the in-run estimate
+        held = out["quality_heldout_ok"] if "quality_heldout_ok" in out else pd.Series(None, index=out.index)
+        out = out[held.where(held.notna(), out["quality_est_ok"]).ne(False)]
     return out
 
 

@@ -62,7 +62,8 @@ class Tuner:
                        and t.user_attrs.get("status") not in NOT_RUN]
         self.warm = [h for h in warm_start or [] if set(h[0]) == set(space.knobs)] if searcher == "cubic" else []
         history += self.warm
-        self.sampler = make_sampler(searcher, space, seed=seed, budget=self.budget, history=history)
+        self.sampler = make_sampler(searcher, space, seed=seed, budget=self.budget, history=history,
+                                    simulated=runner.simulated)
         self.n_history = len(history) - len(self.warm)
         self.study.sampler = self.sampler
         self.dists = distributions(space)
@@ -70,6 +71,7 @@ class Tuner:
         # trials on the simulator (cubic/sim_runner.py): no quality to judge, nothing to re-measure
         self.simulated = runner.simulated
         self._base: FrozenTrial | None = None  # the completed baseline trial, once known
+        self._judged: dict[tuple, FrozenTrial] = {}  # numerics key -> the trial a search-time check judged
 
     # ------------------------------------------------------------------ entry
     def run(self) -> dict[str, Any]:
@@ -116,12 +118,18 @@ class Tuner:
     def _search(self) -> None:
         pending: list[Pending] = []
         stop, skips = False, 0
+        self._judged = {self.space.numerics_key(t.params): t for t in self.store.trials(TrialState.COMPLETE)
+                        if "quality_heldout_ok" in t.user_attrs and "quality_runs_of" not in t.user_attrs}
         self._estimate_quality()
         while True:
             self.lease.check()
             used = self.store.budget_used()
             self.view.used = used
-            room = used + len(pending) < self.budget and not stop
+            room = used + sum(not _is_check(p) for p in pending) < self.budget and not stop
+            check = self._next_check(pending) if self._free(pending) else None
+            if check is not None:
+                pending.append(check)
+                continue
             if room and self._free(pending):
                 waiting = bool(self.store.trials(TrialState.WAITING))
                 if not waiting and self.sampler.should_stop(self.study):
@@ -141,6 +149,9 @@ class Tuner:
                 return
             for p, res in self.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
+                if _is_check(p):
+                    self._checked(p.tag[1], res, p.tag[2])
+                    continue
                 with self._writing():
                     frozen = self.store.finish(p.tag, res)
                 self._estimate_quality(frozen)
@@ -192,9 +203,91 @@ class Tuner:
                 ne = matched_ne((ua.get("result") or {}).get("losses") or [], self.space.config(t.params),
                                 bres.get("losses") or [], bcfg, bres.get("ne"))
             attrs: dict[str, Any] = {"ne_matched": ne}
-            if ne is not None:
+            # Where quality runs judge, the estimate gives no verdict on another global batch: over the first
+            # samples it fails a larger batch for having taken fewer steps on them (held-out quality at the
+            # budget does not: 2x batches pass), and that veto kept a seed's search out of the fast region.
+            # Such trials are judged by held-out checks while searching (`_next_check`).
+            biased = self.space.quality_runs is not None and (
+                self.space.config(t.params).global_batch != bcfg.global_batch)
+            if ne is not None and not biased:
                 attrs.update(quality_est_ok=within(ne, bres["ne"], tol), quality_est_tol=tol)
+            judged = self._judged.get(self.space.numerics_key(t.params))
+            if judged is not None and judged.number != t.number and "quality_heldout_ok" not in ua:
+                attrs.update(self._verdict_attrs(judged))
             self.store.set_finished_attrs(t, attrs)
+
+    # ------------------------------------------------------------------ held-out checks while searching
+    def _next_check(self, pending: list[Pending]) -> Pending | None:
+        """A quality run the search pays for now, if any (one at a time): the baseline's seeds first (the
+        pairs and the noise floor), then the incumbent's, the fastest trial faster than the baseline that
+        held-out quality has not rejected, when it changes numerics no quality run has judged yet.
+
+        Why while searching and not only at confirm: the searcher's feasibility model learns from the
+        verdict (`quality_heldout_ok`, given to every trial that trains the same model), so one rejected
+        4x-batch incumbent steers the search to the region that passes instead of filling the confirm
+        with its variants; a passing verdict overrides the in-run estimate. At most the space's
+        `confirm_top_k + 1` candidates are checked this way; the confirm reuses every run."""
+        qr = self.space.quality_runs
+        if qr is None or self.simulated or any(_is_check(p) for p in pending):
+            return None
+        done = self.store.trials(TrialState.COMPLETE)
+        base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+        if base is None:
+            return None
+        bne = base.user_attrs.get("quality_eval_ne") or []
+        if None in bne:
+            return None
+        if len(bne) < qr.seeds:
+            return self._submit_check(base, len(bne), "the baseline (pairs and noise floor)")
+        top = max((t for t in done if t is not base and t.user_attrs.get("quality_heldout_ok") is not False
+                   and (t.value or 0.0) > (base.value or 0.0)), key=lambda t: t.value or 0.0, default=None)
+        if (top is None or "quality_heldout_ok" in top.user_attrs or not self.space.differs_in_numerics(top.params)
+                or self.space.numerics_key(top.params) in self._judged):
+            return None
+        n = len(top.user_attrs.get("quality_eval_ne") or [])
+        if n == 0 and len(self._judged) >= self.space.confirm_top_k + 1:
+            return None
+        return self._submit_check(top, n, "the incumbent")
+
+    def _submit_check(self, t: FrozenTrial, seed: int, what: str) -> Pending:
+        qr = self.space.quality_runs
+        self.view.note(f"quality check while searching: #{t.number} ({what}) seed {seed + 1}/{qr.seeds}, "
+                       f"{qr.samples:,} samples, held-out {qr.eval_samples:,}")
+        return self.runner.submit(qr.config(self.space.config(t.params), seed), tag=("check", t, seed))
+
+    def _checked(self, t: FrozenTrial, res: TrialResult, seed: int) -> None:
+        """Record a search-time quality run; once t's verdict is decided, give it to t and to every trial
+        that trains the same model."""
+        self._record_quality(t, res, seed)  # (updates t's attrs in place)
+        if t.user_attrs.get("config_key") == self.base_key:
+            return
+        done = self.store.trials(TrialState.COMPLETE)
+        base = next((b for b in done if b.user_attrs.get("config_key") == self.base_key), None)
+        qr = self.space.quality_runs
+        ne = t.user_attrs.get("quality_eval_ne") or []
+        if None in ne or early_reject(t, qr, base) is not None:
+            ok = False
+        elif len(ne) >= qr.seeds:
+            ok = judge(ne[:qr.seeds], base.user_attrs["quality_eval_ne"][:qr.seeds], qr.tolerance)["ok"]
+        else:
+            return
+        self.store.set_finished_attrs(t, {"quality_heldout_ok": ok})
+        key = self.space.numerics_key(t.params)
+        self._judged[key] = t
+        same = [o for o in done if o.number != t.number and "quality_heldout_ok" not in o.user_attrs
+                and o.user_attrs.get("config_key") != self.base_key and self.space.numerics_key(o.params) == key]
+        for o in same:
+            self.store.set_finished_attrs(o, self._verdict_attrs(t))
+        self.view.note(f"quality check: #{t.number} {'passes' if ok else 'fails'} held-out quality"
+                       + (f" (and {len(same)} trial(s) that train the same model)" if same else "")
+                       + ("" if ok else ": the searcher now avoids it"))
+
+    @staticmethod
+    def _verdict_attrs(judged: FrozenTrial) -> dict[str, Any]:
+        """What a trial that trains the same model as `judged` inherits: its quality runs and verdict."""
+        ua = judged.user_attrs
+        return {k: ua[k] for k in ("quality_eval_ne", "quality_eval_auc", "quality_failed", "quality_heldout_ok")
+                if k in ua} | {"quality_runs_of": judged.number}
 
     def _free(self, pending: list[Pending]) -> bool:
         """Room on the cluster for one more trial (asking starts Ray, so only ask with budget left)."""
@@ -251,12 +344,13 @@ class Tuner:
         qr = None if self.simulated else self.space.quality_runs
         # with quality runs the in-run estimate only guides the searcher: over the first samples after
         # warm-up it fails larger batches for training fewer steps on them, which held-out quality does not
-        cands = [t for t in ranked if t is not base and (qr is not None or t.user_attrs.get("quality_est_ok")
-                                                         is not False)]
-        known_bad = sum(1 for t in ranked if t.user_attrs.get("quality_est_ok") is False)
-        if known_bad and qr is None:
-            self.view.note(f"confirm: {known_bad} fast configuration(s) skipped: their search trials' NE over the "
-                           f"baseline's samples already fails the quality gate")
+        cands = [t for t in ranked if t is not base and (t.user_attrs.get("quality_heldout_ok") is not False if qr
+                                                         else t.user_attrs.get("quality_est_ok") is not False)]
+        known_bad = len(ranked) - len(cands) - (base is not None)
+        if known_bad:
+            self.view.note(f"confirm: {known_bad} fast configuration(s) skipped: " + (
+                "held-out quality checks while searching rejected the model they train" if qr else
+                "their search trials' NE over the baseline's samples already fails the quality gate"))
         k = self.space.confirm_top_k
         max_screen = min(len(cands), SCREEN_FACTOR * k)
         reps = 1 if self.simulated else self.space.repeats  # a simulation gives the same answer again
@@ -501,6 +595,11 @@ class Tuner:
                            "quality_eval_diff": t.user_attrs.get("quality_eval_diff"),
                            "quality_reason": t.user_attrs.get("quality_reason")} for t in confirmed],
         }
+
+
+def _is_check(p: Pending) -> bool:
+    """A search-time quality run (tag ("check", trial, seed)), not a search trial."""
+    return isinstance(p.tag, tuple) and p.tag[0] == "check"
 
 
 EARLY_REJECT = 3.0  # x the tolerance: a candidate this far behind after its first seeds skips the rest

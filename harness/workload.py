@@ -40,7 +40,7 @@ MLPERF_ROWS = [
 ]
 MLPERF_POOLING = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 MLPERF_ROW_CAP = 200_000  # fits this 24 GiB / 2-core machine with room for 4 ranks
-SIMULATED_ONLY = ("mlperf-dcnv2",)  # presets too large for a real trial here: `--backend sim` only
+SIMULATED_ONLY = ("mlperf-dcnv2", "mlperf-dcnv2-x16")  # presets too large for a real trial here: `--backend sim` only
 
 
 def _is_int(x: Any) -> bool:
@@ -132,6 +132,15 @@ class Workload:
                    dcn_layers=3, dcn_rank=512)
 
     @classmethod
+    def mlperf_dcnv2_x16(cls) -> Workload:
+        """MLPerf's DLRM-DCNv2 with every table 16x longer: 1.7 TB of fp32 tables, the size class of the 2D
+        sparse parallelism paper's model, where sharding decisions at 1,000+ GPUs matter (MLPerf's own
+        ~100 GB is 25 MB a GPU at 4,096). Simulated only."""
+        wl = cls.mlperf_dcnv2()
+        return dataclasses.replace(wl, name="mlperf-dcnv2-x16",
+                                   tables=[dataclasses.replace(t, rows=t.rows * 16) for t in wl.tables])
+
+    @classmethod
     def wukong_mini(cls) -> Workload:
         """Wukong in the public re-implementation's shape (3 layers, dim 128, n_F = n_L = 16, FM rank 24,
         FM MLP 2 x 512) over 8 Zipf tables of 100k rows, pooling 8: the dense stack, not the tables, is
@@ -144,7 +153,7 @@ class Workload:
     def preset(cls, name: str, where: str = "workload") -> Workload:
         presets = {"small": cls.small, "tiny": cls.tiny, "criteo-mlperf-mini": cls.criteo_mlperf_mini,
                    "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini,
-                   "mlperf-dcnv2": cls.mlperf_dcnv2}
+                   "mlperf-dcnv2": cls.mlperf_dcnv2, "mlperf-dcnv2-x16": cls.mlperf_dcnv2_x16}
         if name not in presets:
             raise ConfigError(f"{where}: unknown preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()

@@ -243,3 +243,40 @@ def test_a_candidate_far_past_the_tolerance_is_rejected_before_its_remaining_see
     assert early_reject(near, qr, base) is None
     assert early_reject(SimpleNamespace(user_attrs={"quality_eval_ne": [0.81, 0.91, 0.86]}), qr, base) is None
     assert early_reject(far, None, base) is None and early_reject(base, qr, base) is None
+
+
+SEARCH_CHECK = LARGE_BATCH.replace("name: lb", "name: lbcheck").replace("  batch_size: [64, 256]\n", """\
+  batch_size: [64, 256]
+  pipeline_depth: [0, 1]
+""") + """trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
+budget: {trials: 4, confirm_top_k: 2}
+"""
+
+
+@pytest.mark.slow  # ~1 min: 4 trials, 3-4 quality runs, a confirm
+def test_a_held_out_check_while_searching_teaches_the_searcher_and_spares_the_confirm(tmp_path: Path) -> None:
+    """The fastest trial (4x the batch at the baseline's rates) is checked by held-out quality while the
+    search runs, fails, and its verdict goes to the other layout of the same model; the searcher's
+    feasibility data lists both; the confirm skips them without a run; no check spends trial budget."""
+    from cubic import analysis
+    from cubic.samplers.base import Observations
+    from tests.test_analysis import cubic_cli
+
+    (tmp_path / "s.yaml").write_text(SEARCH_CHECK)
+    r = cubic_cli("tune", "--space", str(tmp_path / "s.yaml"), "--run-dir", str(tmp_path / "run"),
+                  "--searcher", "grid", "--no-live")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "quality check while searching" in r.stdout and "fails held-out quality" in r.stdout, r.stdout
+    df = analysis.load_study(tmp_path / "run")
+    assert len(df) == 4
+    big = df[df["batch_size"] == 256]
+    assert len(big) == 2 and (big["quality_heldout_ok"] == False).all()  # noqa: E712
+    assert big["quality_runs_of"].notna().sum() == 1  # one was run, the other inherited its verdict
+    assert big["confirm_qps"].map(len).eq(0).all()  # the confirm skipped them
+    assert "held-out quality checks while searching rejected" in r.stdout
+    space = load_space(tmp_path / "s.yaml")
+    study = analysis.open_study(tmp_path / "run")
+    failed = Observations.of(study, space).quality_failed  # what the searcher's feasibility model learns from
+    i = list(space.knobs).index("batch_size")
+    assert len(failed) == 2 and all(t[i] == 256 for t in failed), failed
+    assert study.user_attrs["winner"]["config"]["batch_size"] == 64

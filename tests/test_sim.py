@@ -230,7 +230,8 @@ def test_cluster_presets_load_and_price_the_full_mlperf_model(name: str) -> None
 
 def test_traffic_that_leaves_a_pod_pays_the_oversubscription() -> None:
     """h100-4096: pods of 384 nodes, 7:1 above. An all-to-all over 4,096 ranks sends 1/4 of its bytes out
-    of the pod; inside one pod (3,072 ranks) none."""
+    of the pod; inside one pod (3,072 ranks) none. Oversubscription is an aggregate ratio: rings pay it
+    only when more of them leave a pod at once than its uplinks carry."""
     from harness.sim import collectives as coll
 
     c = load_cluster(shipped_cluster("h100-4096.yaml"))
@@ -242,6 +243,40 @@ def test_traffic_that_leaves_a_pod_pays_the_oversubscription() -> None:
     mb = 64 * 2**20
     assert coll.all_to_all(mb, one_pod, c) == pytest.approx(coll.all_to_all(mb, one_pod, flat))
     assert coll.all_to_all(mb, world, c) > 2 * coll.all_to_all(mb, world, flat)
+    # a ring leaves each pod on one edge: the 8 rails of one all-reduce fit the uplinks; 1,024 rings side by
+    # side (2D positions syncing at once) need 8,192 NICs' worth against a pod's 3,072 / 7: 8192 x 7 / 3072
+    assert coll.all_reduce(mb, world, c) == pytest.approx(coll.all_reduce(mb, world, flat))
+    many = coll.all_reduce(mb, world, c, concurrent=1024) - coll.all_reduce(mb, world, c)
+    nic = mb * 2 / 8 * 511 / 512 / (46 * 1e6)
+    assert many == pytest.approx(nic * (8192 * 7 / 3072 - 1))
+
+
+def test_collective_formulas_match_hand_computed_cases() -> None:
+    """h100-4096 (NVLink 370 GB/s, NIC 46 GB/s, 25 us x log2(n) latency), 64 MiB per rank:
+    inside a node, 7/8 of the buffer on NVLink; over 2 nodes, 8/16 through each GPU's own NIC while
+    7/16 goes over NVLink at the same time; over 3,072 ranks (one pod) 3064/3072 through the NIC; over
+    4,096 ranks the 1/4 that leaves the pod counts 7 times."""
+    from harness.sim import collectives as coll
+
+    c = load_cluster(shipped_cluster("h100-4096.yaml"))
+    mb = 64 * 2**20
+
+    def ms(nbytes: float, gbs: float) -> float:
+        return nbytes / (gbs * 1e6)
+
+    def lat(n: int) -> float:
+        return 25 * math.log2(n) / 1e3
+
+    def a2a(n: int) -> float:
+        return coll.all_to_all(mb, coll.span(list(range(n)), c), c)
+
+    assert a2a(8) == pytest.approx(ms(mb * 7 / 8, 370) + lat(8))
+    assert a2a(16) == pytest.approx(max(ms(mb * 7 / 16, 370), ms(mb * 8 / 16, 46)) + lat(16))
+    assert a2a(3072) == pytest.approx(ms(mb * 3064 / 3072, 46) + lat(3072))
+    assert a2a(4096) == pytest.approx(ms(mb * (3064 + 1024 * 7) / 4096, 46) + lat(4096))
+    # all-reduce over 2 nodes: ring in the node (2 x 7/8), then each of the 8 NICs carries 1/8 (2 x 1/2)
+    ar = coll.all_reduce(mb, coll.span(list(range(16)), c), c)
+    assert ar == pytest.approx(ms(2 * mb * 7 / 8, 370) + ms(2 * mb / 8 / 2, 46) + 2 * lat(16))
 
 
 def test_the_full_size_mlperf_model_is_for_the_simulator_only() -> None:

@@ -50,7 +50,8 @@ class Observations:
                 obs.ok.append(tup)
                 obs.qps.append(float(t.value))
                 obs.order.append(float(t.value))
-                if t.user_attrs.get("quality_est_ok") is False:  # see cubic.quality
+                # held-out quality's verdict where a check ran (cubic.tune), else the in-run estimate
+                if t.user_attrs.get("quality_heldout_ok", t.user_attrs.get("quality_est_ok")) is False:
                     obs.quality_failed.append(tup)
             elif t.state == TrialState.FAIL:
                 if t.user_attrs.get("status") in NOT_RUN:  # FAIL trials that say nothing about their config

@@ -51,6 +51,13 @@ def _ms(nbytes: float, gbs: float) -> float:
     return nbytes / (gbs * 1e6)
 
 
+def _uplink_share(rings: int, c: Cluster) -> float:
+    """How much slower `rings` flows leaving every pod run than one NIC: 1 until they need more than the
+    pod's uplinks (its ranks' NIC bandwidth / oversubscription)."""
+    pod_ranks = (c.network.pod_nodes or c.nodes) * c.devices_per_node
+    return max(1.0, rings * c.network.oversubscription / pod_ranks)
+
+
 def all_to_all(bytes_per_rank: float, s: Span, c: Cluster) -> float:
     """Each rank sends (n-1)/n of its buffer: (m-1)/n to its node's ranks, (n-m)/n through its own NIC."""
     if s.n <= 1:
@@ -68,14 +75,19 @@ def all_gather(bytes_per_rank: float, s: Span, c: Cluster) -> float:
     return all_to_all(bytes_per_rank * s.n, s, c)
 
 
-def all_reduce(nbytes: float, s: Span, c: Cluster) -> float:
-    """Ring inside a node; across nodes the hierarchical form (the m NICs of a node each carry 1/m)."""
+def all_reduce(nbytes: float, s: Span, c: Cluster, concurrent: int = 1) -> float:
+    """Ring inside a node; across nodes the hierarchical form (the m NICs of a node each carry 1/m).
+
+    Oversubscription is a ratio of aggregate capacities: a pod's uplinks carry 1/oversubscription of
+    its NICs' bandwidth. An all-to-all saturates them (every NIC sends out of the pod at once), but a
+    ring leaves each pod on one edge: the `concurrent` x m rings that run at once (m rails per node,
+    `concurrent` groups reducing side by side, e.g. every 2D position's replica sync) need
+    concurrent x m NICs' worth of uplink, and slow down only past the pod's share."""
     if s.n <= 1:
         return 0.0
     if s.k <= 1:
         return _ms(2 * nbytes * (s.n - 1) / s.n, c.intra_node.bandwidth_gbs) + 2 * _lat(c.intra_node.latency_us, s.n)
     t = _ms(2 * nbytes * (s.m - 1) / s.m, c.intra_node.bandwidth_gbs) if s.m > 1 else 0.0
     wire = 2 * nbytes / s.m * (s.k - 1) / s.k
-    # a ring over pods crosses the oversubscribed links on every pod-to-pod hop: the slowest link sets it
-    t += _nic_ms(wire, 0.0, c) if s.p <= 1 else _nic_ms(0.0, wire, c)
+    t += _ms(wire, c.network.bandwidth_gbs) * (_uplink_share(concurrent * s.m, c) if s.p > 1 else 1.0)
     return t + 2 * _lat(c.network.latency_us, s.n)

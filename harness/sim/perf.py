@@ -288,8 +288,8 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
                 t = coll.all_gather(max(touched_bytes), r_span, c)
                 work = R * max(touched_rows)
             else:
-                t = coll.all_reduce(max(shard_rows_bytes), r_span, c)
-                work = R * max(shard_rows)
+                t = coll.all_reduce(max(shard_rows_bytes), r_span, c, concurrent=G)
+                work = 2 * max(shard_rows)  # build the payload, apply the sum (the collective reduces)
             if merge:  # the merge's own work on the replicas' rows (width + the state column, fp32)
                 t += work * (max(shard_width) + 1) * 4 / (merge * 1e6 * s.emb_speed)
             comm["replica_sync"] = t / cfg.sparse_sync_interval
