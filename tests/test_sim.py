@@ -309,3 +309,18 @@ def test_tables_that_do_not_fit_live_in_host_memory_behind_a_cache() -> None:
     assert simulate(cfg, no_link).status == "oom"
     uni, zipf = TableSpec("u", 1000, 8), TableSpec("z", 1000, 8, 1, "zipf", 1.05)
     assert hit_rate(100, 1000, uni) == pytest.approx(0.1) and hit_rate(100, 1000, zipf) > 0.5
+
+
+def test_the_cache_model_at_hit_rates_0_and_1() -> None:
+    """No cache: every lookup of a host-resident shard is a miss, priced at its row bytes over the host
+    link, forward and backward alike; a cache as large as the shard serves every lookup (Zipf or not)."""
+    from harness.sim.perf import _offload, _ShardLoad, hit_rate
+    from harness.workload import TableSpec
+
+    c = load_cluster(shipped_cluster("a100-zionex-128.yaml"))
+    for t in (TableSpec("u", 10_000, 64), TableSpec("z", 10_000, 64, 1, "zipf", 1.05)):
+        assert hit_rate(0, t.rows, t) == 0.0 and hit_rate(t.rows, t.rows, t) == 1.0
+        shard = _ShardLoad(0, t.rows, 64 * 4 + 4, 50_000.0, t)
+        ms, moved, _ = _offload([shard], 0.0, 1e12, c)
+        assert moved[0]["hit_rate"] == 0.0 and moved[0]["cache_rows"] == 0
+        assert ms == pytest.approx(50_000 * (64 * 4 + 4) / (c.device.host_link_gbs * 1e6))
