@@ -85,7 +85,7 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held
     teacher_w = _uniform(seed, 7, np.arange(wl.dense_features, dtype=np.uint64)) * 2 - 1
     logit = (dense - 0.5) @ teacher_w * (6.0 / np.sqrt(max(wl.dense_features, 1)))  # none: no dense signal
     ids_per_table, lengths = [], []
-    scale = 3.0 / np.sqrt(wl.num_tables)
+    scale = wl.teacher_emb_scale / np.sqrt(wl.num_tables)
     for ti, t in enumerate(wl.tables):
         pos = np.arange(t.pooling, dtype=np.uint64)[None, :]
         u = _uniform(seed, s, 10_000 + ti, pos)

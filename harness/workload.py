@@ -1,7 +1,8 @@
 """Workload spec: the model being trained (tables, dense features, MLPs, interaction).
 
 A workload is the part of a trial the tuner does not change. Presets:
-`tiny` (tests), `small` (the TorchRec anchor's workload-small.json),
+`tiny` (tests), `small` (the TorchRec anchor's workload-small.json), `small-zipf` (its tables with
+skewed per-table ids and a teacher that weighs embeddings as much as dense features: the default CPU space's),
 `criteo-mlperf-mini` (MLPerf DLRM-DCNv2 tables and multi-hot sizes, rows capped, dot interaction),
 `mlperf-dcnv2-mini` (the same tables with MLPerf's DCN-v2 cross network) and `wukong-mini`
 (Wukong's interaction stack in the public re-implementation's shape, scaled to this machine).
@@ -27,6 +28,7 @@ ID_DISTRIBUTIONS = ("uniform", "zipf")
 #: Distinct samples of the synthetic stream by default; training cycles over them (harness/data.py).
 SAMPLE_CYCLE = 1 << 16
 INTERACTIONS = ("dot", "dcn", "wukong")
+TEACHER_EMB_SCALE = 3.0
 #: Keys of one interaction only (defaults as in the dataclass); rejected for the others when set.
 FAMILY_KEYS = {
     "dcn": ("dcn_layers", "dcn_rank"),
@@ -79,6 +81,11 @@ class Workload:
     # that cost; but a trial that cycles many times memorises its labels, and then NE compares how
     # fast configurations memorise, not how well they learn: raise it for large batches (GPU).
     sample_cycle: int = SAMPLE_CYCLE
+    # The labelling teacher's weight on the embeddings (harness/data.py): logit = dense part (std ~1) +
+    # sum over tables of the looked-up rows' mean weight x this / sqrt(tables). At the default the dense
+    # features dominate (embedding part std ~0.4 on `small`); `small-zipf` balances them. Left out of
+    # `to_dict` at its default, so every stored config key made before it existed stays what it was.
+    teacher_emb_scale: float = TEACHER_EMB_SCALE
     # DCN-v2 (interaction: dcn): cross layers x_{l+1} = x_0 * (U_l (V_l x_l) + b_l) + x_l over the
     # concatenated bottom output and pooled embeddings; rank 0 = full rank (x_0 * (W_l x_l + b_l) + x_l).
     dcn_layers: int = 3
@@ -96,6 +103,17 @@ class Workload:
     @classmethod
     def small(cls) -> Workload:
         return cls.from_anchor_dict(ANCHOR_SMALL)[0]
+
+    @classmethod
+    def small_zipf(cls) -> Workload:
+        """`small`'s tables (8 x 200k rows x dim 64, pooling 20) with ids drawn as production traffic draws
+        them, skewed and per table (Zipf alpha 1.2 down to 0.7: 9% to 34% of a batch's ids distinct), and a
+        teacher whose embedding part weighs as much as its dense part (std ~1 each), so that how a
+        configuration trains the tables (optimizer, learning rate, precision) shows in eval NE."""
+        alphas = (1.2, 1.1, 1.05, 1.0, 0.95, 0.9, 0.8, 0.7)
+        wl = cls.small()
+        return dataclasses.replace(wl, name="small-zipf", teacher_emb_scale=8.0, tables=[
+            dataclasses.replace(t, id_dist="zipf", zipf_alpha=a) for t, a in zip(wl.tables, alphas, strict=True)])
 
     @classmethod
     def tiny(cls) -> Workload:
@@ -151,7 +169,8 @@ class Workload:
 
     @classmethod
     def preset(cls, name: str, where: str = "workload") -> Workload:
-        presets = {"small": cls.small, "tiny": cls.tiny, "criteo-mlperf-mini": cls.criteo_mlperf_mini,
+        presets = {"small": cls.small, "small-zipf": cls.small_zipf, "tiny": cls.tiny,
+                   "criteo-mlperf-mini": cls.criteo_mlperf_mini,
                    "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini,
                    "mlperf-dcnv2": cls.mlperf_dcnv2, "mlperf-dcnv2-x16": cls.mlperf_dcnv2_x16}
         if name not in presets:
@@ -175,6 +194,8 @@ class Workload:
     def validate(self, where: str = "workload") -> Workload:
         if not self.tables:
             raise ConfigError(f"{where}: tables must not be empty")
+        if not _is_num(self.teacher_emb_scale) or self.teacher_emb_scale < 0:
+            raise ConfigError(f"{where}: teacher_emb_scale={self.teacher_emb_scale!r} must be a number >= 0")
         names = [t.name for t in self.tables]
         for t in self.tables:
             if not isinstance(t.name, str) or not t.name:
@@ -247,6 +268,8 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         """Common keys plus the interaction's own; other families' keys are left out (always defaults)."""
         d = dataclasses.asdict(self)
+        if d["teacher_emb_scale"] == TEACHER_EMB_SCALE:
+            d.pop("teacher_emb_scale")
         mine = set(self.interaction_keys())
         for keys in FAMILY_KEYS.values():
             for k in keys:

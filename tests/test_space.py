@@ -46,7 +46,7 @@ def test_dlrm_cpu_space_matches_the_brief() -> None:
     b = space.baseline
     assert (b.sharding, b.kernel, b.emb_precision, b.dense_precision, b.pipeline_depth, b.batch_size,
             b.world_size) == ("table_wise", "fbgemm", "fp32", "fp32", 0, 1024, 2)
-    assert space.workload.name == "small"
+    assert space.workload.name == "small-zipf"  # skewed per-table ids: see test_eval_quality.py
     assert space.knobs["dense_precision"].choices == ("fp32", "bf16")
     assert space.knobs["kernel"].choices == ("fbgemm", "native", "torch")
 
