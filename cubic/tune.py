@@ -225,8 +225,10 @@ class Tuner:
         Why while searching and not only at confirm: the searcher's feasibility model learns from the
         verdict (`quality_heldout_ok`, given to every trial that trains the same model), so one rejected
         4x-batch incumbent steers the search to the region that passes instead of filling the confirm
-        with its variants; a passing verdict overrides the in-run estimate. At most the space's
-        `confirm_top_k + 1` candidates are checked this way; the confirm reuses every run."""
+        with its variants; a passing verdict overrides the in-run estimate. After a rejection the next
+        fastest is the incumbent: the search walks down its ranking as it goes. At most a quarter of the
+        trial budget (at least `confirm_top_k + 1`) is checked this way (a rejection after its first seed
+        costs one run); the confirm reuses every run."""
         qr = self.space.quality_runs
         if qr is None or self.simulated or any(_is_check(p) for p in pending):
             return None
@@ -245,7 +247,7 @@ class Tuner:
                 or self.space.numerics_key(top.params) in self._judged):
             return None
         n = len(top.user_attrs.get("quality_eval_ne") or [])
-        if n == 0 and len(self._judged) >= self.space.confirm_top_k + 1:
+        if n == 0 and len(self._judged) >= max(self.space.confirm_top_k + 1, self.budget // 4):
             return None
         return self._submit_check(top, n, "the incumbent")
 
@@ -281,6 +283,16 @@ class Tuner:
         self.view.note(f"quality check: #{t.number} {'passes' if ok else 'fails'} held-out quality"
                        + (f" (and {len(same)} trial(s) that train the same model)" if same else "")
                        + ("" if ok else ": the searcher now avoids it"))
+
+    def _check_reason(self, t: FrozenTrial, base: FrozenTrial | None) -> str:
+        """Why a search-time check rejected t: early, after all seeds, or a failed run."""
+        qr = self.space.quality_runs
+        why = early_reject(t, qr, base)
+        ne = t.user_attrs.get("quality_eval_ne") or []
+        bne = (base.user_attrs.get("quality_eval_ne") or []) if base is not None else []
+        if why is None and None not in ne + bne and len(ne) >= qr.seeds <= len(bne):
+            why = judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)["reason"]
+        return why or f"quality run failed: {t.user_attrs.get('quality_failed')}"
 
     @staticmethod
     def _verdict_attrs(judged: FrozenTrial) -> dict[str, Any]:
@@ -330,7 +342,8 @@ class Tuner:
     # ------------------------------------------------------------------ confirm + quality gate
     def _confirm(self) -> list[FrozenTrial]:
         """Re-measure the baseline and walk down the ranking until `confirm_top_k` configurations
-        pass the quality gate (or SCREEN_FACTOR x k were screened).
+        pass the quality gate (or SCREEN_FACTOR x k that need quality runs of their own were screened;
+        one that trains a model already rejected inherits that verdict without a run).
 
         A configuration that changes numerics is screened first: one run, its NE over the baseline's
         samples judged against the baseline's; only if it passes does it get its other `repeats - 1`.
@@ -352,7 +365,7 @@ class Tuner:
                 "held-out quality checks while searching rejected the model they train" if qr else
                 "their search trials' NE over the baseline's samples already fails the quality gate"))
         k = self.space.confirm_top_k
-        max_screen = min(len(cands), SCREEN_FACTOR * k)
+        max_screen = min(len(cands), SCREEN_FACTOR * k)  # candidates with runs of their own
         reps = 1 if self.simulated else self.space.repeats  # a simulation gives the same answer again
         if self.simulated:
             self.view.note("confirm: simulated trials: no quality gate (a simulation predicts no model quality; "
@@ -426,8 +439,16 @@ class Tuner:
             self.lease.check()
             passed = [t for t in screened if verdict(t) is True]
             undecided = [t for t in screened if verdict(t) is None]
-            if len(passed) < k and len(passed) + len(undecided) < k and len(screened) < max_screen:
-                screened.append(cands[len(screened)])
+            own = sum("quality_runs_of" not in t.user_attrs for t in screened)  # those that cost runs of their own
+            if (len(passed) < k and len(passed) + len(undecided) < k and own < max_screen
+                    and len(screened) < len(cands)):
+                t = cands[len(screened)]
+                rejected = next((o for o in screened if verdict(o) is False and "quality_runs_of" not in o.user_attrs
+                                 and o.user_attrs.get("quality_eval_ne") and self.space.differs_in_numerics(t.params)
+                                 and self.space.numerics_key(o.params) == self.space.numerics_key(t.params)), None)
+                if rejected is not None:  # the same model was rejected: its verdict, without a run
+                    self.store.set_finished_attrs(t, self._verdict_attrs(rejected))
+                screened.append(t)
                 continue
             order = ([base] if base else []) + screened
             job = next((t for t in order if wants(t)), None)
@@ -467,6 +488,10 @@ class Tuner:
         for t in targets:
             ok_, why = self._quality(t, base)
             self.store.set_finished_attrs(t, {"quality_ok": ok_, "quality_reason": why})
+        for t in ranked:  # rejected by a check while searching: the verdict's reason, for the report
+            if t.user_attrs.get("quality_heldout_ok") is False and "quality_reason" not in t.user_attrs:
+                self.store.set_finished_attrs(t, {"quality_ok": False, "quality_reason":
+                                                  f"held-out check while searching: {self._check_reason(t, base)}"})
         return targets
 
     def _record_confirm(self, t: FrozenTrial, res: TrialResult, base: FrozenTrial | None) -> None:

@@ -161,6 +161,7 @@ def test_confirm_judges_numerics_changes_by_quality_runs_that_agree_with_4x_long
         assert bool(row["quality_ok"]) == judge(long_ne, long_base, 0.002)["ok"], (key, row["quality_reason"])
     assert not rows[(0.0001, "fp32", 0)]["quality_ok"] and rows[(0.1, "bf16", 0)]["quality_ok"]
     assert "rejected without the remaining quality runs" in rows[(0.0001, "fp32", 0)]["quality_reason"]
+    # (the same reason whether the confirm or a held-out check while searching rejected it)
     assert "paired standard error" in rows[(0.1, "bf16", 0)]["quality_reason"]
     e = cubic_cli("export", str(tmp_path / "run"), "-f", "json", "-o", str(tmp_path / "w.json"))
     assert e.returncode == 0, e.stderr
