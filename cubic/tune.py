@@ -397,6 +397,11 @@ class Tuner:
                     return False
                 if qdone(t) < qr.seeds or qdone(base) < qr.seeds:
                     return None
+                ne, bne = t.user_attrs["quality_eval_ne"], base.user_attrs["quality_eval_ne"]
+                if None in bne or not judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)["ok"]:
+                    return False
+                if not t.user_attrs.get("confirm_qps"):  # passed while searching: its speed is still to confirm
+                    return None
                 return self._quality(t, base)[0]
             if not t.user_attrs.get("confirm_ne") or base is None or not base.user_attrs.get("confirm_ne"):
                 return None
