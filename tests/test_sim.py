@@ -188,7 +188,7 @@ def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Pat
     r = CliRunner().invoke(app, ["export", str(run), "-f", "json", "-o", str(out)])
     assert r.exit_code == 0, r.output
     exp = json.loads(out.read_text())
-    assert exp["config"]["workload"]["name"] == Workload.small().name
+    assert exp["config"]["workload"]["name"] == Workload.preset("small-zipf").name  # dlrm_cpu.yaml's
     assert exp["provenance"]["backend"] == "sim" and exp["provenance"]["machine"]["cluster"] == "local"
     # the tune said why nothing was quality-gated, and a resumed tune runs no trial twice
     r2 = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space",
