@@ -264,14 +264,8 @@ class Tuner:
         if t.user_attrs.get("config_key") == self.base_key:
             return
         done = self.store.trials(TrialState.COMPLETE)
-        base = next((b for b in done if b.user_attrs.get("config_key") == self.base_key), None)
-        qr = self.space.quality_runs
-        ne = t.user_attrs.get("quality_eval_ne") or []
-        if None in ne or early_reject(t, qr, base) is not None:
-            ok = False
-        elif len(ne) >= qr.seeds:
-            ok = judge(ne[:qr.seeds], base.user_attrs["quality_eval_ne"][:qr.seeds], qr.tolerance)["ok"]
-        else:
+        ok, _ = self._heldout(t, next((b for b in done if b.user_attrs.get("config_key") == self.base_key), None))
+        if ok is None:
             return
         self.store.set_finished_attrs(t, {"quality_heldout_ok": ok})
         key = self.space.numerics_key(t.params)
@@ -284,15 +278,24 @@ class Tuner:
                        + (f" (and {len(same)} trial(s) that train the same model)" if same else "")
                        + ("" if ok else ": the searcher now avoids it"))
 
-    def _check_reason(self, t: FrozenTrial, base: FrozenTrial | None) -> str:
-        """Why a search-time check rejected t: early, after all seeds, or a failed run."""
+    def _heldout(self, t: FrozenTrial, base: FrozenTrial | None) -> tuple[bool | None, str]:
+        """t's held-out verdict from its quality runs and the baseline's, with its reason (None while its
+        seeds are still to run): a failed run fails, so does one far past the tolerance after its first
+        seeds (`early_reject`), else the paired judgement over all seeds (`cubic.quality.judge`)."""
         qr = self.space.quality_runs
-        why = early_reject(t, qr, base)
         ne = t.user_attrs.get("quality_eval_ne") or []
         bne = (base.user_attrs.get("quality_eval_ne") or []) if base is not None else []
-        if why is None and None not in ne + bne and len(ne) >= qr.seeds <= len(bne):
-            why = judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)["reason"]
-        return why or f"quality run failed: {t.user_attrs.get('quality_failed')}"
+        if None in ne:
+            return False, f"quality run failed: {t.user_attrs.get('quality_failed')}"
+        why = early_reject(t, qr, base)
+        if why is not None:
+            return False, why
+        if len(ne) < qr.seeds or len(bne) < qr.seeds:
+            return None, ""
+        if None in bne:
+            return False, f"the baseline's quality runs failed: {base.user_attrs.get('quality_failed')}"
+        j = judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)
+        return j["ok"], j["reason"]
 
     @staticmethod
     def _verdict_attrs(judged: FrozenTrial) -> dict[str, Any]:
@@ -391,15 +394,9 @@ class Tuner:
             if self.simulated or not self.space.differs_in_numerics(t.params):
                 return True
             if qr is not None:  # quality runs decide: all of the candidate's and the baseline's seeds
-                if None in (t.user_attrs.get("quality_eval_ne") or []):
-                    return False
-                if early_reject(t, qr, base) is not None:
-                    return False
-                if qdone(t) < qr.seeds or qdone(base) < qr.seeds:
-                    return None
-                ne, bne = t.user_attrs["quality_eval_ne"], base.user_attrs["quality_eval_ne"]
-                if None in bne or not judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)["ok"]:
-                    return False
+                held, _ = self._heldout(t, base)
+                if held is not True:
+                    return held
                 if not t.user_attrs.get("confirm_qps"):  # passed while searching: its speed is still to confirm
                     return None
                 return self._quality(t, base)[0]
@@ -496,7 +493,7 @@ class Tuner:
         for t in ranked:  # rejected by a check while searching: the verdict's reason, for the report
             if t.user_attrs.get("quality_heldout_ok") is False and "quality_reason" not in t.user_attrs:
                 self.store.set_finished_attrs(t, {"quality_ok": False, "quality_reason":
-                                                  f"held-out check while searching: {self._check_reason(t, base)}"})
+                                                  f"held-out check while searching: {self._heldout(t, base)[1]}"})
         return targets
 
     def _record_confirm(self, t: FrozenTrial, res: TrialResult, base: FrozenTrial | None) -> None:
