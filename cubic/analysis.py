@@ -171,6 +171,7 @@ def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
     row["quality_est_ok"] = ua.get("quality_est_ok")
     row["quality_heldout_ok"] = ua.get("quality_heldout_ok")  # a held-out check while searching (cubic.tune)
     row["quality_runs_of"] = ua.get("quality_runs_of")  # whose quality runs it shares (the same model)
+    row["quality_screened_out"] = ua.get("quality_screened_out")  # its changes the quality screen failed
     # quality runs (a space's `quality:` section): held-out eval NE/AUC per seed, and the gate's numbers
     row["quality_eval_ne"] = [_num(x) for x in ua.get("quality_eval_ne") or []]
     row["quality_eval_auc"] = [_num(x) for x in ua.get("quality_eval_auc") or []]
@@ -216,7 +217,25 @@ def study_frame(st: optuna.Study, storage: str = "") -> pd.DataFrame:
     win = winner_info(df, st.user_attrs.get("winner"))
     df["is_winner"] = df["number"] == (win["trial"] if win else -1)
     df.attrs["winner"] = win
+    df.attrs["quality_screen"] = st.user_attrs.get("quality_screen") or []
     return df
+
+
+def screen_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The quality screen (cubic/screen.py): each numerics change alone, its held-out eval NE difference
+    from the baseline (mean over the seeds it ran, paired) and its verdict; empty if no screen ran."""
+    rows = df.attrs.get("quality_screen") or []
+    base = baseline_rows(df)
+    bne = list(base["quality_eval_ne"].iloc[0]) if len(base) and "quality_eval_ne" in base else []
+    out = []
+    for s in rows:
+        pairs = [(c, b) for c, b in zip(s["eval_ne"], bne, strict=False)  # paired by seed
+                 if c is not None and b is not None and math.isfinite(b) and b > 0]
+        diff = sum((c - b) / b for c, b in pairs) / len(pairs) if pairs else math.nan
+        out.append({"change": f"{s['name']}={s['value']}", "seeds": len(s["eval_ne"]), "eval_ne_diff": diff,
+                    "verdict": {True: "passes", False: "ruled out", None: "undecided"}[s.get("ok")],
+                    "reason": s.get("reason", "")})
+    return pd.DataFrame(out, columns=["change", "seeds", "eval_ne_diff", "verdict", "reason"])
 
 
 # ---------------------------------------------------------------------------------------------- helpers

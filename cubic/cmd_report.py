@@ -34,4 +34,6 @@ def report(
     console = Console(width=None if sys.stdout.isatty() else 1000)  # a log file: every column, no folding
     console.print(rep.rich_table(df, top))
     console.print(rep.summary_line(df), highlight=False)
+    if (screen := rep.screen_line(df)) is not None:
+        console.print(screen, highlight=False)
     console.print(f"report: {path}", highlight=False)

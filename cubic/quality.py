@@ -71,6 +71,9 @@ def within(ne: float, base_ne: float, tolerance: float) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- quality runs
+EARLY_REJECT = 3.0  # x the tolerance: a candidate this far behind after its first seeds skips the rest
+
+
 @dataclass(frozen=True)
 class QualityRuns:
     """A space's `quality:` section: how the confirm step judges a numerics-changing candidate.
@@ -85,6 +88,7 @@ class QualityRuns:
     eval_samples: int = 1 << 16
     seeds: int = 3
     tolerance: float = 0.001
+    screen: bool = True  # judge each numerics change alone before the search (cubic/screen.py)
 
     def config(self, cfg: TrialConfig, seed: int) -> TrialConfig:
         """`cfg` as a quality run: the budget's steps on a stream that does not repeat within it, one

@@ -115,6 +115,11 @@ def render_html(df: pd.DataFrame, k: int = 5) -> str:
         parts += ["<h2>Winning configuration</h2>", f'<table class="kv">{kv}</table>',
                   '<p class="muted">export it with '
                   '<code>cubic export RUN_DIR --format yaml|json|torchrec</code></p>']
+    scr = analysis.screen_table(df)
+    if len(scr):
+        parts += ["<h2>Quality screen: each numerics change alone</h2>",
+                  '<p class="muted">held-out eval NE after the quality budget, paired by seed with the baseline; '
+                  "configurations with a change ruled out were not searched</p>", _table(scr)]
     parts += ["<h2>Trials without a measurement</h2>", _table(analysis.failed(df)), "</body></html>"]
     return "\n".join(parts)
 
@@ -182,6 +187,18 @@ def write_report(run_dir_or_storage_url: str | Path, out: str | Path, study: str
     out = Path(out)
     write_text(out, render_html(df, k), "report")
     return out, df
+
+
+def screen_line(df: pd.DataFrame) -> str | None:
+    """The quality screen in one line for the terminal (None if none ran)."""
+    scr = analysis.screen_table(df)
+    if not len(scr):
+        return None
+    def part(v: str) -> str:
+        rows = scr[scr["verdict"] == v]
+        return ", ".join(f"{r.change} ({r.eval_ne_diff:+.2%})" for r in rows.itertuples()) or "none"
+    return f"quality screen (each change alone, eval NE vs baseline): passes {part('passes')}; " \
+           f"ruled out {part('ruled out')}"
 
 
 def summary_line(df: pd.DataFrame) -> str:

@@ -33,7 +33,7 @@ from harness.workload import Workload
 
 TOP_KEYS = ("name", "description", "target", "workload", "baseline", "knobs", "objective", "constraints", "trial",
             "budget", "lr_scaling", "quality")
-QUALITY_KEYS = ("samples", "eval_samples", "seeds", "tolerance")
+QUALITY_KEYS = ("samples", "eval_samples", "seeds", "tolerance", "screen")
 # `target: torchrec` keeps only knob values TorchRec runs as the harness measures them (harness/torchrec_trial.py)
 TARGETS = ("harness", "torchrec")
 KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
@@ -111,6 +111,8 @@ class SearchSpace:
     lr_scaling: Any = "none"  # cubic/lr_scaling.py: a rule or a {global batch: rates} table
     quality_runs: Any = None  # cubic.quality.QualityRuns: the confirm's quality runs; None = the in-run NE gate
     _cache: dict[tuple, TrialConfig | None] = field(default_factory=dict, repr=False)
+    _changes: dict[tuple, frozenset] = field(default_factory=dict, repr=False)
+    _excluded: dict[frozenset, frozenset] = field(default_factory=dict, repr=False)  # cubic.screen's cache
 
     # ------------------------------------------------------------------ params <-> configs
     @property
@@ -247,6 +249,30 @@ class SearchSpace:
         if "sharding_group_size" in self.quality_knobs and cfg.replicas != self.baseline.replicas:
             out.append("sharding_group_size")
         return out
+
+    def numerics_changes(self, params: dict[str, Any]) -> frozenset[tuple[str, Any]]:
+        """The numerics changes of params from the baseline, one (name, value) per changed knob, named by
+        what trains differently: ("sharding", "column_wise"), ("replicas", 2), ("global_batch", 4096),
+        ("emb_optimizer", "sgd"). What a learning-rate rule derives from a changed batch is part of the
+        batch's change, not one of its own. The quality screen (`cubic.screen`) judges each alone."""
+        tup = self.tup(params)
+        hit = self._changes.get(tup)
+        if hit is not None:
+            return hit
+        cfg, out = self.config(params), set()
+        for k in self.differs_in_numerics(params):
+            if k not in self.knobs:
+                continue
+            if k == "sharding":
+                out.add((k, "column_wise" if cfg.sharding == "column_wise" else "not column_wise"))
+            elif k == "sharding_group_size":
+                out.add(("replicas", cfg.replicas))
+            elif k in ("batch_size", "world_size"):
+                out.add(("global_batch", cfg.global_batch))
+            else:
+                out.add((k, getattr(cfg, k)))
+        self._changes[tup] = hit = frozenset(out)
+        return hit
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -508,7 +534,10 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         quality_runs = QualityRuns(samples=_num(ld, q, "samples", d.samples, int, 1, "quality"),
                                    eval_samples=_num(ld, q, "eval_samples", d.eval_samples, int, 1, "quality"),
                                    seeds=_num(ld, q, "seeds", d.seeds, int, 1, "quality"),
-                                   tolerance=_num(ld, q, "tolerance", d.tolerance, float, 0.0, "quality"))
+                                   tolerance=_num(ld, q, "tolerance", d.tolerance, float, 0.0, "quality"),
+                                   screen=q.get("screen", d.screen))
+        if not isinstance(quality_runs.screen, bool):
+            raise ld.err("quality.screen", f"must be true or false, not {quality_runs.screen!r}")
     space = SearchSpace(
         name=name, path=str(ld.path), workload=workload, knobs=knobs, baseline=baseline,
         objective=metric, direction="maximize", mem_cap_mb=float(baseline.mem_cap_mb),

@@ -12,6 +12,8 @@
   normalized entropy over the baseline's samples (`cubic.quality.matched_ne`, from its per-step
   losses; a smaller global batch runs longer to cover them, `cubic.quality.covering`) within the
   space's tolerance of the baseline's. The fastest confirmed one wins.
+- Quality screen: with quality runs, each numerics change alone is judged before the search
+  (`cubic.screen`); configurations with a change that fails are neither proposed nor confirmed.
 - View: `cubic.view` (a rich live table on a terminal, one line per trial otherwise).
 """
 
@@ -29,13 +31,16 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
 from cubic.lease import TunerLease, describe
-from cubic.quality import covering, judge, matched_ne, noise_floor, within
+from cubic.quality import EARLY_REJECT, covering, judge, matched_ne, noise_floor, within
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
+from cubic.screen import ATTR as SCREEN_ATTR
+from cubic.screen import Screened, decide, failing_changes, single_changes
+from cubic.screen import load as load_screen
 from cubic.space import SearchSpace
 from cubic.store import NOT_RUN, Store, safe_url
 from cubic.view import TuneView, short_config
-from harness.config import TrialResult
+from harness.config import TrialResult, json_safe
 from harness.errors import ConfigError
 
 if TYPE_CHECKING:  # the simulator's runner is imported only by a --backend sim tune
@@ -72,6 +77,7 @@ class Tuner:
         self.simulated = runner.simulated
         self._base: FrozenTrial | None = None  # the completed baseline trial, once known
         self._judged: dict[tuple, FrozenTrial] = {}  # numerics key -> the trial a search-time check judged
+        self._screen: list[Screened] = []  # the quality screen (cubic.screen): each numerics change alone
 
     # ------------------------------------------------------------------ entry
     def run(self) -> dict[str, Any]:
@@ -120,12 +126,15 @@ class Tuner:
         stop, skips = False, 0
         self._judged = {self.space.numerics_key(t.params): t for t in self.store.trials(TrialState.COMPLETE)
                         if "quality_heldout_ok" in t.user_attrs and "quality_runs_of" not in t.user_attrs}
+        if not self.simulated:  # a resumed tune keeps the runs its screen already paid for
+            stored = {s.change: s for s in load_screen(self.study.user_attrs)}
+            self._screen = [stored.get(s.change, s) for s in single_changes(self.space)]
         self._estimate_quality()
         while True:
             self.lease.check()
             used = self.store.budget_used()
             self.view.used = used
-            room = used + sum(not _is_check(p) for p in pending) < self.budget and not stop
+            room = used + sum(not (_is_check(p) or _is_screen(p)) for p in pending) < self.budget and not stop
             check = self._next_check(pending) if self._free(pending) else None
             if check is not None:
                 pending.append(check)
@@ -151,6 +160,9 @@ class Tuner:
                 pending.remove(p)
                 if _is_check(p):
                     self._checked(p.tag[1], res, p.tag[2])
+                    continue
+                if _is_screen(p):
+                    self._screened(p.tag[1], res, p.tag[2])
                     continue
                 with self._writing():
                     frozen = self.store.finish(p.tag, res)
@@ -215,11 +227,13 @@ class Tuner:
             if judged is not None and judged.number != t.number and "quality_heldout_ok" not in ua:
                 attrs.update(self._verdict_attrs(judged))
             self.store.set_finished_attrs(t, attrs)
+            self._screen_verdict(t, self._base)
 
     # ------------------------------------------------------------------ held-out checks while searching
     def _next_check(self, pending: list[Pending]) -> Pending | None:
         """A quality run the search pays for now, if any (one at a time): the baseline's seeds first (the
-        pairs and the noise floor), then the incumbent's, the fastest trial faster than the baseline that
+        pairs and the noise floor), then the quality screen's (`cubic.screen`: each numerics change alone,
+        before the searcher proposes anything), then the incumbent's, the fastest trial faster than the baseline that
         held-out quality has not rejected, when it changes numerics no quality run has judged yet.
 
         Why while searching and not only at confirm: the searcher's feasibility model learns from the
@@ -230,7 +244,7 @@ class Tuner:
         trial budget (at least `confirm_top_k + 1`) is checked this way (a rejection after its first seed
         costs one run); the confirm reuses every run."""
         qr = self.space.quality_runs
-        if qr is None or self.simulated or any(_is_check(p) for p in pending):
+        if qr is None or self.simulated or any(_is_check(p) or _is_screen(p) for p in pending):
             return None
         done = self.store.trials(TrialState.COMPLETE)
         base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
@@ -241,6 +255,13 @@ class Tuner:
             return None
         if len(bne) < qr.seeds:
             return self._submit_check(base, len(bne), "the baseline (pairs and noise floor)")
+        scr = next((x for x in self._screen if x.ok is None), None)
+        if scr is not None:  # before the search proposes anything: each numerics change alone
+            n = len(scr.eval_ne)
+            self.view.note(f"quality screen: {scr.label} alone, seed {n + 1}/{qr.seeds}, {qr.samples:,} samples "
+                           f"({sum(x.ok is not None for x in self._screen) + 1} of {len(self._screen)} changes)")
+            cfg = qr.config(self.space.config(scr.params), n)
+            return self.runner.submit(cfg, tag=("screen", scr, n))
         top = max((t for t in done if t is not base and t.user_attrs.get("quality_heldout_ok") is not False
                    and (t.value or 0.0) > (base.value or 0.0)), key=lambda t: t.value or 0.0, default=None)
         if (top is None or "quality_heldout_ok" in top.user_attrs or not self.space.differs_in_numerics(top.params)
@@ -277,6 +298,53 @@ class Tuner:
         self.view.note(f"quality check: #{t.number} {'passes' if ok else 'fails'} held-out quality"
                        + (f" (and {len(same)} trial(s) that train the same model)" if same else "")
                        + ("" if ok else ": the searcher now avoids it"))
+
+    def _screened(self, scr: Screened, res: TrialResult, seed: int) -> None:
+        """Record a screen run; once the change's verdict is decided, store it (the samplers read it from
+        the study: `Observations.seen`) and, if it fails, give every trial that uses it the verdict."""
+        ok = res.status == "ok" and res.extra.get("eval_ne") is not None
+        scr.eval_ne.append(res.extra.get("eval_ne") if ok else None)
+        scr.eval_auc.append(res.extra.get("eval_auc") if ok else None)
+        if not ok:
+            scr.reason = f"seed {seed}: {res.status}: {res.error}"[:300]
+        done = self.store.trials(TrialState.COMPLETE)
+        base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+        bne = (base.user_attrs.get("quality_eval_ne") or []) if base is not None else []
+        verdict, why = decide(scr, bne, self.space.quality_runs)
+        if verdict is not None:
+            scr.ok, scr.reason = verdict, (why if ok else f"its quality run failed: {scr.reason}")
+        self.study.set_user_attr(SCREEN_ATTR, json_safe([x.to_dict() for x in self._screen]))
+        if verdict is None:
+            return
+        self.view.note(f"quality screen: {scr.label} alone {'passes' if verdict else 'fails'}: {scr.reason}"
+                       + ("" if verdict else "; configurations with it are out of the search"))
+        for t in done:
+            self._screen_verdict(t, base)
+
+    def _screen_verdict(self, t: FrozenTrial, base: FrozenTrial | None) -> None:
+        """A finished trial that uses a change the screen failed fails held-out quality with it; one that
+        trains what a screened change alone trains starts from that change's runs (same model, same seeds)."""
+        ua = t.user_attrs
+        if ua.get("config_key") == self.base_key or "quality_heldout_ok" in ua:
+            return
+        out = frozenset(x.change for x in self._screen if x.ok is False)
+        bad = failing_changes(self.space, t.params, out)
+        if bad:
+            self.store.set_finished_attrs(t, {"quality_heldout_ok": False, "quality_screened_out": bad})
+            return
+        if ua.get("quality_eval_ne"):
+            return
+        key = self.space.numerics_key(t.params)
+        same = next((x for x in self._screen if x.eval_ne and None not in x.eval_ne
+                     and self.space.numerics_key(x.params) == key), None)
+        if same is not None:
+            self.store.set_finished_attrs(t, {"quality_eval_ne": list(same.eval_ne),
+                                              "quality_eval_auc": list(same.eval_auc),
+                                              "quality_screen_runs": same.label})
+            ok, _ = self._heldout(t, base)
+            if ok is not None:
+                self.store.set_finished_attrs(t, {"quality_heldout_ok": ok})
+                self._judged.setdefault(key, t)
 
     def _heldout(self, t: FrozenTrial, base: FrozenTrial | None) -> tuple[bool | None, str]:
         """t's held-out verdict from its quality runs and the baseline's, with its reason (None while its
@@ -491,9 +559,12 @@ class Tuner:
             ok_, why = self._quality(t, base)
             self.store.set_finished_attrs(t, {"quality_ok": ok_, "quality_reason": why})
         for t in ranked:  # rejected by a check while searching: the verdict's reason, for the report
-            if t.user_attrs.get("quality_heldout_ok") is False and "quality_reason" not in t.user_attrs:
-                self.store.set_finished_attrs(t, {"quality_ok": False, "quality_reason":
-                                                  f"held-out check while searching: {self._heldout(t, base)[1]}"})
+            ua = t.user_attrs
+            if ua.get("quality_heldout_ok") is False and "quality_reason" not in ua:
+                why = (f"quality screen: {', '.join(ua['quality_screened_out'])} alone fails held-out quality"
+                       if ua.get("quality_screened_out") else
+                       f"held-out check while searching: {self._heldout(t, base)[1]}")
+                self.store.set_finished_attrs(t, {"quality_ok": False, "quality_reason": why})
         return targets
 
     def _record_confirm(self, t: FrozenTrial, res: TrialResult, base: FrozenTrial | None) -> None:
@@ -574,7 +645,9 @@ class Tuner:
     def _summary(self, confirmed: list[FrozenTrial]) -> dict[str, Any]:
         trials = self.store.trials(TrialState.COMPLETE, TrialState.FAIL)
         ran = [t for t in trials if t.user_attrs.get("status") not in NOT_RUN]
-        base = next((t for t in confirmed if t.user_attrs.get("quality_reason") == "baseline"), None)
+        # (by its key: with quality runs its reason is "baseline (eval NE ...)", and matching the reason's text
+        # left every such tune's winner without its speed-up)
+        base = next((t for t in confirmed if t.user_attrs.get("config_key") == self.base_key), None)
         base_q = _median_finite(base.user_attrs.get("confirm_qps") if base else None)
         if base_q is None and base is not None:
             base_q = base.value
@@ -601,7 +674,8 @@ class Tuner:
                 winner["quality"] = {**qr.to_dict(), **{k.removeprefix("quality_"): w.user_attrs.get(k) for k in (
                     "quality_eval_ne", "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
                     "quality_resolved")},
-                    "baseline_eval_ne": base.user_attrs.get("quality_eval_ne") if base else None}
+                    "baseline_eval_ne": base.user_attrs.get("quality_eval_ne") if base else None,
+                    "screen": [x.to_dict() | {"change": x.label} for x in self._screen]}
         self.store.set_winner(winner)  # None clears a winner an earlier confirm left behind
         done = [t for t in ran if t.state == TrialState.COMPLETE]
         top = max(done, key=lambda t: t.value or 0.0, default=None)
@@ -616,6 +690,7 @@ class Tuner:
             "ok": sum(t.state == TrialState.COMPLETE for t in ran),
             "failed": sum(t.state == TrialState.FAIL for t in ran),
             "proxy_tau": self.view.tau, "winner": winner,
+            "screen": [{"change": x.label, "ok": x.ok, "reason": x.reason} for x in self._screen],
             "confirmed": [{"trial": t.number, "short_config": short_config(self.space, t.params),
                            "qps": t.value, "confirm_qps": t.user_attrs.get("confirm_qps"),
                            "quality_ok": t.user_attrs.get("quality_ok"),
@@ -629,7 +704,9 @@ def _is_check(p: Pending) -> bool:
     return isinstance(p.tag, tuple) and p.tag[0] == "check"
 
 
-EARLY_REJECT = 3.0  # x the tolerance: a candidate this far behind after its first seeds skips the rest
+def _is_screen(p: Pending) -> bool:
+    """A quality screen run (tag ("screen", Screened, seed)), not a search trial."""
+    return isinstance(p.tag, tuple) and p.tag[0] == "screen"
 
 
 def early_reject(t: FrozenTrial, qr: Any, base: FrozenTrial | None) -> str | None:

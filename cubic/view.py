@@ -161,6 +161,15 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
     console.print(f"[bold]cubic tune[/] {s['study']}: {s['trials']} trials ({s['ok']} ok, {s['failed']} failed) "
                   f"with searcher {s['searcher']}" + (f", proxy Kendall tau {s['proxy_tau']:+.2f}"
                                                        if s.get("proxy_tau") is not None else ""))
+    if s.get("screen"):
+        t = Table(title="quality screen: each numerics change alone (held-out eval NE vs the baseline)", box=None,
+                  header_style="bold")
+        for col in ("change", "verdict"):
+            t.add_column(col)
+        for x in s["screen"]:
+            t.add_row(x["change"], {True: "passes", False: "ruled out", None: "undecided"}[x["ok"]]
+                      + (f": {x['reason']}" if x["reason"] else ""))
+        console.print(t)
     if s["confirmed"]:
         t = Table(title="confirmed (re-measured) configurations", box=None, header_style="bold")
         for col in ("#", "config (vs baseline)", "first qps", "re-measured qps", "quality"):

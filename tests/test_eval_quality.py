@@ -121,7 +121,7 @@ knobs:
     when: emb_lr == 0.1 and dense_precision == fp32
 objective: {metric: qps}
 constraints: {quality_tolerance: 0.5}   # the searcher's in-run estimate lets everything through to confirm
-quality: {samples: 16384, eval_samples: 8192, seeds: 2, tolerance: 0.002}
+quality: {samples: 16384, eval_samples: 8192, seeds: 2, tolerance: 0.002, screen: false}  # the confirm judges
 trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
 budget: {trials: 5, confirm_top_k: 4}
 """
@@ -246,7 +246,8 @@ def test_a_candidate_far_past_the_tolerance_is_rejected_before_its_remaining_see
     assert early_reject(far, None, base) is None and early_reject(base, qr, base) is None
 
 
-SEARCH_CHECK = LARGE_BATCH.replace("name: lb", "name: lbcheck").replace("  batch_size: [64, 256]\n", """\
+SEARCH_CHECK = LARGE_BATCH.replace("name: lb", "name: lbcheck").replace(
+    "tolerance: 0.002}", "tolerance: 0.002, screen: false}").replace("  batch_size: [64, 256]\n", """\
   batch_size: [64, 256]
   pipeline_depth: [0, 1]
 """) + """trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}

@@ -17,8 +17,11 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from cubic.screen import excluded_tuples, ruled_out
 from cubic.space import SearchSpace
 from cubic.store import NOT_RUN
+
+MAX_REDRAWS = 20  # proposals a searcher may redraw because the quality screen ruled them out
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -29,12 +32,14 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
 class Observations:
     """What the study knows, as canonical configuration tuples."""
 
-    seen: set[tuple] = field(default_factory=set)  # tried, running or queued: never propose again
+    seen: set[tuple] = field(default_factory=set)  # tried, running, queued or screened out: never propose
     ok: list[tuple] = field(default_factory=list)  # COMPLETE, in trial order
     qps: list[float] = field(default_factory=list)
     failed: list[tuple] = field(default_factory=list)  # FAIL for a reason of the config's own
     order: list[float] = field(default_factory=list)  # objective per finished trial (failed = 0)
     quality_failed: list[tuple] = field(default_factory=list)  # COMPLETE, but its NE fails the gate
+    ruled_out: frozenset = frozenset()  # numerics changes the quality screen failed (cubic.screen)
+    excluded: frozenset = frozenset()  # the enumerable configurations with one of them (all in seen)
 
     @classmethod
     def of(cls, study: optuna.Study, space: SearchSpace, exclude: int | None = None) -> Observations:
@@ -59,7 +64,14 @@ class Observations:
                 obs.failed.append(tup)
                 obs.order.append(0.0)
             obs.seen.add(tup)
+        # a configuration with a change that fails held-out quality alone is not worth a trial
+        obs.ruled_out = ruled_out(study.user_attrs)
+        obs.excluded = excluded_tuples(space, obs.ruled_out)
+        obs.seen |= obs.excluded
         return obs
+
+    def screened_out(self, space: SearchSpace, tup: tuple) -> bool:
+        return bool(self.ruled_out and space.numerics_changes(space.params_of(tup)) & self.ruled_out)
 
 
 class SpaceSampler(optuna.samplers.BaseSampler):
@@ -86,6 +98,13 @@ class SpaceSampler(optuna.samplers.BaseSampler):
             tup, info = self.baseline, {"phase": "baseline"}
         else:
             tup, info = self.propose(study, trial, obs)
+            for _ in range(MAX_REDRAWS):  # spaces too large to enumerate: screened-out ones are not in seen
+                if tup is None or not obs.screened_out(self.space, tup):
+                    break
+                obs.seen.add(tup)
+                tup, info = self.propose(study, trial, obs)
+            if tup is not None and obs.screened_out(self.space, tup):
+                tup = None
             if tup is None:  # nothing left: the loop stops on should_stop(); keep Optuna consistent
                 tup, info = self.baseline, {"phase": "exhausted"}
         info = {"phase": self.name, "predicted_qps": None, "predicted_std": None, **info}

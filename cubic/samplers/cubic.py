@@ -87,7 +87,7 @@ class CubicSampler(SpaceSampler):
     def _space_filling(self, obs: Observations, use_prior: bool, n_cand: int = 256) -> tuple | None:
         """The random candidate farthest from everything tried; among equally far ones, the one the
         simulator predicts to be fastest (a prior that costs no trial)."""
-        seen = list(obs.seen)
+        seen = [t for t in obs.seen if t not in obs.excluded]  # far from what ran, not from what was ruled out
         cands = {self.space.random_tuple(self.rng, obs.seen) for _ in range(n_cand)} - {None}
         if not cands or not seen:
             return next(iter(cands), None)

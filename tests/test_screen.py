@@ -1,0 +1,122 @@
+"""The quality screen (cubic/screen.py): each numerics change judged alone before the search; configurations
+with a change that fails are never proposed, and the confirm does not consider them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from cubic.quality import QualityRuns
+from cubic.samplers import make_sampler
+from cubic.samplers.base import Observations, distributions
+from cubic.screen import ATTR, Screened, decide, single_changes
+from cubic.space import load_space
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCREEN = """
+name: screen
+workload: {preset: tiny}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 64, kernel: torch, emb_optimizer: sgd,
+           emb_lr: 0.01, dense_lr: 0.001}
+knobs:
+  dense_precision: [fp32, bf16]    # passes alone
+  pipeline_depth: [0, 1]           # layout only: never screened
+  batch_size: [64, 256]            # 4x the batch at the baseline's rates: fails alone
+objective: {metric: qps}
+quality: {samples: 32768, eval_samples: 8192, seeds: 2, tolerance: 0.002}
+trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
+budget: {trials: 4, confirm_top_k: 2}
+"""
+
+
+def test_the_default_space_screens_each_numerics_change_once() -> None:
+    """dlrm_cpu.yaml: one change per numerics-changing knob value (the sharding types that keep the baseline's
+    optimizer state are one change, column-wise another; layout knobs such as kernel or pipelining none)."""
+    space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    labels = [s.label for s in single_changes(space)]
+    assert labels == ["sharding=column_wise", "replicas=2", "emb_optimizer=sgd", "global_batch=1024",
+                      "global_batch=4096", "global_batch=8192", "emb_precision=fp16", "dense_precision=bf16",
+                      "comm_precision=bf16", "comm_precision=fp16"]
+    for s in single_changes(space):
+        assert space.numerics_changes(s.params) == {s.change}
+
+
+def test_no_screen_without_quality_runs_where_it_is_off_or_for_a_batch_beside_learning_rate_knobs(
+        tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(SCREEN.replace("quality: {", "quality: {screen: false, "))
+    assert single_changes(load_space(tmp_path / "a.yaml")) == []
+    (tmp_path / "b.yaml").write_text(SCREEN.replace("  batch_size: [64, 256]", "  batch_size: [64, 256]\n"
+                                                    "  emb_lr: [0.01, 0.04]"))
+    labels = [s.label for s in single_changes(load_space(tmp_path / "b.yaml"))]
+    assert labels == ["dense_precision=bf16", "emb_lr=0.04"]  # the batch's verdict depends on its rates
+    (tmp_path / "c.yaml").write_text(SCREEN.replace("quality: {", "quality: {screen: 2, "))
+    from harness.errors import ConfigError
+    with pytest.raises(ConfigError, match="quality.screen"):
+        load_space(tmp_path / "c.yaml")
+
+
+def test_one_seed_decides_a_clear_change_and_an_ambiguous_one_takes_the_paired_judgement() -> None:
+    qr = QualityRuns(seeds=2, tolerance=0.001)
+    base = [0.8000, 0.8100]
+    s = Screened("x", 1, {}, [0.8004], [0.7])  # +0.05%: passes for now
+    assert decide(s, base, qr)[0] is True
+    s.eval_ne = [0.8100]  # +1.25%: far past 3x the tolerance
+    assert decide(s, base, qr)[0] is False
+    s.eval_ne = [0.8016]  # +0.2%: between, needs the second seed
+    assert decide(s, base, qr) == (None, "")
+    s.eval_ne = [0.8016, 0.8116]  # +0.2% twice: fails the paired judgement
+    ok, why = decide(s, base, qr)
+    assert ok is False and "paired" in why
+    s.eval_ne = [None]
+    assert decide(s, base, qr)[0] is False
+
+
+@pytest.mark.parametrize("searcher", ["cubic", "random", "grid", "tpe", "ds-xgb"])
+def test_no_searcher_proposes_a_configuration_with_a_change_the_screen_failed(searcher: str) -> None:
+    """The verdict lives in the study (what a resumed tune and every searcher read), not in one sampler."""
+    space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(ATTR, [Screened("emb_optimizer", "sgd", {}, [0.9], [0.7], False, "x").to_dict(),
+                               Screened("global_batch", 8192, {}, [0.9], [0.7], False, "x").to_dict(),
+                               Screened("dense_precision", "bf16", {}, [0.8], [0.7], True, "x").to_dict()])
+    study.sampler = make_sampler(searcher, space, seed=1)
+    dists = distributions(space)
+    for i in range(12):
+        t = study.ask(dists)
+        cfg = space.config(t.params)
+        assert cfg.emb_optimizer != "sgd" and cfg.global_batch != 8192, (searcher, i, t.params)
+        study.tell(t, 1000.0 + i)
+    obs = Observations.of(study, space)
+    assert obs.ruled_out == {("emb_optimizer", "sgd"), ("global_batch", 8192)}
+    assert obs.excluded and obs.excluded <= obs.seen
+
+
+@pytest.mark.slow  # ~1 min: 1 + 2 quality runs for the baseline and the screen, 4 trials, a confirm
+def test_the_screen_rules_a_harmful_change_out_before_the_search_spends_a_trial_on_it(tmp_path: Path) -> None:
+    """Grid order would try 4x the batch second; the screen's one run of it alone fails held-out quality
+    (far past the tolerance) before the search starts, so no trial uses it, and bf16 dense, which passes,
+    is tried; the verdicts are in the study and the run's output."""
+    from cubic import analysis
+    from tests.test_analysis import cubic_cli
+
+    (tmp_path / "s.yaml").write_text(SCREEN)
+    r = cubic_cli("tune", "--space", str(tmp_path / "s.yaml"), "--run-dir", str(tmp_path / "run"),
+                  "--searcher", "grid", "--no-live")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "quality screen: global_batch=512 alone fails" in r.stdout, r.stdout
+    study = analysis.open_study(tmp_path / "run")
+    w = study.user_attrs["winner"]  # (its speed-up over the baseline, whose reason quotes its eval NE)
+    assert w["speedup"] is not None and w["baseline_qps"] > 0, w
+    screen = {s["name"]: s for s in study.user_attrs[ATTR]}
+    assert screen["global_batch"]["ok"] is False and len(screen["global_batch"]["eval_ne"]) == 1
+    assert screen["dense_precision"]["ok"] is True
+    df = analysis.load_study(tmp_path / "run")
+    assert len(df) == 4 and (df["batch_size"] == 64).all()
+    assert (df["dense_precision"] == "bf16").any()
+    rep = cubic_cli("report", str(tmp_path / "run"))
+    assert rep.returncode == 0, rep.stderr
+    assert "quality screen (each change alone" in rep.stdout and "ruled out global_batch=512" in rep.stdout
+    assert "Quality screen: each numerics change alone" in (tmp_path / "run" / "report.html").read_text()
