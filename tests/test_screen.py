@@ -3,6 +3,7 @@ with a change that fails are never proposed, and the confirm does not consider t
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import optuna
@@ -12,7 +13,7 @@ from cubic.quality import QualityRuns
 from cubic.samplers import make_sampler
 from cubic.samplers.base import Observations, distributions
 from cubic.screen import ATTR, Screened, decide, single_changes
-from cubic.space import load_space
+from cubic.space import SearchSpace, load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,10 +33,15 @@ budget: {trials: 4, confirm_top_k: 2}
 """
 
 
+@functools.cache
+def default_space() -> SearchSpace:
+    return load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+
+
 def test_the_default_space_screens_each_numerics_change_once() -> None:
     """dlrm_cpu.yaml: one change per numerics-changing knob value (the sharding types that keep the baseline's
     optimizer state are one change, column-wise another; layout knobs such as kernel or pipelining none)."""
-    space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    space = default_space()
     labels = [s.label for s in single_changes(space)]
     assert labels == ["sharding=column_wise", "replicas=2", "emb_optimizer=sgd", "global_batch=1024",
                       "global_batch=4096", "global_batch=8192", "emb_precision=fp16", "dense_precision=bf16",
@@ -77,7 +83,7 @@ def test_one_seed_decides_a_clear_change_and_an_ambiguous_one_takes_the_paired_j
 @pytest.mark.parametrize("searcher", ["cubic", "random", "grid", "tpe", "ds-xgb"])
 def test_no_searcher_proposes_a_configuration_with_a_change_the_screen_failed(searcher: str) -> None:
     """The verdict lives in the study (what a resumed tune and every searcher read), not in one sampler."""
-    space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    space = default_space()  # (one load: enumerating it is most of each case's time)
     study = optuna.create_study(direction="maximize")
     study.set_user_attr(ATTR, [Screened("emb_optimizer", "sgd", {}, [0.9], [0.7], False, "x").to_dict(),
                                Screened("global_batch", 8192, {}, [0.9], [0.7], False, "x").to_dict(),
