@@ -52,6 +52,7 @@ def _zipf_workload() -> Workload:
                     [32, 16, 1], sample_cycle=1 << 20)
 
 
+@pytest.mark.slow  # ~12 s; interval 1 is proved equal to full model parallelism in the default tier
 def test_momentum_scaled_trains_like_full_model_parallelism_over_many_steps():
     """60 steps of hot (Zipf) tables on a stream that does not repeat: momentum-scaled 2D at sync interval
     1 ends at full model parallelism's NE (the merge is exact there; the rule before this one was 5% off

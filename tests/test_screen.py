@@ -14,21 +14,15 @@ from cubic.samplers import make_sampler
 from cubic.samplers.base import Observations, distributions
 from cubic.screen import ATTR, Screened, decide, single_changes
 from cubic.space import SearchSpace, load_space
+from tests.test_eval_quality import LARGE_BATCH
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SCREEN = """
-name: screen
-workload: {preset: tiny}
-baseline: {world_size: 2, sharding: table_wise, batch_size: 64, kernel: torch, emb_optimizer: sgd,
-           emb_lr: 0.01, dense_lr: 0.001}
-knobs:
+SCREEN = LARGE_BATCH.replace("name: lb", "name: screen").replace("  batch_size: [64, 256]\n", """\
   dense_precision: [fp32, bf16]    # passes alone
   pipeline_depth: [0, 1]           # layout only: never screened
   batch_size: [64, 256]            # 4x the batch at the baseline's rates: fails alone
-objective: {metric: qps}
-quality: {samples: 32768, eval_samples: 8192, seeds: 2, tolerance: 0.002}
-trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
+""") + """trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
 budget: {trials: 4, confirm_top_k: 2}
 """
 

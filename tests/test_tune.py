@@ -45,7 +45,7 @@ baseline: {world_size: 2, sharding: table_wise, batch_size: 32, kernel: torch, i
 knobs:
   inject_fault: [none, crash, oom, hang]
 constraints: {mem_cap_mb: 1500}
-trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 25, repeats: 1}
+trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 15, repeats: 1}
 budget: {trials: 4, confirm_top_k: 0}
 """
 
