@@ -16,6 +16,8 @@ import optuna
 import pandas as pd
 import sqlalchemy
 
+from cubic.quality import paired_mean
+from cubic.screen import Screened
 from cubic.store import NOT_RUN, rdb_storage, safe_url
 from harness.errors import ConfigError
 
@@ -224,17 +226,13 @@ def study_frame(st: optuna.Study, storage: str = "") -> pd.DataFrame:
 def screen_table(df: pd.DataFrame) -> pd.DataFrame:
     """The quality screen (cubic/screen.py): each numerics change alone, its held-out eval NE difference
     from the baseline (mean over the seeds it ran, paired) and its verdict; empty if no screen ran."""
-    rows = df.attrs.get("quality_screen") or []
     base = baseline_rows(df)
     bne = list(base["quality_eval_ne"].iloc[0]) if len(base) and "quality_eval_ne" in base else []
     out = []
-    for s in rows:
-        pairs = [(c, b) for c, b in zip(s["eval_ne"], bne, strict=False)  # paired by seed
-                 if c is not None and b is not None and math.isfinite(b) and b > 0]
-        diff = sum((c - b) / b for c, b in pairs) / len(pairs) if pairs else math.nan
-        out.append({"change": f"{s['name']}={s['value']}", "seeds": len(s["eval_ne"]), "eval_ne_diff": diff,
-                    "verdict": {True: "passes", False: "ruled out", None: "undecided"}[s.get("ok")],
-                    "reason": s.get("reason", "")})
+    for s in map(Screened.from_dict, df.attrs.get("quality_screen") or []):
+        diff = paired_mean(s.eval_ne, bne)
+        out.append({"change": s.label, "seeds": len(s.eval_ne), "eval_ne_diff": math.nan if diff is None else diff,
+                    "verdict": s.verdict, "reason": s.reason})
     return pd.DataFrame(out, columns=["change", "seeds", "eval_ne_diff", "verdict", "reason"])
 
 

@@ -106,6 +106,16 @@ class QualityRuns:
         return dataclasses.asdict(self)
 
 
+def paired_mean(cand_ne: Sequence[float | None], base_ne: Sequence[float | None]) -> float | None:
+    """Mean relative eval-NE difference of a candidate from the baseline over the seeds both have run
+    (paired by seed); None if none, or if a run among them failed (None or not finite)."""
+    n = min(len(cand_ne), len(base_ne))
+    pairs = list(zip(cand_ne[:n], base_ne[:n], strict=True))
+    if n == 0 or any(c is None or b is None or not math.isfinite(c) or not math.isfinite(b) for c, b in pairs):
+        return None
+    return statistics.mean((c - b) / b for c, b in pairs)  # type: ignore[operator]
+
+
 def noise_floor(base_ne: Sequence[float]) -> float | None:
     """The baseline's seed-to-seed spread of eval NE: sample standard deviation / mean (None below 2)."""
     if len(base_ne) < 2:

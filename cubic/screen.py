@@ -17,15 +17,15 @@ quality runs (the search-time checks and the confirm, `cubic.tune`).
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from cubic.quality import EARLY_REJECT, QualityRuns, judge
+from cubic.quality import EARLY_REJECT, QualityRuns, judge, paired_mean
 from cubic.space import SearchSpace
 
 ATTR = "quality_screen"  # the study's user attr: a list of Screened.to_dict()
 LR_KNOBS = ("emb_lr", "dense_lr")
+VERDICTS = {True: "passes", False: "ruled out", None: "undecided"}
 
 
 @dataclass
@@ -43,6 +43,10 @@ class Screened:
     @property
     def change(self) -> tuple[str, Any]:
         return (self.name, self.value)
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[self.ok]
 
     @property
     def label(self) -> str:
@@ -93,9 +97,9 @@ def decide(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> tuple[b
         return None, ""
     if None in s.eval_ne[:n]:
         return False, "its quality run failed"
-    if None in base_ne[:n]:
+    d = paired_mean(s.eval_ne, base_ne)
+    if d is None:  # the baseline's run failed: the tune's gate says so
         return None, ""
-    d = statistics.mean((c - b) / b for c, b in zip(s.eval_ne[:n], base_ne[:n], strict=True))  # type: ignore[operator]
     if n < qr.seeds:
         if d <= qr.tolerance:
             return True, f"eval NE {d:+.3%} vs baseline after {n} seed(s), within {qr.tolerance:.2%}"

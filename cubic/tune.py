@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
 from cubic.lease import TunerLease, describe
-from cubic.quality import EARLY_REJECT, covering, judge, matched_ne, noise_floor, within
+from cubic.quality import EARLY_REJECT, covering, judge, matched_ne, noise_floor, paired_mean, within
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.screen import ATTR as SCREEN_ATTR
@@ -194,7 +194,7 @@ class Tuner:
             todo = [finished]
         else:
             done = self.store.trials(TrialState.COMPLETE)
-            self._base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+            self._base = self._baseline_of(done)
             # the view shows the caller's object of the finished trial: update that one
             todo = [finished if finished is not None and t.number == finished.number else t for t in done]
         if self._base is None:
@@ -247,7 +247,7 @@ class Tuner:
         if qr is None or self.simulated or any(_is_check(p) or _is_screen(p) for p in pending):
             return None
         done = self.store.trials(TrialState.COMPLETE)
-        base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+        base = self._baseline_of(done)
         if base is None:
             return None
         bne = base.user_attrs.get("quality_eval_ne") or []
@@ -285,7 +285,7 @@ class Tuner:
         if t.user_attrs.get("config_key") == self.base_key:
             return
         done = self.store.trials(TrialState.COMPLETE)
-        ok, _ = self._heldout(t, next((b for b in done if b.user_attrs.get("config_key") == self.base_key), None))
+        ok, _ = self._heldout(t, self._baseline_of(done))
         if ok is None:
             return
         self.store.set_finished_attrs(t, {"quality_heldout_ok": ok})
@@ -308,7 +308,7 @@ class Tuner:
         if not ok:
             scr.reason = f"seed {seed}: {res.status}: {res.error}"[:300]
         done = self.store.trials(TrialState.COMPLETE)
-        base = next((t for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+        base = self._baseline_of(done)
         bne = (base.user_attrs.get("quality_eval_ne") or []) if base is not None else []
         verdict, why = decide(scr, bne, self.space.quality_runs)
         if verdict is not None:
@@ -345,6 +345,9 @@ class Tuner:
             if ok is not None:
                 self.store.set_finished_attrs(t, {"quality_heldout_ok": ok})
                 self._judged.setdefault(key, t)
+
+    def _baseline_of(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
+        return next((t for t in trials if t.user_attrs.get("config_key") == self.base_key), None)
 
     def _heldout(self, t: FrozenTrial, base: FrozenTrial | None) -> tuple[bool | None, str]:
         """t's held-out verdict from its quality runs and the baseline's, with its reason (None while its
@@ -424,7 +427,7 @@ class Tuner:
         low precision), and a gate that rejected the whole top k used to leave the baseline as the
         "winner" of a 40-trial tune."""
         ranked = sorted(self.store.trials(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
-        base = next((t for t in ranked if t.user_attrs.get("config_key") == self.base_key), None)
+        base = self._baseline_of(ranked)
         qr = None if self.simulated else self.space.quality_runs
         # with quality runs the in-run estimate only guides the searcher: over the first samples after
         # warm-up it fails larger batches for training fewer steps on them, which held-out quality does not
@@ -642,12 +645,15 @@ class Tuner:
                     f"(changes {', '.join(changed)})")
 
     # ------------------------------------------------------------------ summary
+    def _screen_summary(self) -> list[dict[str, Any]]:
+        return [x.to_dict() | {"change": x.label, "verdict": x.verdict} for x in self._screen]
+
     def _summary(self, confirmed: list[FrozenTrial]) -> dict[str, Any]:
         trials = self.store.trials(TrialState.COMPLETE, TrialState.FAIL)
         ran = [t for t in trials if t.user_attrs.get("status") not in NOT_RUN]
         # (by its key: with quality runs its reason is "baseline (eval NE ...)", and matching the reason's text
         # left every such tune's winner without its speed-up)
-        base = next((t for t in confirmed if t.user_attrs.get("config_key") == self.base_key), None)
+        base = self._baseline_of(confirmed)
         base_q = _median_finite(base.user_attrs.get("confirm_qps") if base else None)
         if base_q is None and base is not None:
             base_q = base.value
@@ -675,7 +681,7 @@ class Tuner:
                     "quality_eval_ne", "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
                     "quality_resolved")},
                     "baseline_eval_ne": base.user_attrs.get("quality_eval_ne") if base else None,
-                    "screen": [x.to_dict() | {"change": x.label} for x in self._screen]}
+                    "screen": self._screen_summary()}
         self.store.set_winner(winner)  # None clears a winner an earlier confirm left behind
         done = [t for t in ran if t.state == TrialState.COMPLETE]
         top = max(done, key=lambda t: t.value or 0.0, default=None)
@@ -690,7 +696,7 @@ class Tuner:
             "ok": sum(t.state == TrialState.COMPLETE for t in ran),
             "failed": sum(t.state == TrialState.FAIL for t in ran),
             "proxy_tau": self.view.tau, "winner": winner,
-            "screen": [{"change": x.label, "ok": x.ok, "reason": x.reason} for x in self._screen],
+            "screen": self._screen_summary(),
             "confirmed": [{"trial": t.number, "short_config": short_config(self.space, t.params),
                            "qps": t.value, "confirm_qps": t.user_attrs.get("confirm_qps"),
                            "quality_ok": t.user_attrs.get("quality_ok"),
@@ -725,11 +731,7 @@ def early_reject(t: FrozenTrial, qr: Any, base: FrozenTrial | None) -> str | Non
 
 def paired_diff(t: FrozenTrial, base: FrozenTrial) -> float | None:
     """Mean relative eval-NE difference of t from the baseline over the seeds both have run (None if none)."""
-    cand, bne = t.user_attrs.get("quality_eval_ne") or [], base.user_attrs.get("quality_eval_ne") or []
-    n = min(len(cand), len(bne))
-    if n == 0 or None in cand[:n] or None in bne[:n]:
-        return None
-    return statistics.mean((c - b) / b for c, b in zip(cand[:n], bne[:n], strict=True))
+    return paired_mean(t.user_attrs.get("quality_eval_ne") or [], base.user_attrs.get("quality_eval_ne") or [])
 
 
 def _median_finite(xs: Any) -> float | None:

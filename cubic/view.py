@@ -167,8 +167,7 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
         for col in ("change", "verdict"):
             t.add_column(col)
         for x in s["screen"]:
-            t.add_row(x["change"], {True: "passes", False: "ruled out", None: "undecided"}[x["ok"]]
-                      + (f": {x['reason']}" if x["reason"] else ""))
+            t.add_row(x["change"], x["verdict"] + (f": {x['reason']}" if x["reason"] else ""))
         console.print(t)
     if s["confirmed"]:
         t = Table(title="confirmed (re-measured) configurations", box=None, header_style="bold")

@@ -17,7 +17,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from cubic.screen import excluded_tuples, ruled_out
+from cubic.screen import excluded_tuples, failing_changes, ruled_out
 from cubic.space import SearchSpace
 from cubic.store import NOT_RUN
 
@@ -71,7 +71,7 @@ class Observations:
         return obs
 
     def screened_out(self, space: SearchSpace, tup: tuple) -> bool:
-        return bool(self.ruled_out and space.numerics_changes(space.params_of(tup)) & self.ruled_out)
+        return bool(failing_changes(space, space.params_of(tup), self.ruled_out))
 
 
 class SpaceSampler(optuna.samplers.BaseSampler):
