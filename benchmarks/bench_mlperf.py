@@ -1,17 +1,30 @@
 """The simulator against MLPerf Training's published DLRM-DCNv2 results (issue 21's validation).
 
-Measured: NVIDIA's MLPerf Training v3.0 closed-division DLRM-DCNv2 submissions on DGX H100
-(HugeCTR), result_0 of each system, from the public logs in mlcommons/training_results_v3.0 at
-commit 9f08e30 (NVIDIA/results/dgxh100{,_n8,_n16}_ngc23.04_merlin_hugectr/dlrm_dcnv2/result_0.txt):
-the training rate between two evaluations (0.05 epoch = 0.05 x 4,195,197,692 samples over the
-time from one `eval_stop` to the next `eval_start`, median over the run's intervals) and the log's
-own `tracked_stats.throughput` (which includes the evaluations).
+Measured: NVIDIA's closed-division DLRM-DCNv2 submissions on DGX H100 (HugeCTR) in four rounds, v3.0,
+v3.1, v4.0 and v4.1, each at 8, 64 and 128 GPUs: the training rate between two evaluations, median of
+the 10 runs of each system, read from the public logs by `benchmarks/mlperf_logs.py` into
+benchmarks/data/mlperf_dlrm_dcnv2.json (its sources: the training_results_vX.Y snapshots' commits).
 
-Protocol (as the issue asks): ONE parameter is fitted so that the 8-GPU point is predicted exactly;
-the 64- and 128-GPU points are then predicted with nothing else changed. Two such fits, both shown
-(`FITS`): every device rate x one factor, or the framework's fixed cost per step. Reported per
-sharding of our harness (HugeCTR runs its own hybrid embedding, which our harness does not have:
-the simulator models our harness), with each error and the 64 -> 128 scaling ratio.
+Protocol (as the issue asks): per round, ONE parameter is fitted so that the 8-GPU point is predicted
+exactly; the 64- and 128-GPU points are then predicted with nothing else changed. The headline fit
+scales every device rate by one factor, with the framework's fixed cost per step set to HugeCTR's:
+its published train.py builds the solver with `use_cuda_graph=True`, so a step is replayed as CUDA
+graphs with no per-kernel host cost (our preset's 2 ms is our eager-mode harness's assumed figure).
+Two other fits are shown for contrast: the device rates with the harness's 2 ms kept (the protocol of
+earlier stops, whose factor of 2.5-3.5x is not a physical one), and the fixed cost fitted with the
+preset's rates. Reported per sharding of our harness (HugeCTR runs its own hybrid embedding, which our
+harness does not have: the simulator models our harness); `*` marks the simulator's own pick, the
+fastest sharding it predicts at 64 and 128 GPUs, on which the goals are judged.
+
+What the simulator gets wrong, and why (HugeCTR's published train.py and config_DGXH100_*.sh): it
+under-predicts 64 and 128 GPUs on v3.1-v4.1 by ~10% and ~20%, because HugeCTR overlaps the embedding
+all-to-all with the dense compute (`train_intra_iteration_overlap`), all-reduces fp16 gradients with
+SHARP in the switches (`NCCL_COLLNET_ENABLE=1` on 8 and 16 nodes) and keeps small tables data-parallel
+(`DP_SHARDING_THRESHOLD`), while our harness, which the simulator models, sums its phases and
+all-reduces fp32 gradients over the NICs: at 128 GPUs those collectives are 60% of the predicted step.
+v3.0 ran without `DP_SHARDING_THRESHOLD`: every table model-parallel, so the ranks holding the hottest
+tables bound the step and 128 GPUs ran no faster than 64 (v3.1 added the threshold: +5% on 8 GPUs, +54%
+on 128). The simulator's table-wise rows show that flat shape (ratio ~0.99), not the level.
 
     .venv/bin/python benchmarks/bench_mlperf.py
 """
@@ -33,20 +46,27 @@ from harness.sim.backend import simulate  # noqa: E402
 from harness.sim.cluster import Cluster, load_cluster, shipped_cluster  # noqa: E402
 from harness.workload import Workload  # noqa: E402
 
-SOURCE = ("mlcommons/training_results_v3.0@9f08e30 "
-          "NVIDIA/results/dgxh100*_ngc23.04_merlin_hugectr/dlrm_dcnv2/result_0.txt")
-# gpus: (global batch, training samples/s between evaluations, the log's tracked throughput)
-MLPERF = {
-    8: (55_296, 14.52e6, 12_769_089),    # 14.444 s per 0.05 epoch (eval_stop 1683409425097 -> 1683409439541)
-    64: (135_168, 45.80e6, 37_789_978),  # 4.572-4.637 s per 0.05 epoch
-    128: (135_168, 46.00e6, 40_080_714),  # 4.52-4.60 s per 0.05 epoch
-}
-# Another round on the same hardware (v4.0, mlcommons/training_results_v4.0@62f111b,
-# NVIDIA/results/eos_n16_ngc24.04_merlin_hugectr/dlrm_dcnv2/result_0.txt): 16 DGX H100, global batch
-# 135,168, a median 2.839 s per 0.05 epoch. Its software is 1.6x v3.0's on the same H100s: a model of
-# the hardware calibrated on v3.0 cannot know that, which is what this row shows.
-V40_128 = (135_168, 73.85e6)
+DATA = Path(__file__).resolve().parent / "data"
+ROUNDS = ("v3.0", "v3.1", "v4.0", "v4.1")
+GPUS = (8, 64, 128)
 SHARDINGS = ("table_wise", "column_wise", "row_wise", "auto")
+HUGECTR_OVERHEAD_MS = 0.0  # CUDA graphs (train.py: use_cuda_graph=True): no host cost per step
+GOALS = {"err": 0.25, "ratio": 0.15}  # |error| at 64 and 128 GPUs; 64 -> 128 scaling ratio
+
+
+def measured() -> dict[str, dict]:
+    """{round: {"source", "systems": {gpus: name}, gpus: (global batch, samples/s, min, max)}} for NVIDIA's
+    DGX H100 HugeCTR systems of each round (v4.1 reuses v4.0's 8-GPU submission: it is listed in both)."""
+    data = json.loads((DATA / "mlperf_dlrm_dcnv2.json").read_text())
+    out = {}
+    for rnd in ROUNDS:
+        pts: dict = {"source": data[rnd]["source"], "systems": {}}
+        for name, s in data[rnd]["systems"].items():
+            if s["org"] == "NVIDIA" and "H100" in s["accelerator"] and "hugectr" in name and s["gpus"] in GPUS:
+                pts[s["gpus"]] = (s["global_batch"], s["rate"], s["rate_min"], s["rate_max"])
+                pts["systems"][s["gpus"]] = name
+        out[rnd] = pts
+    return out
 
 
 def scaled(c: Cluster, k: float) -> Cluster:
@@ -59,9 +79,8 @@ def scaled(c: Cluster, k: float) -> Cluster:
     return dataclasses.replace(c, device=dev)
 
 
-def config(gpus: int, sharding: str) -> TrialConfig:
-    gb = MLPERF[gpus][0]
-    return TrialConfig(workload=Workload.preset("mlperf-dcnv2"), world_size=gpus, batch_size=gb // gpus,
+def config(gpus: int, global_batch: int, sharding: str) -> TrialConfig:
+    return TrialConfig(workload=Workload.preset("mlperf-dcnv2"), world_size=gpus, batch_size=global_batch // gpus,
                        device="cuda", kernel="triton", sharding=sharding, emb_precision="fp16",
                        dense_precision="bf16", comm_precision="fp16", pipeline_depth=1, ranks_per_node=8)
 
@@ -71,71 +90,137 @@ def with_overhead(c: Cluster, ms: float) -> Cluster:
     return dataclasses.replace(c, device=dataclasses.replace(c.device, step_overhead_ms=ms))
 
 
-# The two one-parameter fits on the 8-GPU point. "rates": every device rate x k (the preset's fixed cost
-# per step, 2 ms assumed for our eager-mode harness, stays). "overhead": the fixed cost per step is the
-# parameter (the preset's rates: H100 kernel efficiencies measured in GPU session 5, public GEMM rates);
-# HugeCTR runs its step as CUDA graphs, so a harness-sized fixed cost is the most doubtful figure.
-FITS = {"rates": (scaled, 1e-3, 1e3), "overhead": (with_overhead, 0.0, 20.0)}
+# The one-parameter fits on the 8-GPU point: (what the parameter changes, its range, log-scale search).
+FITS = {
+    "rates": (lambda c, k: scaled(with_overhead(c, HUGECTR_OVERHEAD_MS), k), 1e-3, 1e3, True),
+    "rates, harness's 2 ms": (scaled, 1e-3, 1e3, True),
+    "fixed cost": (with_overhead, 0.0, 20.0, False),
+}
 
 
-def fit(c: Cluster, sharding: str, how: str) -> float | None:
-    """The parameter value that predicts the 8-GPU point (bisection; log scale for rates), or None if
-    no value in range reaches it."""
-    make, lo, hi = FITS[how]
-    target = MLPERF[8][1]
+def fit(c: Cluster, gb: int, target: float, sharding: str, how: str) -> float | None:
+    """The parameter value that predicts the 8-GPU point (bisection), or None if no value in range reaches it."""
+    make, lo, hi, log = FITS[how]
 
     def qps(v: float) -> float:
-        return simulate(config(8, sharding), make(c, v)).qps
+        return simulate(config(8, gb, sharding), make(c, v)).qps
 
-    faster_up = how == "rates"  # larger rates: faster; larger overhead: slower
-    if (qps(hi) if faster_up else qps(lo)) < target:
+    if (qps(hi) if log else qps(lo)) < target:  # larger rates: faster; a larger fixed cost: slower
         return None
     for _ in range(60):
-        mid = (lo * hi) ** 0.5 if how == "rates" else (lo + hi) / 2
+        mid = (lo * hi) ** 0.5 if log else (lo + hi) / 2
         slow = qps(mid) < target
-        lo, hi = (mid, hi) if slow == faster_up else (lo, mid)
-    return (lo * hi) ** 0.5 if how == "rates" else (lo + hi) / 2
+        lo, hi = (mid, hi) if slow == log else (lo, mid)
+    return (lo * hi) ** 0.5 if log else (lo + hi) / 2
+
+
+def validate(c: Cluster, pts: dict, how: str) -> dict:
+    """One round, one fit: per sharding the parameter, the predictions, the errors and the 64 -> 128 ratios;
+    `pick` is the sharding the simulator itself predicts fastest at 64 and 128 GPUs."""
+    out: dict = {}
+    for sh in SHARDINGS:
+        k = fit(c, pts[8][0], pts[8][1], sh, how)
+        if k is None:
+            out[sh] = {"fit": None}
+            continue
+        cl = FITS[how][0](c, k)
+        res = {g: simulate(config(g, pts[g][0], sh), cl) for g in GPUS}
+        pred = {g: r.qps for g, r in res.items()}
+        out[sh] = {"fit": k, "pred": pred, "err": {g: pred[g] / pts[g][1] - 1 for g in GPUS},
+                   "ratio_pred": pred[128] / pred[64], "ratio_meas": pts[128][1] / pts[64][1],
+                   "breakdown_ms": {g: r.breakdown_ms for g, r in res.items()},
+                   "comm_ms": {g: r.extra["sim"]["comm_ms"] for g, r in res.items()}}
+    fitted = [sh for sh in SHARDINGS if out[sh]["fit"] is not None]
+    out["pick"] = max(fitted, key=lambda sh: out[sh]["pred"][64] + out[sh]["pred"][128]) if fitted else None
+    return out
+
+
+def h200(h100: Cluster) -> Cluster:
+    """H200 SXM: the H100's compute with 141 GB of HBM3e, whose copy bandwidth is ~4.3 TB/s against the H100's
+    ~3.0 (DESIGN.md, public figures); every other rate as the (fitted) H100's."""
+    d = h100.device
+    return dataclasses.replace(h100, device=dataclasses.replace(d, memory_gb=141, mem_bw_gbs=d.mem_bw_gbs * 4.3 / 3.0))
+
+
+def a100_80(h100: Cluster) -> Cluster:
+    """A100 SXM 80 GB on NVLink3: the a100-zionex preset's device (its assumed rates) with the 80 GB part's
+    2,039 GB/s peak instead of 1,555, scaled by the same factor as the fitted H100's rates."""
+    a = load_cluster(shipped_cluster("a100-zionex-128.yaml"))
+    k = h100.device.mem_bw_gbs / load_cluster(shipped_cluster("h100-128.yaml")).device.mem_bw_gbs
+    dev = dataclasses.replace(a.device, memory_gb=80, mem_bw_gbs=a.device.mem_bw_gbs * 2039 / 1555,
+                              step_overhead_ms=h100.device.step_overhead_ms)
+    return dataclasses.replace(scaled(dataclasses.replace(h100, device=dev), k), intra_node=a.intra_node)
+
+
+# Other GPUs at 8 per node, predicted with no refit: the round's fitted H100 turned into that GPU by its
+# public figures. (label, round whose H100 fit is used, round and system measured, the cluster maker)
+OTHER_GPUS = (("H200 SXM", "v4.0", "h200_ngc24.04_merlin_hugectr", h200),
+              ("A100 SXM 80 GB (Dell)", "v3.0", "XE9680x8A100-SXM-80GB", a100_80))
+
+
+def other_gpus(base: Cluster, meas: dict, results: dict) -> list[dict]:
+    data = json.loads((DATA / "mlperf_dlrm_dcnv2.json").read_text())
+    out = []
+    for label, rnd, system, make in OTHER_GPUS:
+        k = results[rnd]["column_wise"]["fit"]
+        s = data[rnd]["systems"][system]
+        pred = simulate(config(8, s["global_batch"], "column_wise"), make(FITS["rates"][0](base, k))).qps
+        h100 = meas[rnd][8][1]
+        out.append({"gpu": label, "round": rnd, "system": system, "pred": pred, "meas": s["rate"],
+                    "err": pred / s["rate"] - 1, "vs_h100_pred": pred / h100, "vs_h100_meas": s["rate"] / h100})
+    return out
+
+
+def ratio_err(r: dict) -> float:
+    return r["ratio_pred"] / r["ratio_meas"] - 1
+
+
+def verdict(r: dict) -> str:
+    ok = (abs(r["err"][64]) <= GOALS["err"] and abs(r["err"][128]) <= GOALS["err"]
+          and abs(ratio_err(r)) <= GOALS["ratio"])
+    return "meets the goals" if ok else "misses"
 
 
 def main() -> None:
-    console = Console(width=150)
+    console = Console(width=170)
     base = load_cluster(shipped_cluster("h100-128.yaml"))
-    out: dict = {}
+    meas = measured()
+    out: dict = {"measured": {r: {str(g): v for g, v in m.items()} for r, m in meas.items()}, "results": {}}
     for how in FITS:
-        tab = Table(title=f"simulator vs MLPerf Training v3.0 DLRM-DCNv2 on DGX H100, one parameter fitted on 8 "
-                    f"GPUs: {how} (training samples/s; {SOURCE})")
-        for col in ("sharding", f"{how} (fit on 8 GPUs)", "8: pred / meas", "64: pred / meas (err)",
-                    "128: pred / meas (err)", "64->128 pred / meas", "128 GPUs: phases ms (emb, comm, dense)",
-                    "v4.0 128 (err)"):
+        tab = Table(title="simulator vs MLPerf Training DLRM-DCNv2, NVIDIA DGX H100 (HugeCTR), one parameter fitted "
+                    f"on each round's 8-GPU point: {how} (training samples/s, median of 10 runs)")
+        for col in ("round", "sharding", "fit on 8 GPUs", "8: pred / meas", "64: pred / meas (err)",
+                    "128: pred / meas (err)", "64->128 pred / meas (err)", "128 GPUs: ms emb, comm, dense"):
             tab.add_column(col, justify="right")
-        out[how] = {}
-        for sh in SHARDINGS:
-            k = fit(base, sh, how)
-            if k is None:
-                tab.add_row(sh, "cannot reach the 8-GPU point", *[""] * 6)
-                out[how][sh] = {"fit": None}
-                continue
-            c = FITS[how][0](base, k)
-            res = {g: simulate(config(g, sh), c) for g in MLPERF}
-            pred = {g: r.qps for g, r in res.items()}
-            err = {g: pred[g] / MLPERF[g][1] - 1 for g in MLPERF}
-            ratio_p, ratio_m = pred[128] / pred[64], MLPERF[128][1] / MLPERF[64][1]
-            bd = res[128].breakdown_ms
-            v40 = pred[128] / V40_128[1] - 1
-            out[how][sh] = {"fit": k, "pred": pred, "err": err, "ratio_pred": ratio_p, "ratio_meas": ratio_m,
-                            "status": {g: r.status for g, r in res.items()}, "breakdown_128": bd,
-                            "err_v40_128": v40}
-            tab.add_row(sh, f"{k:.3f}" + (" ms" if how == "overhead" else "x"),
-                        f"{pred[8] / 1e6:.1f}M / {MLPERF[8][1] / 1e6:.1f}M",
-                        f"{pred[64] / 1e6:.1f}M / {MLPERF[64][1] / 1e6:.1f}M ({err[64]:+.0%})",
-                        f"{pred[128] / 1e6:.1f}M / {MLPERF[128][1] / 1e6:.1f}M ({err[128]:+.0%})",
-                        f"{ratio_p:.2f} / {ratio_m:.2f}",
-                        f"{bd['emb_fwd'] + bd['emb_bwd']:.1f}, {bd['comm']:.1f}, {bd['dense'] + bd['optim']:.1f}",
-                        f"{v40:+.0%}")
+        out["results"][how] = {}
+        for rnd, pts in meas.items():
+            res = out["results"][how][rnd] = validate(base, pts, how)
+            for sh in SHARDINGS:
+                r = res[sh]
+                name = sh + (" *" if sh == res["pick"] else "")
+                if r["fit"] is None:
+                    tab.add_row(rnd, name, "cannot reach the 8-GPU point", *[""] * 5)
+                    continue
+                e, bd = r["err"], r["breakdown_ms"][128]
+                tab.add_row(rnd, name, f"{r['fit']:.3f}" + ("x" if FITS[how][3] else " ms"),
+                            f"{r['pred'][8] / 1e6:.1f}M / {pts[8][1] / 1e6:.1f}M",
+                            f"{r['pred'][64] / 1e6:.1f}M / {pts[64][1] / 1e6:.1f}M ({e[64]:+.0%})",
+                            f"{r['pred'][128] / 1e6:.1f}M / {pts[128][1] / 1e6:.1f}M ({e[128]:+.0%})",
+                            f"{r['ratio_pred']:.2f} / {r['ratio_meas']:.2f} ({ratio_err(r):+.0%})",
+                            f"{bd['emb_fwd'] + bd['emb_bwd']:.2f}, {bd['comm']:.2f}, {bd['dense'] + bd['optim']:.2f}")
         console.print(tab)
-    (Path(__file__).resolve().parent / "data" / "mlperf_validation.json").write_text(
-        json.dumps({"source": SOURCE, "measured": {str(g): v for g, v in MLPERF.items()}, "v4.0_128": V40_128,
-                    "results": out}, indent=1, default=str))
+        for rnd in meas:
+            res = out["results"][how][rnd]
+            if res["pick"]:
+                r = res[res["pick"]]
+                console.print(f"  {how}, {rnd}, {res['pick']}: 64 GPUs {r['err'][64]:+.0%}, 128 GPUs "
+                              f"{r['err'][128]:+.0%}, 64->128 ratio {ratio_err(r):+.0%}: {verdict(r)}")
+    out["other_gpus"] = other_gpus(base, meas, out["results"]["rates"])
+    for o in out["other_gpus"]:
+        console.print(f"other GPU, 8 per node, no refit: {o['gpu']} ({o['round']}, {o['system']}): predicted "
+                      f"{o['pred'] / 1e6:.2f}M, measured {o['meas'] / 1e6:.2f}M ({o['err']:+.0%}); vs that round's "
+                      f"8 H100: {o['vs_h100_pred']:.2f}x predicted, {o['vs_h100_meas']:.2f}x measured")
+    (DATA / "mlperf_validation.json").write_text(json.dumps(out, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -324,3 +324,53 @@ def test_the_cache_model_at_hit_rates_0_and_1() -> None:
         ms, moved, _ = _offload([shard], 0.0, 1e12, c)
         assert moved[0]["hit_rate"] == 0.0 and moved[0]["cache_rows"] == 0
         assert ms == pytest.approx(50_000 * (64 * 4 + 4) / (c.device.host_link_gbs * 1e6))
+
+
+def _bench(name: str):
+    """A benchmark module (benchmarks/ is scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_mlperf_log_rate_is_read_between_evaluations() -> None:
+    """The training rate excludes evaluation time: samples of the eval_stop -> next eval_start span (its
+    epoch difference x train_samples) over that span's seconds, median over spans."""
+    logs = _bench("mlperf_logs")
+
+    def line(key: str, t: int, value=None, epoch: float | None = None) -> str:
+        meta = {} if epoch is None else {"epoch_num": epoch}
+        return ":::MLLOG " + json.dumps({"key": key, "time_ms": t, "value": value, "metadata": meta})
+
+    text = "\n".join([
+        "noise before the log", line("global_batch_size", 0, 1000), line("train_samples", 0, 1_000_000),
+        line("eval_start", 1000, epoch=0.05), line("eval_stop", 3000, epoch=0.05),  # the eval's 2 s are not training
+        line("eval_start", 8000, epoch=0.10), line("eval_stop", 9000, epoch=0.10),  # 50k samples in 5 s
+        line("eval_start", 11500, epoch=0.15), line("eval_stop", 12000, epoch=0.15),  # 50k in 2.5 s
+        line("eval_start", 14000, epoch=0.20),  # 50k in 2 s
+        line("tracked_stats", 15000, {"throughput": 123.0}),
+    ])
+    run = logs.parse_log(text)
+    assert run["global_batch"] == 1000 and run["spans"] == 3 and run["tracked"] == 123.0
+    assert run["rate"] == pytest.approx(20_000.0)  # median of 10k, 20k, 25k samples/s
+    with pytest.raises(ValueError, match="no training span"):
+        logs.parse_log(line("global_batch_size", 0, 1000))
+
+
+def test_simulator_predicts_published_mlperf_scaling_from_one_8_gpu_point() -> None:
+    """Issue 21's validation as a guard on the performance model: on NVIDIA's DGX H100 DLRM-DCNv2 results
+    of rounds v3.1, v4.0 and v4.1, the device rates fitted on each round's 8-GPU point need no large
+    correction, and the 64- and 128-GPU rates and the 64 -> 128 ratio are predicted within the issue's
+    goals (25%, 25%, 15%). v3.0 is left out: its software is the outlier (benchmarks/bench_mlperf.py)."""
+    b = _bench("bench_mlperf")
+    base = load_cluster(shipped_cluster("h100-128.yaml"))
+    meas = b.measured()
+    assert sorted(meas) == ["v3.0", "v3.1", "v4.0", "v4.1"]
+    for rnd in ("v3.1", "v4.0", "v4.1"):
+        res = b.validate(base, meas[rnd], "rates")
+        r = res[res["pick"]]
+        assert res["pick"] == "column_wise" and 0.9 < r["fit"] < 1.1, (rnd, res["pick"], r["fit"])
+        assert b.verdict(r) == "meets the goals", (rnd, r["err"], r["ratio_pred"], r["ratio_meas"])

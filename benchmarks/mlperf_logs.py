@@ -1,0 +1,103 @@
+"""Training rates from MLPerf Training's public DLRM-DCNv2 result logs (the data `bench_mlperf.py` validates on).
+
+A result log (`<org>/results/<system>/dlrm_dcnv2/result_N.txt`) is a stream of `:::MLLOG {json}` lines.
+The training rate is read between evaluations: the samples of one eval_stop -> next eval_start span
+(its epoch_num difference x `train_samples`) over its wall time, median over the run's spans. The log's
+own `tracked_stats.throughput` counts the evaluations too, so it is kept only for reference. GPU count
+and accelerator come from `<org>/systems/<system>.json`. Every result file of a system is read
+(MLPerf asks for 10 runs): the median of their rates, with min and max.
+
+    .venv/bin/python benchmarks/mlperf_logs.py /work/.mirror/mlcommons+training_results_v*/repo
+
+reads mirrored snapshots (git directories, no work tree) and writes benchmarks/data/mlperf_dlrm_dcnv2.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "data" / "mlperf_dlrm_dcnv2.json"
+RESULT = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/dlrm_dcnv2/result_\d+\.txt$")
+
+
+def parse_log(text: str) -> dict:
+    """One run: global batch, training samples/s between evaluations (median over the spans), the spans'
+    count and the last tracked throughput. Raises ValueError when the log has no complete span."""
+    gb = samples = tracked = None
+    events: list[tuple[str, int, float]] = []
+    for line in text.splitlines():
+        if ":::MLLOG" not in line:
+            continue
+        d = json.loads(line.split(":::MLLOG", 1)[1])
+        key = d["key"]
+        if key == "global_batch_size":
+            gb = d["value"]
+        elif key == "train_samples":
+            samples = d["value"]
+        elif key == "tracked_stats":
+            tracked = d["value"].get("throughput")
+        elif key in ("eval_start", "eval_stop"):
+            events.append((key, d["time_ms"], d["metadata"]["epoch_num"]))
+    rates, stop = [], None
+    for key, t, epoch in events:
+        if key == "eval_stop":
+            stop = (t, epoch)
+        elif stop is not None and t > stop[0]:
+            rates.append((epoch - stop[1]) * samples / ((t - stop[0]) / 1e3))
+            stop = None
+    if not rates or gb is None:
+        raise ValueError("no training span between two evaluations")
+    return {"global_batch": gb, "rate": statistics.median(rates), "spans": len(rates), "tracked": tracked}
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def read_round(repo: Path) -> dict:
+    """Every DLRM-DCNv2 system of one round's snapshot: {system: {org, gpus, accelerator, ..., rate}}."""
+    files = _git(repo, "ls-tree", "-r", "--name-only", "HEAD").split("\n")
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for f in files:
+        m = RESULT.match(f)
+        if m:
+            try:
+                run = parse_log(_git(repo, "show", f"HEAD:{f}"))
+            except (ValueError, subprocess.CalledProcessError):
+                continue  # an incomplete log, or one the snapshot lists but does not hold
+            runs.setdefault((m["org"], m["system"]), []).append(run)
+    out = {}
+    for (org, system), rs in sorted(runs.items()):
+        try:
+            desc = json.loads(_git(repo, "show", f"HEAD:{org}/systems/{system}.json"))
+            gpus = int(desc["number_of_nodes"]) * int(desc["accelerators_per_node"])
+        except (subprocess.CalledProcessError, KeyError, ValueError):
+            continue  # a system without a readable description: its GPU count is unknown
+        rates = [r["rate"] for r in rs]
+        out[system] = {"org": org, "gpus": gpus, "nodes": int(desc["number_of_nodes"]),
+                       "accelerator": desc.get("accelerator_model_name", ""), "global_batch": rs[0]["global_batch"],
+                       "runs": len(rs), "rate": statistics.median(rates), "rate_min": min(rates),
+                       "rate_max": max(rates), "tracked": statistics.median(r["tracked"] or 0.0 for r in rs)}
+    return out
+
+
+def main(repos: list[str]) -> None:
+    data = {}
+    for r in repos:
+        repo = Path(r)
+        name = re.search(r"training_results_(v[\d.]+)", str(repo))
+        if not name:
+            sys.exit(f"error: {repo}: not a training_results_vX.Y snapshot")
+        data[name[1]] = {"source": f"mlcommons/training_results_{name[1]}@{_git(repo, 'rev-parse', 'HEAD')[:7]}",
+                         "systems": read_round(repo)}
+        print(f"{name[1]}: {len(data[name[1]]['systems'])} systems")
+    OUT.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
