@@ -221,6 +221,45 @@ def main() -> None:
                       f"{o['pred'] / 1e6:.2f}M, measured {o['meas'] / 1e6:.2f}M ({o['err']:+.0%}); vs that round's "
                       f"8 H100: {o['vs_h100_pred']:.2f}x predicted, {o['vs_h100_meas']:.2f}x measured")
     (DATA / "mlperf_validation.json").write_text(json.dumps(out, indent=1, default=str))
+    plot(meas, out)
+
+
+def plot(meas: dict, out: dict) -> None:
+    """Measured vs predicted samples/s per round (the headline fit, the simulator's pick), and the error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax_err) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for i, (rnd, pts) in enumerate(meas.items()):
+        res = out["results"]["rates"][rnd]
+        r = res[res["pick"]]
+        color = f"C{i}"
+        ax.plot(GPUS, [pts[g][1] / 1e6 for g in GPUS], marker="o", color=color, label=f"{rnd} measured")
+        ax.plot(GPUS, [r["pred"][g] / 1e6 for g in GPUS], marker="x", linestyle="--", color=color,
+                label=f"{rnd} predicted (fit x{r['fit']:.2f} on 8)")
+        ax_err.plot(GPUS[1:], [100 * r["err"][g] for g in GPUS[1:]], marker="o", color=color, label=rnd)
+    for o in out["other_gpus"]:
+        ax.scatter([8], [o["meas"] / 1e6], marker="s", color="gray")
+        ax.annotate(f"{o['gpu']}: {o['err']:+.0%}", (8, o["meas"] / 1e6), textcoords="offset points",
+                    xytext=(6, -4), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(GPUS, [str(g) for g in GPUS])
+    ax.set_xlabel("GPUs (DGX H100 nodes of 8)")
+    ax.set_ylabel("training M samples/s")
+    ax.set_title("MLPerf DLRM-DCNv2 (HugeCTR): measured vs simulated")
+    ax.legend(fontsize=7)
+    ax_err.axhspan(-100 * GOALS["err"], 100 * GOALS["err"], color="green", alpha=0.1, label="goal: within 25%")
+    ax_err.axhline(0, color="black", linewidth=0.5)
+    ax_err.set_xscale("log", base=2)
+    ax_err.set_xticks(GPUS[1:], [str(g) for g in GPUS[1:]])
+    ax_err.set_xlabel("GPUs")
+    ax_err.set_ylabel("prediction error, %")
+    ax_err.set_title("error after fitting the device rates on 8 GPUs")
+    ax_err.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DATA / "mlperf_validation.png", dpi=100)
 
 
 if __name__ == "__main__":

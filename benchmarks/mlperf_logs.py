@@ -86,15 +86,25 @@ def read_round(repo: Path) -> dict:
     return out
 
 
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(repos: list[str]) -> None:
+    if not repos:
+        _fail("give the training_results_vX.Y snapshots to read (git directories)")
     data = {}
     for r in repos:
         repo = Path(r)
         name = re.search(r"training_results_(v[\d.]+)", str(repo))
         if not name:
-            sys.exit(f"error: {repo}: not a training_results_vX.Y snapshot")
-        data[name[1]] = {"source": f"mlcommons/training_results_{name[1]}@{_git(repo, 'rev-parse', 'HEAD')[:7]}",
-                         "systems": read_round(repo)}
+            _fail(f"{repo}: not a training_results_vX.Y snapshot")
+        try:
+            head = _git(repo, "rev-parse", "HEAD")[:7]
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            _fail(f"{repo}: not a git directory")
+        data[name[1]] = {"source": f"mlcommons/training_results_{name[1]}@{head}", "systems": read_round(repo)}
         print(f"{name[1]}: {len(data[name[1]]['systems'])} systems")
     OUT.write_text(json.dumps(data, indent=1, sort_keys=True))
 
