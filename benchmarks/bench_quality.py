@@ -40,6 +40,8 @@ VARIANTS: dict[str, tuple[dict, str]] = {  # name -> (knobs, lr scaling rule)
     "bf16 dense": ({"dense_precision": "bf16"}, "none"),
     "bf16 comm": ({"comm_precision": "bf16"}, "none"),
     "fp16 comm": ({"comm_precision": "fp16"}, "none"),
+    "fp16 all-reduce": ({"allreduce_comm_precision": "fp16"}, "none"),
+    "bf16 all-reduce": ({"allreduce_comm_precision": "bf16"}, "none"),
     "2x batch": ({"batch_size": 2048}, "none"),
     "2x batch, sqrt lr": ({"batch_size": 2048}, "sqrt"),
     "2x batch, linear lr": ({"batch_size": 2048}, "linear"),

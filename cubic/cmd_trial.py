@@ -7,6 +7,7 @@ file fixes); then --set. Errors name the source they come from.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def load_config_file(path: Path) -> TrialConfig:
 
 def apply_sets(cfg: TrialConfig, sets: list[str]) -> TrialConfig:
     knobs = {}
-    fields = sorted(k for k in cfg.to_dict() if k != "workload")
+    fields = sorted(f.name for f in dataclasses.fields(cfg) if f.name != "workload")
     for s in sets:
         key, eq, val = s.partition("=")
         key = key.strip()

@@ -260,6 +260,8 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
                            **({"dmp_collection_sync_interval_batches": cfg.sparse_sync_interval} if two_d else {})},
         "qcomms_config": {"forward_precision": COMM_TYPES[cfg.comm_precision],
                           "backward_precision": COMM_TYPES[cfg.comm_precision]},
+        # DistributedModelParallel(data_parallel_wrapper=DefaultDataParallelWrapper(allreduce_comm_precision=...))
+        "ddp": {"allreduce_comm_precision": cfg.allreduce_comm_precision},
         "embedding_optimizer": {"class": EMB_OPTIMIZERS[cfg.emb_optimizer], "lr": cfg.emb_lr,
                                 "name": cfg.emb_optimizer},
         "dense": {"optimizer": "torch.optim.Adagrad", "lr": cfg.dense_lr, "precision": cfg.dense_precision,

@@ -46,7 +46,8 @@ NOT_KNOBS = ("workload", "mem_cap_mb")
 # Knobs whose change alters the training numerics: a config that changes one must pass the
 # quality gate (NE at most the tolerance above the baseline's). 2D (group < world) counts too.
 # batch_size and world_size count through the global batch they make (per-rank batch x ranks).
-DEFAULT_QUALITY_KNOBS = ("emb_precision", "dense_precision", "comm_precision", "batch_size", "world_size",
+DEFAULT_QUALITY_KNOBS = ("emb_precision", "dense_precision", "comm_precision", "allreduce_comm_precision",
+                         "batch_size", "world_size",
                          "emb_optimizer", "emb_lr", "dense_lr", "sharding", "sparse_sync", "sparse_sync_interval",
                          "sharding_group_size")
 ENUMERATE_LIMIT = 400_000  # spaces up to this many raw points are enumerated once (grid, pools)

@@ -18,7 +18,8 @@ from harness.config import TrialResult
 
 SHORT = {"sharding": "", "sharding_group_size": "G", "sparse_sync": "sync", "emb_optimizer": "opt",
          "batch_size": "bs", "kernel": "k", "emb_precision": "emb", "dense_precision": "dense",
-         "comm_precision": "comm", "pipeline_depth": "pipe", "threads_per_rank": "thr", "world_size": "W"}
+         "comm_precision": "comm", "allreduce_comm_precision": "ar", "pipeline_depth": "pipe",
+         "threads_per_rank": "thr", "world_size": "W"}
 
 
 def short_config(space: SearchSpace, params: dict[str, Any]) -> str:

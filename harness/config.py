@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "emb_precision": ("fp32", "fp16", "bf16"),
     "dense_precision": ("fp32", "bf16", "fp8_auto", "fp8_all"),
     "comm_precision": ("fp32", "bf16", "fp16"),
+    "allreduce_comm_precision": ("fp32", "bf16", "fp16"),
     "sharding": (
         "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel",
         "size_greedy", "lookup_greedy", "size_lookup_greedy", "auto",
@@ -74,6 +75,9 @@ class TrialConfig:
     emb_precision: str = "fp32"
     dense_precision: str = "fp32"
     comm_precision: str = "fp32"
+    # the dense gradients' all-reduce: a DDP comm hook (TorchRec: DefaultDataParallelWrapper's
+    # allreduce_comm_precision); left out of to_dict at fp32, so every config stored before it keeps its key
+    allreduce_comm_precision: str = "fp32"
     emb_optimizer: str = "rowwise_adagrad"
     emb_lr: float = 0.01
     dense_lr: float = 0.01
@@ -164,6 +168,9 @@ class TrialConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["workload"] = self.workload.to_dict()
+        for k, v in KEYLESS_DEFAULTS.items():
+            if d[k] == v:
+                d.pop(k)
         return d
 
     @classmethod
@@ -190,6 +197,9 @@ class TrialConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
+#: Knobs added after studies were stored: at these values they stay out of `to_dict` (and `key()`), so a
+#: stored trial's config key is unchanged and a resumed study neither loses nor re-runs it.
+KEYLESS_DEFAULTS = {"allreduce_comm_precision": "fp32"}
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(TrialConfig)}
 
 

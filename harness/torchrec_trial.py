@@ -67,6 +67,8 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
         return "DMPCollection averages replica weights and state (plain row-wise AdaGrad)"
     if knob == "comm_precision" and value != "fp32" and cpu:
         return "QComms codecs are not run on gloo here"
+    if knob == "allreduce_comm_precision" and value == "bf16" and cpu:
+        return "torch's bf16 compress hook (TorchRec's DefaultDataParallelWrapper) needs NCCL"
     if knob == "pipeline_depth" and value and cpu:
         return "TorchRec's sparse-dist train pipelines are not run on CPU here"
     if knob == "emb_precision" and value == "bf16" and cpu:
@@ -78,6 +80,7 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
 
 # What runs instead, for each knob value `torchrec_unsupported` refuses (the placements are handled per table)
 INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE", "comm_precision": "the all-to-all ran in fp32",
+           "allreduce_comm_precision": "the dense gradients were all-reduced in fp32",
            "pipeline_depth": "TorchRec's plain training loop ran", "emb_precision": "fp32 tables ran",
            "dense_precision": "bf16 autocast ran",
            "sparse_sync": "DMPCollection averaged the replicas' weights and optimizer state after every step",
@@ -141,7 +144,8 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
         else:
             r0 = next(g for g in got if g["rank"] == 0)
             out.update(status="ok", error="", **{k: r0[k] for k in (
-                "qps", "window_qps", "placements", "omp_wait_policy", "model_parallel", "syncs", "sharding_group")},
+                "qps", "window_qps", "placements", "omp_wait_policy", "model_parallel", "syncs", "sharding_group",
+                "ddp_hooks")},
                        checksums={g["rank"]: g["checksum"] for g in got})
     except Exception as e:  # a queue timeout: a hung or dead rank
         out["status"], out["error"] = "timeout", f"TorchRec ranks did not report within {cfg.timeout_s:.0f} s ({e!r})"
@@ -186,7 +190,7 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.distributed import sharding_plan as sp
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
     from torchrec.distributed.types import ShardingPlan
     from torchrec.models import dlrm
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -222,6 +226,9 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
     module_plan = sp.construct_module_sharding_plan(ebc, gens, local_size=G, world_size=G, device_type="cpu")
     plan = ShardingPlan({"sparse_arch.embedding_bag_collection": module_plan})
     sharders = [EmbeddingBagCollectionSharder()]
+    ar = export.get("ddp", {}).get("allreduce_comm_precision")
+    ddp = DefaultDataParallelWrapper(allreduce_comm_precision=None if torchrec_unsupported(
+        "allreduce_comm_precision", ar, cfg.device) or ar == "fp32" else ar)
     if dc:
         replica_pg: list[dist.ProcessGroup] = []  # set once DMPCollection has built its DeviceMesh
 
@@ -233,13 +240,14 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
 
         dmp = _cpu_dmp_collection()(module=model, device=device, plan=plan, world_size=W, sharding_group_size=G,
                             global_pg=dist.group.WORLD, sharders=sharders,
-                            use_inter_host_allreduce=dc["use_inter_host_allreduce"], custom_all_reduce=average)
+                            use_inter_host_allreduce=dc["use_inter_host_allreduce"], custom_all_reduce=average,
+                            data_parallel_wrapper=ddp)
         replica_pg.append(dmp._default_ctx.replica_pg)
         mine = dmp._default_ctx.device_mesh["shard"].mesh.tolist()  # this rank's sharding group, global ranks
         # grad_allreduce keeps the replicas equal after every step: DMPCollection's nearest is sync() every step
         every = dc["sync_interval_batches"] if cfg.sparse_sync == "weight_avg" else 1
     else:
-        dmp = DistributedModelParallel(model, plan=plan, device=device, sharders=sharders)
+        dmp = DistributedModelParallel(model, plan=plan, device=device, sharders=sharders, data_parallel_wrapper=ddp)
         mine, every = list(range(W)), 0
     # the plan TorchRec applied, in group positions (DMPCollection remaps them to this group's global ranks)
     applied = {name: {"sharding_type": ps.sharding_type, "ranks": [mine.index(r) for r in ps.ranks or []],
@@ -278,4 +286,6 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
     dist.destroy_process_group()
     return {"qps": statistics.median(windows), "window_qps": windows, "placements": applied,
             "model_parallel": type(dmp).__name__, "syncs": syncs, "sharding_group": mine, "checksum": checksum,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+            # the dense gradients' comm hooks DDP runs (allreduce_comm_precision: torch's fp16/bf16_compress_hook)
+            "ddp_hooks": [h.__name__ for h, _ in getattr(dmp._dmp_wrapped_module, "_comm_hooks", [])]}

@@ -138,6 +138,7 @@ def _check_torchrec_dict(d: dict, cfg: TrialConfig, plan: list | None = None) ->
     assert d["train_pipeline"]["class"] == expect[cfg.pipeline_depth]
     prec = cfg.comm_precision.upper()
     assert d["qcomms_config"] == {"forward_precision": prec, "backward_precision": prec}
+    assert d["ddp"] == {"allreduce_comm_precision": cfg.allreduce_comm_precision}
     for t in d["tables"]:
         assert t["data_type"] == cfg.emb_precision.upper()
     for c in d["parameter_constraints"].values():  # the harness pools in fp32 whatever the dense precision
@@ -163,7 +164,7 @@ def _check_torchrec_dict(d: dict, cfg: TrialConfig, plan: list | None = None) ->
 TORCHREC_CASES = [
     dict(sharding="table_wise", pipeline_depth=0, comm_precision="fp32"),
     dict(sharding="row_wise", pipeline_depth=1, comm_precision="bf16", emb_precision="fp16"),
-    dict(sharding="column_wise", pipeline_depth=2, comm_precision="fp16"),
+    dict(sharding="column_wise", pipeline_depth=2, comm_precision="fp16", allreduce_comm_precision="fp16"),
     dict(sharding="table_row_wise", world_size=4, ranks_per_node=2),
     dict(sharding="data_parallel"),
     dict(sharding="size_lookup_greedy", world_size=4, sharding_group_size=2, sparse_sync="weight_avg"),
@@ -210,6 +211,7 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     from torchrec.distributed import train_pipeline
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.types import DataType
 
@@ -257,6 +259,8 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     q = d["qcomms_config"]
     QCommsConfig(forward_precision=CommType[q["forward_precision"]],
                  backward_precision=CommType[q["backward_precision"]])
+    ar = d["ddp"]["allreduce_comm_precision"]  # as the README's loader passes it
+    DefaultDataParallelWrapper(allreduce_comm_precision=None if ar == "fp32" else ar)
     assert hasattr(train_pipeline, d["train_pipeline"]["class"])
 
 

@@ -374,3 +374,28 @@ def test_simulator_predicts_published_mlperf_scaling_from_one_8_gpu_point() -> N
         r = res[res["pick"]]
         assert res["pick"] == "column_wise" and 0.9 < r["fit"] < 1.1, (rnd, res["pick"], r["fit"])
         assert b.verdict(r) == "meets the goals", (rnd, r["err"], r["ratio_pred"], r["ratio_meas"])
+
+
+def test_a_16_bit_gradient_all_reduce_moves_half_the_bytes() -> None:
+    """allreduce_comm_precision prices DDP's dense all-reduce at its wire width: across 8 nodes the all-reduce
+    is bandwidth-bound, so fp16 and bf16 halve it (plus the hook's cast, in the optimizer phase); one rank has
+    no all-reduce, so nothing changes. A tuned space can name it, and the quality screen judges it alone."""
+    c = load_cluster(shipped_cluster("h100-64.yaml"))
+    base = TrialConfig(workload=Workload.preset("mlperf-dcnv2"), world_size=64, batch_size=2112, device="cuda",
+                       kernel="triton", sharding="column_wise", dense_precision="bf16", ranks_per_node=8)
+    r32, r16 = simulate(base, c), simulate(base.replace(allreduce_comm_precision="fp16"), c)
+    ar32, ar16 = r32.extra["sim"]["comm_ms"]["ddp_allreduce"], r16.extra["sim"]["comm_ms"]["ddp_allreduce"]
+    assert 0.45 < ar16 / ar32 < 0.6, (ar16, ar32)  # latency terms do not halve
+    assert r16.qps > r32.qps and r16.breakdown_ms["optim"] > r32.breakdown_ms["optim"]
+    from harness.sim.backend import features
+
+    f32, f16 = features(base, c), features(base.replace(allreduce_comm_precision="bf16"), c)
+    assert f16["allreduce_bytes"] == f32["allreduce_bytes"] / 2
+    one = base.replace(world_size=1, batch_size=1024)
+    assert simulate(one, c).qps == simulate(one.replace(allreduce_comm_precision="fp16"), c).qps
+
+    from cubic.space import load_space
+
+    space = load_space(ROOT / "search_spaces" / "dlrm_cluster.yaml")
+    params = {**space.baseline_params(), "allreduce_comm_precision": "fp16"}
+    assert space.numerics_changes(params) == {("allreduce_comm_precision", "fp16")}

@@ -46,6 +46,24 @@ def test_ok_trial_fills_the_result_schema():
     json.loads(r.to_json())
 
 
+def test_dense_gradients_all_reduced_in_16_bits() -> None:
+    """allreduce_comm_precision: DDP all-reduces the dense gradients in fp16 / bf16 (a comm hook) on real gloo
+    ranks. The first loss (no update yet) is the same; after it the losses move by the wire's rounding, not
+    more; and an fp32 config's key is the one stored before the knob existed. (Held-out NE over real training:
+    benchmarks/bench_quality.py, data/quality_cpu_allreduce.json.)"""
+    runs = {p: run_trial(tiny_cfg(world_size=2, warmup_steps=1, measure_steps=3, windows=1,
+                                  allreduce_comm_precision=p)) for p in ("fp32", "fp16", "bf16")}
+    assert all(r.status == "ok" for r in runs.values()), {p: r.error for p, r in runs.items()}
+    ref = runs["fp32"].losses
+    for p, tol in (("fp16", 1e-3), ("bf16", 1e-2)):
+        got = runs[p].losses
+        assert got[0] == ref[0] and got != ref, (p, got, ref)  # the hook ran, after the first backward
+        assert max(abs(a - b) / b for a, b in zip(got, ref, strict=True)) < tol, (p, got, ref)
+        assert runs[p].config["allreduce_comm_precision"] == p
+    assert "allreduce_comm_precision" not in runs["fp32"].config  # stored keys from before the knob still match
+    assert TrialConfig.from_dict(runs["fp32"].config).key() == json.dumps(runs["fp32"].config, sort_keys=True)
+
+
 def test_loss_really_falls():
     r = run_trial(tiny_cfg(world_size=2, batch_size=128, warmup_steps=8, measure_steps=24, emb_lr=0.05))
     assert r.status == "ok", r.error
@@ -105,6 +123,7 @@ def test_cli_trial_readable_summary(tmp_path):
     (["--set", "batch_size=lots"], "batch_size='lots' is not a valid int"),
     (["--set", "warp_drive=1"], "--set warp_drive: unknown knob"),
     (["--set", "pipeline_depth=7"], "pipeline_depth=7 is not allowed"),
+    (["--set", "allreduce_comm_precision=fp8"], "allreduce_comm_precision='fp8' is not allowed"),
     (["--set", "sharding_group_size=3"], "sharding_group_size=3 must divide world_size=2"),
     (["--set", "world_size=4", "--set", "sharding=column_wise", "--set", "column_shard_dim=6"],
      "cannot be split into FBGEMM-legal shards"),

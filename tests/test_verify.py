@@ -40,6 +40,10 @@ def _cfg(**kw) -> TrialConfig:
 
 def test_substitutions_name_what_torchrec_runs_differently() -> None:
     assert plan_for_torchrec(_cfg(), _export(_cfg()))[1] == []  # table-wise fbgemm fp32: runs as measured
+    fp16, bf16 = _cfg(allreduce_comm_precision="fp16"), _cfg(allreduce_comm_precision="bf16")
+    assert plan_for_torchrec(fp16, _export(fp16))[1] == []
+    subs = plan_for_torchrec(bf16, _export(bf16))[1]  # torch's bf16 hook needs NCCL: fp32 ran on gloo
+    assert [s.split(":")[0] for s in subs] == ["allreduce_comm_precision=bf16"]
     placements, subs = plan_for_torchrec(dp := _cfg(sharding="data_parallel"), _export(dp))
     assert any(s.startswith("data-parallel tables") for s in subs)
     placements, subs = plan_for_torchrec(rw := _cfg(sharding="row_wise", kernel="native", comm_precision="bf16",
@@ -60,12 +64,15 @@ def test_substitutions_name_what_torchrec_runs_differently() -> None:
 
 def test_a_loaded_export_trains_in_torchrec_with_the_placements_cubic_measured() -> None:
     """DistributedModelParallel built from the export trains steps on 2 gloo ranks, and the plan TorchRec
-    applied holds every table where cubic's harness held it (table-wise ranks, column-wise shard widths)."""
-    for cfg in (_cfg(), _cfg(sharding="column_wise")):
+    applied holds every table where cubic's harness held it (table-wise ranks, column-wise shard widths),
+    with the dense all-reduce precision cubic measured."""
+    for cfg in (_cfg(), _cfg(sharding="column_wise", allreduce_comm_precision="fp16")):
         exp = _export(cfg)
         r = run_torchrec_trial(cfg, exp)
         assert r["status"] == "ok", r["error"]
         assert r["qps"] > 0 and len(r["window_qps"]) == 2
+        # the dense gradients' all-reduce precision reached DDP (TorchRec's DefaultDataParallelWrapper)
+        assert r["ddp_hooks"] == ([] if cfg.allreduce_comm_precision == "fp32" else ["fp16_compress_hook"])
         for name, p in exp["placements"].items():
             got = r["placements"][name]
             assert got["sharding_type"] == p["sharding_type"]

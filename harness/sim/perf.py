@@ -14,7 +14,7 @@ same plan, so position p's ranks all carry the same load):
 - comm: the input distribution (lengths and ids all-to-all in the group; hidden by pipelining as
   far as the hardware allows), the pooled all-to-all forward and backward in the comm precision,
   the data-parallel tables' sparse sync (all-gather of ids and pooled gradients over the world),
-  DDP's dense all-reduce (only what the backward does not hide), 2D's replica traffic
+  DDP's dense all-reduce in `allreduce_comm_precision` (only what the backward does not hide), 2D's replica traffic
   (`grad_allreduce`: all-gather of the replicas' ids and gradients every step; `weight_avg`: the
   cheaper of a sparse all-gather of the touched rows and a dense all-reduce, every k steps);
 - dense: every GEMM of the dense part at the rate measured for its size and precision;
@@ -259,6 +259,9 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     other = B * dc.act_floats * 4 / (log_interp(ew, B) * 1e6 * s.dense_speed) if ew else 0.0
     dense = dense_fwd + dense_bwd + other
     optim = dc.params * 16 / (s.copy_gbs * 1e6 * s.dense_speed)
+    grad_bytes = DTYPE_BYTES[cfg.allreduce_comm_precision]  # per dense gradient on the wire
+    if grad_bytes < 4 and W > 1:  # the comm hook's cast in and out: read fp32, write, read and write back
+        optim += dc.params * 12 / (s.copy_gbs * 1e6 * s.dense_speed)
 
     # communication
     comm: dict[str, float] = {}
@@ -275,7 +278,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         comm["dp_sync"] = coll.all_gather(sum(B * (t.pooling * ID_BYTES + t.dim * 4 + ID_BYTES) for t in dp),
                                           w_span, c)
     if W > 1:
-        ar = coll.all_reduce(dc.params * 4, w_span, c)
+        ar = coll.all_reduce(dc.params * grad_bytes, w_span, c)
         last = ar * min(1.0, DDP_BUCKET_BYTES / max(1.0, dc.params * 4))
         comm["ddp_allreduce"] = max(last, ar - dense_bwd)  # the backward hides all but the last bucket
     if R > 1 and recv_cols:
@@ -308,7 +311,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     features = {
         "bytes_lookup_per_rank": max(fwd) * s.copy_gbs * 1e6,
         "a2a_bytes": B * recv_cols * cb * 2 + ids_send,
-        "allreduce_bytes": dc.params * 4.0,
+        "allreduce_bytes": dc.params * float(grad_bytes),
         "mlp_gflops": B * dc.flops / 1e9,
         "mem_mb_per_rank": max(mem),
         "load_imbalance": (max(fwd) + max(bwd)) / mean_load if mean_load > 0 else 1.0,
