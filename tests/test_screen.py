@@ -52,6 +52,10 @@ def test_no_screen_without_quality_runs_where_it_is_off_or_for_a_batch_beside_le
                                                     "  emb_lr: [0.01, 0.04]"))
     labels = [s.label for s in single_changes(load_space(tmp_path / "b.yaml"))]
     assert labels == ["dense_precision=bf16", "emb_lr=0.04"]  # the batch's verdict depends on its rates
+    (tmp_path / "d.yaml").write_text(SCREEN.replace("  pipeline_depth: [0, 1]", "  pipeline_depth: [0, 1]\n"
+                                                    "  allreduce_comm_precision: [fp32, bf16]"))
+    labels = [s.label for s in single_changes(load_space(tmp_path / "d.yaml"))]
+    assert "allreduce_comm_precision=bf16" in labels  # the dense gradients' wire precision is a numerics change
     (tmp_path / "c.yaml").write_text(SCREEN.replace("quality: {", "quality: {screen: 2, "))
     from harness.errors import ConfigError
     with pytest.raises(ConfigError, match="quality.screen"):
