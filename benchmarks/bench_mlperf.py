@@ -34,6 +34,7 @@ the hottest tables bound the step and 128 GPUs ran no faster than 64 (v3.1 added
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -56,10 +57,16 @@ HUGECTR_OVERHEAD_MS = 0.0  # CUDA graphs (train.py: use_cuda_graph=True): no hos
 GOALS = {"err": 0.25, "ratio": 0.15}  # |error| at 64 and 128 GPUs; 64 -> 128 scaling ratio
 
 
+@functools.cache
+def logs() -> dict:
+    """Every round's systems as `mlperf_logs.py` read them."""
+    return json.loads((DATA / "mlperf_dlrm_dcnv2.json").read_text())
+
+
 def measured() -> dict[str, dict]:
     """{round: {"source", "systems": {gpus: name}, gpus: (global batch, samples/s, min, max)}} for NVIDIA's
     DGX H100 HugeCTR systems of each round (v4.1 reuses v4.0's 8-GPU submission: it is listed in both)."""
-    data = json.loads((DATA / "mlperf_dlrm_dcnv2.json").read_text())
+    data = logs()
     out = {}
     for rnd in ROUNDS:
         pts: dict = {"source": data[rnd]["source"], "systems": {}}
@@ -98,9 +105,14 @@ def with_overhead(c: Cluster, ms: float) -> Cluster:
 
 # The one-parameter fits on the 8-GPU point: (what the parameter changes, its range, log-scale search, the
 # dense gradients' all-reduce precision). The headline is the first; the others show what each choice costs.
+def hugectr_rates(c: Cluster, k: float) -> Cluster:
+    """HugeCTR's fixed cost per step (CUDA graphs), every device rate x k."""
+    return scaled(with_overhead(c, HUGECTR_OVERHEAD_MS), k)
+
+
 FITS = {
-    "rates": (lambda c, k: scaled(with_overhead(c, HUGECTR_OVERHEAD_MS), k), 1e-3, 1e3, True, "fp16"),
-    "rates, fp32 gradients": (lambda c, k: scaled(with_overhead(c, HUGECTR_OVERHEAD_MS), k), 1e-3, 1e3, True, "fp32"),
+    "rates": (hugectr_rates, 1e-3, 1e3, True, "fp16"),
+    "rates, fp32 gradients": (hugectr_rates, 1e-3, 1e3, True, "fp32"),
     "rates, harness's 2 ms": (scaled, 1e-3, 1e3, True, "fp16"),
     "fixed cost": (with_overhead, 0.0, 20.0, False, "fp16"),
 }
@@ -143,36 +155,34 @@ def validate(c: Cluster, pts: dict, how: str) -> dict:
     return out
 
 
-def h200(h100: Cluster) -> Cluster:
+def h200(h100: Cluster, k: float) -> Cluster:
     """H200 SXM: the H100's compute with 141 GB of HBM3e, whose copy bandwidth is ~4.3 TB/s against the H100's
-    ~3.0 (DESIGN.md, public figures); every other rate as the (fitted) H100's."""
-    d = h100.device
-    return dataclasses.replace(h100, device=dataclasses.replace(d, memory_gb=141, mem_bw_gbs=d.mem_bw_gbs * 4.3 / 3.0))
+    ~3.0 (DESIGN.md, public figures); every other rate as the H100's, fitted by k."""
+    c = hugectr_rates(h100, k)
+    return dataclasses.replace(c, device=dataclasses.replace(c.device, memory_gb=141,
+                                                             mem_bw_gbs=c.device.mem_bw_gbs * 4.3 / 3.0))
 
 
-def a100_80(h100: Cluster) -> Cluster:
+def a100_80(h100: Cluster, k: float) -> Cluster:
     """A100 SXM 80 GB on NVLink3: the a100-zionex preset's device (its assumed rates) with the 80 GB part's
-    2,039 GB/s peak instead of 1,555, scaled by the same factor as the fitted H100's rates."""
+    2,039 GB/s peak instead of 1,555, fitted by the same k as the H100, in the H100 cluster's network."""
     a = load_cluster(shipped_cluster("a100-zionex-128.yaml"))
-    k = h100.device.mem_bw_gbs / load_cluster(shipped_cluster("h100-128.yaml")).device.mem_bw_gbs
-    dev = dataclasses.replace(a.device, memory_gb=80, mem_bw_gbs=a.device.mem_bw_gbs * 2039 / 1555,
-                              step_overhead_ms=h100.device.step_overhead_ms)
-    return dataclasses.replace(scaled(dataclasses.replace(h100, device=dev), k), intra_node=a.intra_node)
+    dev = dataclasses.replace(a.device, memory_gb=80, mem_bw_gbs=a.device.mem_bw_gbs * 2039 / 1555)
+    return dataclasses.replace(hugectr_rates(dataclasses.replace(h100, device=dev), k), intra_node=a.intra_node)
 
 
 # Other GPUs at 8 per node, predicted with no refit: the round's fitted H100 turned into that GPU by its
-# public figures. (label, round whose H100 fit is used, round and system measured, the cluster maker)
+# public figures. (label, round whose H100 fit is used and whose system is measured, the system, the
+# cluster maker: (the H100 preset, k) -> that GPU's cluster)
 OTHER_GPUS = (("H200 SXM", "v4.0", "h200_ngc24.04_merlin_hugectr", h200),
               ("A100 SXM 80 GB (Dell)", "v3.0", "XE9680x8A100-SXM-80GB", a100_80))
 
 
 def other_gpus(base: Cluster, meas: dict, results: dict) -> list[dict]:
-    data = json.loads((DATA / "mlperf_dlrm_dcnv2.json").read_text())
     out = []
     for label, rnd, system, make in OTHER_GPUS:
-        k = results[rnd]["column_wise"]["fit"]
-        s = data[rnd]["systems"][system]
-        pred = simulate(config(8, s["global_batch"], "column_wise"), make(FITS["rates"][0](base, k))).qps
+        s = logs()[rnd]["systems"][system]
+        pred = simulate(config(8, s["global_batch"], "column_wise"), make(base, results[rnd]["column_wise"]["fit"])).qps
         h100 = meas[rnd][8][1]
         out.append({"gpu": label, "round": rnd, "system": system, "pred": pred, "meas": s["rate"],
                     "err": pred / s["rate"] - 1, "vs_h100_pred": pred / h100, "vs_h100_meas": s["rate"] / h100})

@@ -7,9 +7,11 @@ own `tracked_stats.throughput` counts the evaluations too, so it is kept only fo
 and accelerator come from `<org>/systems/<system>.json`. Every result file of a system is read
 (MLPerf asks for 10 runs): the median of their rates, with min and max.
 
-    .venv/bin/python benchmarks/mlperf_logs.py /work/.mirror/mlcommons+training_results_v*/repo
+    git clone --bare https://github.com/mlcommons/training_results_v4.0 training_results_v4.0   # each round
+    .venv/bin/python benchmarks/mlperf_logs.py training_results_v3.0 training_results_v3.1 ...
 
-reads mirrored snapshots (git directories, no work tree) and writes benchmarks/data/mlperf_dlrm_dcnv2.json.
+reads the snapshots as git directories (bare clones do; no work tree needed) and writes
+benchmarks/data/mlperf_dlrm_dcnv2.json.
 """
 
 from __future__ import annotations
