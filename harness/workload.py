@@ -23,8 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, read_text
+from harness.ids import IdProfile
 
 ID_DISTRIBUTIONS = ("uniform", "zipf")
+#: Where a trial's ids come from: each table's `id_dist` and fixed `pooling` (synthetic), the tables'
+#: profiles of a data sample (bag lengths and skew drawn like the sample's), or the sample itself replayed.
+ID_SOURCES = ("synthetic", "profile", "trace")
 #: Distinct samples of the synthetic stream by default; training cycles over them (harness/data.py).
 SAMPLE_CYCLE = 1 << 16
 INTERACTIONS = ("dot", "dcn", "wukong")
@@ -63,10 +67,68 @@ class TableSpec:
     pooling: int = 1
     id_dist: str = "uniform"
     zipf_alpha: float = 1.05
+    # TorchRec's feature names that look up this table (several features may share one table: each brings
+    # its own bag per sample, which the harness concatenates into one); empty = the table's own name.
+    features: list[str] = field(default_factory=list)
+    # The table's ids in a sample of the user's data (`cubic workload profile`); used when the workload's
+    # id_source is profile. Left out of `to_dict` when absent, with `features`, so older keys stay.
+    profile: IdProfile | None = None
 
     @property
     def bytes_fp32(self) -> int:
         return self.rows * self.dim * 4
+
+    @property
+    def feature_names(self) -> list[str]:
+        return self.features or [self.name]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("features", "profile")}
+        if self.features:
+            d["features"] = list(self.features)
+        if self.profile is not None:
+            d["profile"] = self.profile.to_dict()
+        return d
+
+
+@dataclass(frozen=True)
+class DataSample:
+    """Where a workload's profile came from: the data file, its format, how many rows were read, how raw
+    ids became rows, and the replayable trace of those rows (an npz beside the workload file)."""
+
+    source: str
+    format: str
+    sample_rows: int
+    hashing: str = "modulo"  # integer ids: id mod rows; strings: a stable 64-bit hash (pandas) mod rows
+    trace: str = ""  # path of the trace (absolute once loaded); empty: no replay possible
+    trace_sha256: str = ""  # the trace's content: two traces at one path are different workloads
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> DataSample:
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(d, dict) or set(d) - set(names) or not {"source", "format", "sample_rows"} <= set(d):
+            raise ConfigError(f"{where}: data must be a mapping with source, format, sample_rows (allowed: {names})")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class DenseModel:
+    """A dense part cubic does not know by name (not DLRM / DCN / Wukong): its size and cost per sample,
+    measured on the user's module, so the simulator prices it and a harness trial runs a stand-in of the
+    same FLOPs."""
+
+    params: int
+    flops_per_sample: int
+    module: str = ""  # the user's class, for the reader
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> DenseModel:
+        if not isinstance(d, dict) or not {"params", "flops_per_sample"} <= set(d) or set(d) - {
+                "params", "flops_per_sample", "module"}:
+            raise ConfigError(f"{where}: dense_model must be a mapping of params, flops_per_sample (and module)")
+        if not all(_is_int(d[k]) and d[k] >= 0 for k in ("params", "flops_per_sample")):
+            raise ConfigError(f"{where}: dense_model params and flops_per_sample must be integers >= 0")
+        return cls(**d)
 
 
 @dataclass
@@ -98,6 +160,12 @@ class Workload:
     wukong_lcb_embs: int = 16
     wukong_rank: int = 24
     wukong_mlp: list[int] = field(default_factory=lambda: [512, 512])
+    # The user's own model and data (`cubic workload from-torchrec` / `profile`): all left out of `to_dict`
+    # at their defaults, so every stored key of a preset is what it was.
+    id_source: str = "synthetic"
+    data: DataSample | None = None
+    dense_model: DenseModel | None = None
+    factory: str = ""  # MODULE:FACTORY the workload was imported from
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -213,6 +281,21 @@ class Workload:
             if t.id_dist not in ID_DISTRIBUTIONS:
                 raise ConfigError(f"{where}: table {t.name!r} id_dist={t.id_dist!r}; "
                                   f"choose one of {list(ID_DISTRIBUTIONS)}")
+            if not isinstance(t.features, list) or not all(isinstance(f, str) and f for f in t.features):
+                raise ConfigError(f"{where}: table {t.name!r} features must be a list of feature names")
+        feats = [f for t in self.tables for f in t.feature_names]
+        dup = next((f for f in feats if feats.count(f) > 1), None)
+        if dup is not None:
+            raise ConfigError(f"{where}: feature {dup!r} looks up more than one table; a feature feeds one table")
+        if self.id_source not in ID_SOURCES:
+            raise ConfigError(f"{where}: id_source={self.id_source!r}; choose one of {list(ID_SOURCES)}")
+        if self.id_source == "profile" and not all(t.profile for t in self.tables):
+            miss = next(t.name for t in self.tables if not t.profile)
+            raise ConfigError(f"{where}: id_source=profile but table {miss!r} has no profile; "
+                              "run `cubic workload profile DATA --workload FILE` first")
+        if self.id_source == "trace" and not (self.data and self.data.trace):
+            raise ConfigError(f"{where}: id_source=trace needs a data trace; run `cubic workload profile "
+                              "DATA --workload FILE` (it writes the trace beside the workload)")
         if not isinstance(self.sample_cycle, int) or self.sample_cycle < 1:
             raise ConfigError(f"{where}: sample_cycle={self.sample_cycle!r} must be a positive integer")
         if len({t.dim for t in self.tables}) != 1:
@@ -266,8 +349,17 @@ class Workload:
 
     # ------------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
-        """Common keys plus the interaction's own; other families' keys are left out (always defaults)."""
-        d = dataclasses.asdict(self)
+        """Common keys plus the interaction's own; other families' keys and the user-model keys at their
+        defaults are left out (so a preset's dict, and every stored key made from one, stays)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["tables"] = [t.to_dict() for t in self.tables]
+        d["bottom_mlp"], d["top_mlp"], d["wukong_mlp"] = list(self.bottom_mlp), list(self.top_mlp), list(
+            self.wukong_mlp)
+        for k, default in USER_MODEL_DEFAULTS.items():
+            if d[k] == default:
+                d.pop(k)
+            elif k in ("data", "dense_model"):
+                d[k] = dataclasses.asdict(d[k])
         if d["teacher_emb_scale"] == TEACHER_EMB_SCALE:
             d.pop("teacher_emb_scale")
         mine = set(self.interaction_keys())
@@ -311,10 +403,17 @@ class Workload:
             bad = sorted(set(t) - tfields)
             if bad:
                 raise ConfigError(f"{where}: tables[{i}] unknown key {bad[0]!r}; allowed: {sorted(tfields)}")
+            t = dict(t)
+            if t.get("profile") is not None:
+                t["profile"] = IdProfile.from_dict(t["profile"], f"{where}: tables[{i}]")
             try:
                 tables.append(TableSpec(**{"name": f"t{i}", **t}))
             except TypeError as e:
                 raise ConfigError(f"{where}: tables[{i}]: {e}") from None
+        if d.get("data") is not None and not isinstance(d["data"], DataSample):
+            d["data"] = DataSample.from_dict(d["data"], where)
+        if d.get("dense_model") is not None and not isinstance(d["dense_model"], DenseModel):
+            d["dense_model"] = DenseModel.from_dict(d["dense_model"], where)
         try:
             return cls(tables=tables, **d).validate(where)
         except TypeError as e:
@@ -371,8 +470,14 @@ class Workload:
             raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
         if isinstance(w, dict) and isinstance(w.get("tables"), int):
             return cls.from_anchor_dict(w, where=str(path))
+        if isinstance(w, dict) and isinstance(w.get("data"), dict) and w["data"].get("trace"):
+            # the trace lies beside the workload file: resolve it here, where the file's folder is known
+            w = {**w, "data": {**w["data"], "trace": str((path.parent / w["data"]["trace"]).resolve())}}
         return cls.from_dict(w, where=str(path)), {}
 
+
+#: The user-model keys and their defaults (left out of `to_dict` there).
+USER_MODEL_DEFAULTS: dict[str, Any] = {"id_source": "synthetic", "data": None, "dense_model": None, "factory": ""}
 
 # The anchor's workload-small.json, embedded so the preset needs no file outside the package.
 ANCHOR_SMALL: dict[str, Any] = {
