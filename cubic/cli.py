@@ -1,4 +1,4 @@
-"""The `cubic` command: trial, tune, report, export, verify, calibrate.
+"""The `cubic` command: trial, tune, report, export, verify, calibrate, workload.
 
 Each command lives in its own module (cubic/cmd_*.py); this file only wires them.
 Bad input anywhere is one line on stderr and exit code 2.
@@ -22,6 +22,12 @@ COMMANDS = {
     "verify": ("cubic.cmd_verify", "verify"),
     "calibrate": ("cubic.cmd_calibrate", "calibrate"),
 }
+
+# command groups (a typer app of subcommands each): name -> module holding `app`
+GROUPS = {"workload": "cubic.cmd_workload"}
+
+for _name, _mod in GROUPS.items():
+    app.add_typer(importlib.import_module(_mod).app, name=_name)
 
 for _name, (_mod, _fn) in COMMANDS.items():
     try:

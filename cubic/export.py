@@ -190,11 +190,15 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     # the all-to-all carries comm_precision: qcomms_config below); BF16 here would halve traffic unmeasured
     out_dtype = "FP32"
     for i, t in enumerate(wl.tables):
-        feature = f"f{i}"
+        # an imported model keeps its own feature names; each feature's pooling factor is its mean bag
+        features = t.features or [f"f{i}"]
+        per_feature = t.lookups(wl.profiled) / len(features)
         tables.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim,
-                       "feature_names": [feature], "pooling": "SUM", "data_type": dtype,
-                       "mean_pooling_factor": t.pooling, "id_distribution": t.id_dist})
-        c: dict[str, Any] = {"pooling_factors": [float(max(t.pooling, 1))], "output_dtype": out_dtype}
+                       "feature_names": features, "pooling": "SUM", "data_type": dtype,
+                       "mean_pooling_factor": t.pooling if not wl.profiled else round(per_feature, 4),
+                       "id_distribution": t.id_dist if not wl.profiled else wl.id_source})
+        c: dict[str, Any] = {"pooling_factors": [float(max(per_feature, 1))] * len(features),
+                             "output_dtype": out_dtype}
         tp = plan.get(t.name)
         if tp is not None:
             kind = tp["kind"]

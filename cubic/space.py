@@ -448,6 +448,17 @@ def load_space(path: str | Path) -> SearchSpace:
     return _build(ld, raw)
 
 
+def _workload_file(space_path: Path, raw: dict[str, Any]) -> Workload:
+    """`workload: {file: PATH, KEY: VALUE...}`: the file (relative to the space file) with keys set over it,
+    e.g. `id_source: trace` to replay the profiled sample instead of drawing like it."""
+    raw = dict(raw)
+    path = raw.pop("file")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"workload: file={path!r} must be the path of a workload file")
+    wl, _ = Workload.from_json_file(space_path.parent / path)
+    return Workload.from_dict({**wl.to_dict(), **raw}, where=f"workload ({path})") if raw else wl
+
+
 def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     name = str(raw.get("name") or ld.path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
@@ -456,7 +467,10 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     if isinstance(wl_raw, str):
         wl_raw = {"preset": wl_raw}
     try:
-        workload = Workload.from_dict(wl_raw, where="workload")
+        if isinstance(wl_raw, dict) and "file" in wl_raw:  # a workload file (from-torchrec / profile) + overrides
+            workload = _workload_file(ld.path, wl_raw)
+        else:
+            workload = Workload.from_dict(wl_raw, where="workload")
     except ConfigError as e:
         raise ld.err("workload", str(e).removeprefix("workload: ")) from None
 

@@ -11,15 +11,22 @@ which is what the tuner's quality gate compares normalized entropy over.
 Labels come from a fixed random "teacher" (a linear function of the dense
 features plus a hashed per-id weight of every looked-up row), so the loss
 really falls and normalized entropy measures quality.
+
+Ids come from the workload's `id_source`: `synthetic` draws each table's `pooling` ids a bag from its
+`id_dist`; `profile` draws each bag's length and ids from the table's profile of a data sample
+(harness/ids.py); `trace` replays the sample's own rows, sample g taking trace sample g mod N (the last
+eighth of the trace is the held-out set). Either way a sample is a function of its number alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from harness.ids import draw_lengths, draw_ranks, rows_of_ranks
 from harness.workload import TableSpec, Workload
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -57,6 +64,57 @@ def _draw_ids(t: TableSpec, u: np.ndarray) -> np.ndarray:
     return (rank * 2654435761 + 12345) % t.rows
 
 
+def _profiled_bags(t: TableSpec, seed: int, ti: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bag lengths and rows drawn from the table's profile: one length per feature of the table (a sample
+    brings one bag per feature; the harness pools them as one), then each id's popularity rank."""
+    p = t.profile
+    nf = len(t.feature_names)
+    u_len = _uniform(seed, g[:, None], 20_000 + ti, np.arange(nf, dtype=np.uint64)[None, :])
+    lens = draw_lengths(p, u_len.reshape(-1)).reshape(-1, nf).sum(axis=1)
+    bag = np.repeat(np.arange(g.size), lens)
+    pos = np.arange(bag.size) - np.repeat(np.cumsum(lens) - lens, lens)
+    u = _uniform(seed, g[bag], 10_000 + ti, pos.astype(np.uint64))
+    return lens, rows_of_ranks(p, draw_ranks(p, u), t.rows)
+
+
+@dataclass(frozen=True)
+class _TraceTable:
+    """One table's replayed rows: per-sample bag lengths (a sample's features pooled) and their rows."""
+
+    lengths: np.ndarray
+    starts: np.ndarray
+    rows: np.ndarray
+
+    @property
+    def train(self) -> int:
+        n = self.lengths.size
+        return n - n // 8 if n >= 16 else n
+
+    def bags(self, idx: np.ndarray, held_out: bool) -> tuple[np.ndarray, np.ndarray]:
+        n_eval = max(1, self.lengths.size - self.train)
+        k = (self.train + idx % n_eval) if held_out and self.lengths.size >= 16 else idx % self.train
+        lens = self.lengths[k]
+        at = np.repeat(self.starts[k], lens) + np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+        return lens, self.rows[at]
+
+
+_TRACES: dict[tuple[str, str], list[_TraceTable]] = {}
+
+
+def _trace(wl: Workload) -> list[_TraceTable]:
+    """The workload's trace, loaded once per process (every batch of every step reads it)."""
+    from harness.profile import load_trace
+
+    key = (wl.data.trace, wl.data.trace_sha256)
+    if key not in _TRACES:
+        tables = []
+        for t, (lens, rows) in zip(wl.tables, load_trace(Path(wl.data.trace), wl.num_tables), strict=True):
+            lens = lens.astype(np.int64).reshape(-1, len(t.feature_names)).sum(axis=1)
+            tables.append(_TraceTable(lens, np.cumsum(lens) - lens, rows.astype(np.int64) % t.rows))
+        _TRACES[key] = tables
+    return _TRACES[key]
+
+
 @dataclass
 class Batch:
     """One rank's local batch. ids/offsets use the kernel layout (table-major, T*B+1)."""
@@ -86,15 +144,22 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held
     logit = (dense - 0.5) @ teacher_w * (6.0 / np.sqrt(max(wl.dense_features, 1)))  # none: no dense signal
     ids_per_table, lengths = [], []
     scale = wl.teacher_emb_scale / np.sqrt(wl.num_tables)
+    trace = _trace(wl) if wl.id_source == "trace" else None
     for ti, t in enumerate(wl.tables):
-        pos = np.arange(t.pooling, dtype=np.uint64)[None, :]
-        u = _uniform(seed, s, 10_000 + ti, pos)
-        ids = _draw_ids(t, u)  # [B, pooling]
-        ids_per_table.append(ids.reshape(-1))
-        lengths.append(np.full(batch_size, t.pooling, dtype=np.int64))
-        if t.pooling:
+        if trace is not None:
+            lens, ids = trace[ti].bags(idx, held_out)
+        elif wl.id_source == "profile":
+            lens, ids = _profiled_bags(t, seed, ti, g)
+        else:
+            pos = np.arange(t.pooling, dtype=np.uint64)[None, :]
+            ids = _draw_ids(t, _uniform(seed, s, 10_000 + ti, pos)).reshape(-1)  # [B * pooling]
+            lens = np.full(batch_size, t.pooling, dtype=np.int64)
+        ids_per_table.append(ids)
+        lengths.append(lens)
+        if ids.size:  # the teacher reads each bag's mean row weight (an empty bag: 0)
             row_w = _uniform(seed, 99 + ti, ids.astype(np.uint64)) * 2 - 1
-            logit += row_w.mean(axis=1) * scale
+            bag = np.repeat(np.arange(batch_size), lens)
+            logit += np.bincount(bag, row_w, minlength=batch_size) / np.maximum(lens, 1) * scale
     noise = _uniform(seed, g, 5)
     labels = (noise < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
     offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])

@@ -209,7 +209,7 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
     dtype = "FP32" if cfg.emb_precision == "bf16" else export["tables"][0]["data_type"]
     ebc = EmbeddingBagCollection(device=torch.device("meta"), tables=[
         EmbeddingBagConfig(name=t["name"], num_embeddings=t["num_embeddings"], embedding_dim=t["embedding_dim"],
-                           feature_names=t["feature_names"], data_type=DataType[dtype]) for t in export["tables"]])
+                           feature_names=t["feature_names"][:1], data_type=DataType[dtype]) for t in export["tables"]])
     m = export["model"]
     model = getattr(dlrm, m["class"].rsplit(".", 1)[1])(ebc, **{k: v for k, v in m.items() if k != "class"},
                                                         dense_device=device)
@@ -255,7 +255,7 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
                for name, ps in dmp.plan.plan["sparse_arch.embedding_bag_collection"].items()}
     dense_opt = KeyedOptimizerWrapper(dict(dmp.named_parameters()),
                                       lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr))
-    keys = [f for t in export["tables"] for f in t["feature_names"]]
+    keys = [t["feature_names"][0] for t in export["tables"]]  # the harness pools a table's features as one bag
     total = cfg.warmup_steps + cfg.measure_steps
     batches = [(b.dense, KeyedJaggedTensor.from_offsets_sync(keys=keys, values=b.ids, offsets=b.offsets), b.labels)
                for b in rank_batches(wl, cfg.seed, rank, B, W, total)]

@@ -133,6 +133,7 @@ def env_info(cfg: TrialConfig) -> dict[str, Any]:
             "device_name": dev or "cpu",
             "world_size": cfg.world_size, "hostname": platform.node(), "cpus": os.cpu_count(),
             "omp_wait_policy": rank_env(cfg).get("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "default")),
+            "ids": cfg.workload.ids_record(),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 

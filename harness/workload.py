@@ -46,7 +46,8 @@ MLPERF_ROWS = [
 ]
 MLPERF_POOLING = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 MLPERF_ROW_CAP = 200_000  # fits this 24 GiB / 2-core machine with room for 4 ranks
-SIMULATED_ONLY = ("mlperf-dcnv2", "mlperf-dcnv2-x16")  # presets too large for a real trial here: `--backend sim` only
+#: presets too large for a real trial here: `--backend sim` only
+SIMULATED_ONLY = ("mlperf-dcnv2", "mlperf-dcnv2-x16", "dlrm-datasets-2021", "dlrm-datasets-2022")
 
 
 def _is_int(x: Any) -> bool:
@@ -70,6 +71,11 @@ class TableSpec:
     # TorchRec's feature names that look up this table (several features may share one table: each brings
     # its own bag per sample, which the harness concatenates into one); empty = the table's own name.
     features: list[str] = field(default_factory=list)
+    # As the user's model declares the table (`from-torchrec`): its pooling (sum, mean, or none for a
+    # sequence EmbeddingCollection) and its data type. The harness pools by sum in the emb_precision knob
+    # (mean and none cost the same lookups); kept so the export and a reader see the user's model.
+    pooling_type: str = "sum"
+    data_type: str = "fp32"
     # The table's ids in a sample of the user's data (`cubic workload profile`); used when the workload's
     # id_source is profile. Left out of `to_dict` when absent, with `features`, so older keys stay.
     profile: IdProfile | None = None
@@ -78,17 +84,27 @@ class TableSpec:
     def bytes_fp32(self) -> int:
         return self.rows * self.dim * 4
 
+    def lookups(self, profiled: bool) -> float:
+        """Mean ids one sample looks up here: the fixed `pooling`, or where ids follow the data sample
+        (`Workload.profiled`) the sample's mean bag length times the features (each brings its own bag)."""
+        return self.profile.bag_mean * len(self.feature_names) if profiled and self.profile else float(self.pooling)
+
     @property
     def feature_names(self) -> list[str]:
         return self.features or [self.name]
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("features", "profile")}
-        if self.features:
-            d["features"] = list(self.features)
-        if self.profile is not None:
-            d["profile"] = self.profile.to_dict()
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in TABLE_EXTRAS}
+        for k, default in TABLE_EXTRAS.items():
+            v = getattr(self, k)
+            if v != default:
+                d[k] = list(v) if k == "features" else v.to_dict() if k == "profile" else v
         return d
+
+
+#: TableSpec keys added for imported models, left out of `to_dict` at these defaults (stored keys stay).
+TABLE_EXTRAS: dict[str, Any] = {"features": [], "pooling_type": "sum", "data_type": "fp32", "profile": None}
+POOLING_TYPES = ("sum", "mean", "none")
 
 
 @dataclass(frozen=True)
@@ -99,7 +115,7 @@ class DataSample:
     source: str
     format: str
     sample_rows: int
-    hashing: str = "modulo"  # integer ids: id mod rows; strings: a stable 64-bit hash (pandas) mod rows
+    hashing: str = "modulo"  # modulo (integer ids mod rows), hex-modulo (Criteo), hash64 (strings), "+"-joined
     trace: str = ""  # path of the trace (absolute once loaded); empty: no replay possible
     trace_sha256: str = ""  # the trace's content: two traces at one path are different workloads
 
@@ -236,11 +252,22 @@ class Workload:
                    wukong_fm_embs=16, wukong_lcb_embs=16, wukong_rank=24, wukong_mlp=[512, 512])
 
     @classmethod
+    def dlrm_datasets(cls, year: int) -> Workload:
+        """Meta's published embedding traces (facebookresearch/dlrm_datasets, 856 tables at batch 65,536 in
+        2021, 788 at 131,072 in 2022): every table's ids repeat within a batch as the published reuse
+        histograms say (harness/dlrm_datasets.py). Simulated only."""
+        from harness.dlrm_datasets import workload_dict
+
+        return cls.from_dict(workload_dict(year), where=f"preset dlrm-datasets-{year}")
+
+    @classmethod
     def preset(cls, name: str, where: str = "workload") -> Workload:
         presets = {"small": cls.small, "small-zipf": cls.small_zipf, "tiny": cls.tiny,
                    "criteo-mlperf-mini": cls.criteo_mlperf_mini,
                    "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini,
-                   "mlperf-dcnv2": cls.mlperf_dcnv2, "mlperf-dcnv2-x16": cls.mlperf_dcnv2_x16}
+                   "mlperf-dcnv2": cls.mlperf_dcnv2, "mlperf-dcnv2-x16": cls.mlperf_dcnv2_x16,
+                   "dlrm-datasets-2021": lambda: cls.dlrm_datasets(2021),
+                   "dlrm-datasets-2022": lambda: cls.dlrm_datasets(2022)}
         if name not in presets:
             raise ConfigError(f"{where}: unknown preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()
@@ -258,6 +285,24 @@ class Workload:
     def num_features(self) -> int:
         """Feature vectors the interaction sees: the bottom MLP's output and one per table."""
         return self.num_tables + 1
+
+    @property
+    def profiled(self) -> bool:
+        """Ids follow the tables' profiles of a data sample (drawn like it, or the sample replayed)."""
+        return self.id_source != "synthetic"
+
+    def ids_record(self) -> dict[str, Any]:
+        """Which ids a trial trained on (its result's env records this): the source, and the data behind it."""
+        rec: dict[str, Any] = {"id_source": self.id_source}
+        if self.profiled and self.data:
+            rec.update(data=self.data.source, sample_rows=self.data.sample_rows)
+            if self.id_source == "trace":
+                rec["trace_sha256"] = self.data.trace_sha256[:16]
+        return rec
+
+    def lookups_per_sample(self) -> list[float]:
+        """Mean ids one sample looks up in each table (TableSpec.lookups)."""
+        return [t.lookups(self.profiled) for t in self.tables]
 
     def validate(self, where: str = "workload") -> Workload:
         if not self.tables:
@@ -281,6 +326,9 @@ class Workload:
             if t.id_dist not in ID_DISTRIBUTIONS:
                 raise ConfigError(f"{where}: table {t.name!r} id_dist={t.id_dist!r}; "
                                   f"choose one of {list(ID_DISTRIBUTIONS)}")
+            if t.pooling_type not in POOLING_TYPES:
+                raise ConfigError(f"{where}: table {t.name!r} pooling_type={t.pooling_type!r}; "
+                                  f"choose one of {list(POOLING_TYPES)}")
             if not isinstance(t.features, list) or not all(isinstance(f, str) and f for f in t.features):
                 raise ConfigError(f"{where}: table {t.name!r} features must be a list of feature names")
         feats = [f for t in self.tables for f in t.feature_names]

@@ -146,9 +146,9 @@ def _tw_cost(cfg: TrialConfig, cost: TableCost, i: int) -> float:
     if cfg.sharding == "size_greedy":
         return float(t.rows * t.dim)
     if cfg.sharding == "lookup_greedy":
-        return float(t.dim * t.pooling)
+        return t.dim * t.lookups(cfg.workload.profiled)
     if cfg.sharding == "size_lookup_greedy":
-        return t.dim * t.pooling * math.log10(max(t.rows, 2))
+        return t.dim * t.lookups(cfg.workload.profiled) * math.log10(max(t.rows, 2))
     return cost.table(t, cfg) + cost.comm(t, cfg)
 
 

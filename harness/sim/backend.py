@@ -28,6 +28,7 @@ def sim_env(cfg: TrialConfig, c: Cluster) -> dict:
     return {"backend": "sim", "cluster": c.name, "torch": None, "fbgemm": None, "device": c.device.type,
             "device_name": f"simulated {c.device.type} ({c.name})", "world_size": cfg.world_size,
             "hostname": "", "cpus": c.device.cores or c.devices, "omp_wait_policy": "n/a",
+            "ids": cfg.workload.ids_record(),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "placement": "simulated",
             "nodes": nodes, "rank_nodes": [f"{c.name}-node{c.node_of(r)}" for r in range(cfg.world_size)],
             "wall_s": 0.0, "startup_s": 0.0}

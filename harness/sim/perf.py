@@ -32,6 +32,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from harness import ids as idstats
 from harness.config import DTYPE_BYTES, TrialConfig
 from harness.dense_cost import DenseCost, dense_cost
 from harness.sharding.plan import ShardingPlan, group_ranks
@@ -51,6 +52,14 @@ class ModelError(ValueError):
 
 
 # ---------------------------------------------------------------------- embedding bytes
+def lookup_share(t: TableSpec, start: int, stop: int, profiled: bool) -> float:
+    """Share of t's lookups on rows [start, stop): the rows' share for drawn ids (spread over the rows), the
+    profiled row blocks' share where ids follow a data sample (whoever holds the hot block is busiest)."""
+    if profiled and t.profile:
+        return idstats.share_of_rows(t.profile, start, stop, t.rows)
+    return (stop - start) / t.rows
+
+
 def lookup_bytes(ids: float, bags: float, dim: int, wbytes: int) -> float:
     """Forward: every id's row read, every bag's pooled row written (fp32)."""
     return ids * dim * wbytes + bags * dim * 4
@@ -132,8 +141,9 @@ class TableCosts:
     def phases(self, t: TableSpec, fwd_bags: float, upd_bags: float, cfg: TrialConfig) -> tuple[float, float]:
         """(forward, backward+optimizer) ms of one whole table for these bags (bytes alone without a cluster)."""
         wb, sb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
-        f = lookup_bytes(fwd_bags * t.pooling, fwd_bags, t.dim, wb)
-        u = update_bytes(upd_bags * t.pooling, upd_bags, t.dim, wb, sb)
+        pool = t.lookups(cfg.workload.profiled)
+        f = lookup_bytes(fwd_bags * pool, fwd_bags, t.dim, wb)
+        u = update_bytes(upd_bags * pool, upd_bags, t.dim, wb, sb)
         s = self._speeds(cfg)
         if s is None:
             return f / 1e6, u / 1e6
@@ -142,10 +152,11 @@ class TableCosts:
     def dp_table(self, t: TableSpec, cfg: TrialConfig) -> float:
         """Local lookup of B bags, the sparse all-gather's bandwidth, the update with the union of W*B."""
         B, W = cfg.batch_size, cfg.world_size
+        pool = t.lookups(cfg.workload.profiled)
         if self.cluster is None:
-            return self._lookups(t, B, W * B, cfg) + W * B * (t.pooling * ID_BYTES + t.dim * 4) / 1e6
+            return self._lookups(t, B, W * B, cfg) + W * B * (pool * ID_BYTES + t.dim * 4) / 1e6
         world = self._span((W, W, "world"), lambda: list(range(W)))
-        gather = coll.all_gather(B * (t.pooling * ID_BYTES + t.dim * 4), world, self.cluster) if W > 1 else 0.0
+        gather = coll.all_gather(B * (pool * ID_BYTES + t.dim * 4), world, self.cluster) if W > 1 else 0.0
         return self._lookups(t, B, W * B, cfg) + gather
 
     def comm(self, t: TableSpec, cfg: TrialConfig, parts: int = 1) -> float:
@@ -180,6 +191,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     """Predict one training step of `cfg` with `plan` on cluster `c` (see the module docstring)."""
     wl, W, G, B = cfg.workload, cfg.world_size, cfg.group_size, cfg.batch_size
     R = W // G
+    pool = wl.lookups_per_sample()
     if W > c.devices:
         raise ModelError(f"world_size={W} needs {W} devices; cluster {c.name} has {c.devices} "
                          f"({c.nodes} nodes x {c.devices_per_node})")
@@ -206,22 +218,26 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         if tp.kind == "data_parallel":
             continue
         for sh in tp.shards:
-            frac = sh.rows / t.rows
+            frac = lookup_share(t, sh.row_start, sh.row_end, wl.profiled)
             bags = G * B
-            ids = bags * t.pooling * frac
+            ids = bags * pool[tp.table] * frac
             fwd[sh.rank] += _emb_ms(lookup_bytes(ids, bags, sh.dim, wb), "fwd", sh.dim, s)
             bwd[sh.rank] += _emb_ms(update_bytes(ids * upd_mult, bags * upd_mult, sh.dim, wb, sb), "bwd", sh.dim, s)
             recv_cols += sh.dim
             lens_send += B * ID_BYTES
-            ids_send += B * t.pooling * frac * ID_BYTES
+            ids_send += B * pool[tp.table] * frac * ID_BYTES
             held_cols[sh.rank] += sh.dim
             held_lens[sh.rank] += bags * ID_BYTES
             held_ids[sh.rank] += ids * ID_BYTES
-            on_pos[sh.rank].append(_ShardLoad(tp.table, sh.rows, sh.dim * wb + sb, ids * upd_mult, t))
-            rep_gather[sh.rank] += bags * (t.pooling * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
+            on_pos[sh.rank].append(_ShardLoad(tp.table, sh.rows, sh.dim * wb + sb, ids * upd_mult, t, wl.profiled))
+            rep_gather[sh.rank] += bags * (pool[tp.table] * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
             shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
             k_ids = cfg.sparse_sync_interval * ids
-            touched = sh.rows * -math.expm1(-k_ids / max(1, sh.rows))
+            if wl.profiled and t.profile:  # the profiled repeats: hot rows are touched again, not new ones
+                touched = min(sh.rows, idstats.expected_distinct(t.profile, k_ids / max(frac, 1e-12))
+                              * sh.rows / t.rows)
+            else:
+                touched = sh.rows * -math.expm1(-k_ids / max(1, sh.rows))
             touched_bytes[sh.rank] += touched * (ID_BYTES + sh.dim * cb)
             touched_rows[sh.rank] += touched
             shard_rows[sh.rank] += sh.rows
@@ -230,7 +246,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     dc = dense_cost(wl)
     shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
     act = B * dc.act_floats * 4 + B * wl.num_tables * wl.dim * 4 * 3  # activations, pooled rows and grads
-    kin = G * B * sum(t.pooling for t in wl.tables) * ID_BYTES * 2
+    kin = G * B * sum(pool) * ID_BYTES * 2
     fixed = c.device.process_mb * 2**20 + dc.params * 16 + act + kin + _batch_bytes(cfg)
     mem = [(fixed + b) / 2**20 for b in shard_bytes]
     mem_limit = c.rank_memory_mb(s.ranks_per_node)
@@ -246,9 +262,9 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
                 mem[p] = (fixed + mem[p]) / 2**20
                 offload[p] = off
 
-    dp = [wl.tables[i] for i in plan.dp_tables()]
-    dp_fwd = sum(_emb_ms(lookup_bytes(B * t.pooling, B, t.dim, wb), "fwd", t.dim, s) for t in dp)
-    dp_bwd = sum(_emb_ms(update_bytes(W * B * t.pooling, W * B, t.dim, wb, sb), "bwd", t.dim, s) for t in dp)
+    dp = [(wl.tables[i], pool[i]) for i in plan.dp_tables()]
+    dp_fwd = sum(_emb_ms(lookup_bytes(B * p, B, t.dim, wb), "fwd", t.dim, s) for t, p in dp)
+    dp_bwd = sum(_emb_ms(update_bytes(W * B * p, W * B, t.dim, wb, sb), "bwd", t.dim, s) for t, p in dp)
     emb_fwd = max(fwd) + dp_fwd
     emb_bwd = max(bwd) + dp_bwd
 
@@ -275,7 +291,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         comm["input_a2a"] = inp
         comm["pooled_a2a"] = 2 * coll.all_to_all(max(B * recv_cols, G * B * max(held_cols)) * cb, g_span, c)
     if dp and W > 1:
-        comm["dp_sync"] = coll.all_gather(sum(B * (t.pooling * ID_BYTES + t.dim * 4 + ID_BYTES) for t in dp),
+        comm["dp_sync"] = coll.all_gather(sum(B * (p * ID_BYTES + t.dim * 4 + ID_BYTES) for t, p in dp),
                                           w_span, c)
     if W > 1:
         ar = coll.all_reduce(dc.params * grad_bytes, w_span, c)
@@ -301,7 +317,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     comm_ms = sum(comm.values())
 
     # the collection's own work on this rank's ids (routing them to their shards, assembling the pooled rows)
-    glue = B * sum(t.pooling for t in wl.tables) * c.device.glue_ns_per_id / 1e6 / s.emb_speed
+    glue = B * sum(pool) * c.device.glue_ns_per_id / 1e6 / s.emb_speed
     step = emb_fwd + emb_bwd + comm_ms + dense + optim + c.device.step_overhead_ms + glue
     qps = W * B / step * 1e3
     bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm_ms,
@@ -329,15 +345,19 @@ class _ShardLoad:
     row_bytes: int  # weight row + its optimizer state
     ids: float  # lookups per step (the backward updates as many rows)
     spec: TableSpec
+    profiled: bool  # ids follow the table's profile: the cache's hit rate is the profiled one
 
 
-def hit_rate(cache_rows: float, rows: int, t: TableSpec) -> float:
+def hit_rate(cache_rows: float, rows: int, t: TableSpec, profiled: bool = False) -> float:
     """Share of lookups a cache of the hottest `cache_rows` rows serves: uniform ids c / n; Zipf(alpha)
-    ids the hottest rows' share of the mass, (c^(1-a) - 1) / (n^(1-a) - 1) (ln c / ln n at a = 1)."""
+    ids the hottest rows' share of the mass, (c^(1-a) - 1) / (n^(1-a) - 1) (ln c / ln n at a = 1); ids
+    that follow a data sample, the sample's hottest rows' measured share."""
     if cache_rows >= rows:
         return 1.0
     if cache_rows < 1:
         return 0.0
+    if profiled and t.profile:
+        return idstats.hit_rate(t.profile, cache_rows)
     if t.id_dist != "zipf":
         return cache_rows / rows
     a = t.zipf_alpha
@@ -360,7 +380,7 @@ def _offload(shards: list[_ShardLoad], room: float, host_bytes: float, c: Cluste
     ms, out = 0.0, []
     for x in moved:
         rows_cached = cache * (x.rows * x.row_bytes / moved_bytes) / x.row_bytes
-        hr = hit_rate(rows_cached, x.rows, x.spec)
+        hr = hit_rate(rows_cached, x.rows, x.spec, x.profiled)
         ms += x.ids * (1 - hr) * x.row_bytes / (c.device.host_link_gbs * 1e6)
         out.append({"table": x.table, "rows": x.rows, "cache_rows": int(rows_cached), "hit_rate": round(hr, 4)})
     if sum(x.rows * x.row_bytes for x in moved) > host_bytes:  # host memory is the limit too: stays over
@@ -400,7 +420,7 @@ def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Spe
 def _batch_bytes(cfg: TrialConfig) -> float:
     """Pre-generated input batches held by one rank (harness/data.py: rank_batches)."""
     wl = cfg.workload
-    per = cfg.batch_size * (sum(t.pooling for t in wl.tables) * 8 + wl.dense_features * 4 + 4)
+    per = cfg.batch_size * (sum(wl.lookups_per_sample()) * 8 + wl.dense_features * 4 + 4)
     steps = cfg.warmup_steps + cfg.measure_steps
     cyc, gb = wl.sample_cycle, cfg.global_batch
     return per * (min(steps, cyc // gb) if cyc % gb == 0 else steps)
