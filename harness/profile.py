@@ -134,7 +134,8 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
                  max_rows: int = 0, trace_path: Path | None = None, delimiter: str = "|") -> Workload:
     """A copy of `wl` whose tables carry their IdProfile of the data at `path` (id_source 'profile', pooling
     the rounded mean bag length, at least 1) and whose `data` says where it came from. `trace_path`: also
-    write the hashed bags there (`write_trace`; `data.trace` is its name, as it lies beside the workload file).
+    write the hashed bags there (`write_trace`; `data.trace` is its absolute path, which the CLI writes
+    relative to the workload file).
 
     1. Read every table's features (`read_features`).
     2. Hash each feature's ids into its table's rows; a table of several features gets one bag per
@@ -167,7 +168,7 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
     out = dataclasses.replace(wl, tables=tables, id_source="profile", data=data).validate(str(path))
     if trace_path is not None:
         sha = write_trace(Path(trace_path), traces)
-        out.data = dataclasses.replace(data, trace=Path(trace_path).name, trace_sha256=sha)
+        out.data = dataclasses.replace(data, trace=str(Path(trace_path).resolve()), trace_sha256=sha)
     return out
 
 
