@@ -135,9 +135,9 @@ def workload_dict(year: int) -> dict:
     p, _, _ = fitted_profile(year)
     rows = p.distinct * ROWS_PER_DISTINCT
     p = dataclasses.replace(p, block_share=[1.0 / 64] * 64)  # hot rows spread over the table (hashed ids)
-    tables = [{"name": f"t{i}", "rows": rows, "dim": DIM, "pooling": round(p.bag_mean), "profile": p.to_dict()}
+    tables = [{"name": f"t{i}", "rows": rows, "dim": DIM, "pooling": round(p.bag_mean), "profile": 0}
               for i in range(s["tables"])]
-    return {"name": f"dlrm-datasets-{year}", "tables": tables, "dense_features": 13, "bottom_mlp": [512, 256, DIM],
-            "top_mlp": [1024, 512, 256, 1], "interaction": "dot", "id_source": "profile",
+    return {"name": f"dlrm-datasets-{year}", "tables": tables, "profiles": [p.to_dict()], "dense_features": 13,
+            "bottom_mlp": [512, 256, DIM], "top_mlp": [1024, 512, 256, 1], "interaction": "dot", "id_source": "profile",
             "data": {"source": f"facebookresearch/dlrm_datasets embedding_bag/{year}/locality_stats.txt "
                                f"({s['file']})", "format": "locality_stats", "sample_rows": s["batch"]}}

@@ -93,12 +93,14 @@ class TableSpec:
     def feature_names(self) -> list[str]:
         return self.features or [self.name]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, profile_ref: int | None = None) -> dict[str, Any]:
+        """`profile_ref`: the index of this table's profile in the workload's shared `profiles` list."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in TABLE_EXTRAS}
         for k, default in TABLE_EXTRAS.items():
             v = getattr(self, k)
             if v != default:
-                d[k] = list(v) if k == "features" else v.to_dict() if k == "profile" else v
+                d[k] = list(v) if k == "features" else (
+                    profile_ref if profile_ref is not None else v.to_dict()) if k == "profile" else v
         return d
 
 
@@ -400,7 +402,15 @@ class Workload:
         """Common keys plus the interaction's own; other families' keys and the user-model keys at their
         defaults are left out (so a preset's dict, and every stored key made from one, stays)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["tables"] = [t.to_dict() for t in self.tables]
+        # a profile object several tables share is written once (`profiles`) and named by its index: 856 equal
+        # tables of a published trace are one profile, not 856 copies in every stored config
+        shared = {id(t.profile): t.profile for t in self.tables if t.profile is not None}
+        if len(shared) < sum(t.profile is not None for t in self.tables):
+            ref = {k: i for i, k in enumerate(shared)}
+            d["tables"] = [t.to_dict(ref.get(id(t.profile))) for t in self.tables]
+            d["profiles"] = [p.to_dict() for p in shared.values()]
+        else:
+            d["tables"] = [t.to_dict() for t in self.tables]
         d["bottom_mlp"], d["top_mlp"], d["wukong_mlp"] = list(self.bottom_mlp), list(self.top_mlp), list(
             self.wukong_mlp)
         for k, default in USER_MODEL_DEFAULTS.items():
@@ -437,9 +447,13 @@ class Workload:
             raise ConfigError(f"{where}: tables={d['tables']!r} must be a list of tables "
                               "({name, rows, dim, pooling, ...}) or, in the anchor format, a count")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - known - {"profiles"})
         if unknown:
             raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {sorted(known)}")
+        shared = d.pop("profiles", [])
+        if not isinstance(shared, list):
+            raise ConfigError(f"{where}: profiles must be a list of profiles (tables name one by its index)")
+        shared = [IdProfile.from_dict(p, f"{where}: profiles[{i}]") for i, p in enumerate(shared)]
         tables = []
         tfields = {f.name for f in dataclasses.fields(TableSpec)}
         for i, t in enumerate(d.pop("tables", [])):
@@ -452,7 +466,12 @@ class Workload:
             if bad:
                 raise ConfigError(f"{where}: tables[{i}] unknown key {bad[0]!r}; allowed: {sorted(tfields)}")
             t = dict(t)
-            if t.get("profile") is not None:
+            if _is_int(t.get("profile")):
+                if not 0 <= t["profile"] < len(shared):
+                    raise ConfigError(f"{where}: tables[{i}] profile={t['profile']} names no entry of profiles "
+                                      f"(it has {len(shared)})")
+                t["profile"] = shared[t["profile"]]
+            elif t.get("profile") is not None:
                 t["profile"] = IdProfile.from_dict(t["profile"], f"{where}: tables[{i}]")
             try:
                 tables.append(TableSpec(**{"name": f"t{i}", **t}))

@@ -246,20 +246,23 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     dc = dense_cost(wl)
     shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
     act = B * dc.act_floats * 4 + B * wl.num_tables * wl.dim * 4 * 3  # activations, pooled rows and grads
-    kin = G * B * sum(pool) * ID_BYTES * 2
+    # input: this rank's own bags (ids and lengths, sent) and, after the all-to-all, the group's bags of the
+    # tables it holds (received): the holder of many tables receives the most
+    kin = B * sum(pool) * ID_BYTES * 2
+    held = [held_ids[p] + held_lens[p] for p in range(G)]
     fixed = c.device.process_mb * 2**20 + dc.params * 16 + act + kin + _batch_bytes(cfg)
-    mem = [(fixed + b) / 2**20 for b in shard_bytes]
+    mem = [(fixed + b + h) / 2**20 for b, h in zip(shard_bytes, held, strict=True)]
     mem_limit = c.rank_memory_mb(s.ranks_per_node)
     offload: dict[int, list[dict]] = {}
     if c.device.type == "gpu" and c.device.host_link_gbs > 0:
         host_per_rank = c.host_memory_gb * 2**30 / c.devices_per_node
         for p in range(G):
             if mem[p] > mem_limit:
-                extra, off, mem[p] = _offload(on_pos[p], mem_limit * 2**20 - fixed - (shard_bytes[p] - sum(
+                extra, off, mem[p] = _offload(on_pos[p], mem_limit * 2**20 - fixed - held[p] - (shard_bytes[p] - sum(
                     x.rows * x.row_bytes for x in on_pos[p])), host_per_rank, c)
                 fwd[p] += extra
                 bwd[p] += extra
-                mem[p] = (fixed + mem[p]) / 2**20
+                mem[p] = (fixed + held[p] + mem[p]) / 2**20
                 offload[p] = off
 
     dp = [(wl.tables[i], pool[i]) for i in plan.dp_tables()]
@@ -345,7 +348,7 @@ class _ShardLoad:
     row_bytes: int  # weight row + its optimizer state
     ids: float  # lookups per step (the backward updates as many rows)
     spec: TableSpec
-    profiled: bool  # ids follow the table's profile: the cache's hit rate is the profiled one
+    profiled: bool = False  # ids follow the table's profile: the cache's hit rate is the profiled one
 
 
 def hit_rate(cache_rows: float, rows: int, t: TableSpec, profiled: bool = False) -> float:
