@@ -22,6 +22,16 @@ from harness.workload import Workload
 
 CUBIC = [sys.executable, "-m", "cubic.cli"]
 
+
+def cli(*args: str) -> tuple[int, list[str]]:
+    """The `cubic` app in-process (the end-to-end test runs the real script once): exit code, stderr lines."""
+    from typer.testing import CliRunner
+
+    from cubic.cli import app
+
+    r = CliRunner().invoke(app, list(args))
+    return r.exit_code, r.stderr.strip().splitlines()
+
 MODELS = textwrap.dedent('''
     import torch
     from torch import nn
@@ -119,10 +129,8 @@ def test_bad_factory_is_one_line_exit_2_and_writes_nothing(models: str, tmp_path
                                                           says: str) -> None:
     entry = models + entry if entry.startswith(":") else entry
     out = tmp_path / "wl.json"
-    p = subprocess.run([*CUBIC, "workload", "from-torchrec", entry, "-o", str(out)], capture_output=True, text=True)
-    assert p.returncode == 2, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0] and "Traceback" not in p.stderr
+    code, lines = cli("workload", "from-torchrec", entry, "-o", str(out))
+    assert code == 2 and len(lines) == 1 and says in lines[0], lines
     assert not out.exists()
 
 
@@ -240,18 +248,15 @@ def test_from_model_and_data_to_a_trial_on_profiled_and_replayed_ids(models: str
 
 def test_bad_data_is_one_line_exit_2_and_leaves_the_workload(models: str, tmp_path: Path) -> None:
     wl_file = tmp_path / "ranker.json"
-    subprocess.run([*CUBIC, "workload", "from-torchrec", f"{models}:ranker", "-o", str(wl_file)], check=True,
-                   capture_output=True)
+    assert cli("workload", "from-torchrec", f"{models}:ranker", "-o", str(wl_file))[0] == 0
     before = wl_file.read_text()
     pd.DataFrame({"user_id": [1, 2], "item_id": ["1|2", "3"]}).to_csv(tmp_path / "nofriend.csv", index=False)
     (tmp_path / "empty.csv").write_text("")
     (tmp_path / "bin.csv").write_bytes(bytes(range(256)) * 4)
     for data, says in (("nofriend.csv", "friend_id"), ("empty.csv", "empty.csv"), ("bin.csv", "bin.csv"),
                        ("missing.parquet", "missing.parquet")):
-        p = subprocess.run([*CUBIC, "workload", "profile", str(tmp_path / data), "--workload", str(wl_file)],
-                           capture_output=True, text=True)
-        lines = p.stderr.strip().splitlines()
-        assert p.returncode == 2 and len(lines) == 1 and says in lines[0], p.stderr
+        code, lines = cli("workload", "profile", str(tmp_path / data), "--workload", str(wl_file))
+        assert code == 2 and len(lines) == 1 and says in lines[0], lines
         assert wl_file.read_text() == before and not list(tmp_path.glob("*.trace.npz"))
 
 
@@ -259,8 +264,7 @@ def test_space_reads_a_workload_file_with_overrides(models: str, tmp_path: Path)
     from cubic.space import load_space
 
     wl_file = tmp_path / "ranker.json"
-    subprocess.run([*CUBIC, "workload", "from-torchrec", f"{models}:ranker", "-o", str(wl_file)], check=True,
-                   capture_output=True)
+    assert cli("workload", "from-torchrec", f"{models}:ranker", "-o", str(wl_file))[0] == 0
     (tmp_path / "space.yaml").write_text("workload: {file: ranker.json, id_source: synthetic}\n"
                                          "knobs: {batch_size: {choices: [1024, 128]}}\n")
     assert load_space(tmp_path / "space.yaml").workload.tables[0].features == ["user_id", "friend_id"]
