@@ -38,7 +38,23 @@ for _name, (_mod, _fn) in COMMANDS.items():
 
 
 def main() -> None:
-    app()
+    """The `cubic` script: a usage error (a bad option value, a missing argument, an unknown command) is one
+    line and exit 2, like every other bad input; typer's own handler would print four."""
+    import sys
+
+    try:
+        code = app(standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as e:  # typer's usage errors (its click exceptions) derive from this
+        ctx = getattr(e, "ctx", None)
+        msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        print(f"error: {ctx.command_path if ctx else 'cubic'}: {' '.join(msg.split())}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

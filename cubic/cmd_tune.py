@@ -34,7 +34,7 @@ def tune(
     address: str | None = typer.Option(None, "--address",
                                        help="Ray cluster (HOST:PORT, ray://HOST:PORT or auto) [default: a "
                                             "local Ray on this machine]."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the searcher."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="Seed of the searcher (0 .. 2^32 - 1)."),
     live: bool | None = typer.Option(None, "--live/--no-live", help="Live table [default: on a terminal]."),
     backend: str = typer.Option("real", "--backend", help="real: training trials on Ray; sim: the simulator "
                                 "(needs --cluster; no quality gate)."),

@@ -58,9 +58,11 @@ def _print(out: dict, fidelity: bool) -> None:
             t.add_row(str(r["trial"]), f"{r['qps_cubic']:,.0f}", f"{r['qps_torchrec']:,.0f}",
                       "; ".join(r["substitutions"]) or "-")
         con.print(t)
-        con.print(f"Kendall tau {out['kendall_tau']:.2f}; median cubic/TorchRec samples/s ratio "
-                  f"{out['median_qps_ratio_cubic_over_torchrec']:.2f}" + (f"; skipped: {out['skipped']}"
-                                                                         if out["skipped"] else ""))
+        tau, ratio = out["kendall_tau"], out["median_qps_ratio_cubic_over_torchrec"]  # None: too few ran
+        con.print(("Kendall tau " + (f"{tau:.2f}" if tau is not None else f"n/a ({out['configs']} of the "
+                                     "configurations ran in TorchRec; a rank correlation needs 3)"))
+                  + "; median cubic/TorchRec samples/s ratio " + (f"{ratio:.2f}" if ratio is not None else "n/a")
+                  + (f"; skipped: {out['skipped']}" if out["skipped"] else ""))
         return
     t = Table(title=f"{out['study']}: cubic vs TorchRec, median of {out['repeats']} alternating runs")
     for c in ("config", "trial", "cubic samples/s", "speed-up", "TorchRec samples/s", "speed-up"):

@@ -479,10 +479,10 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     cons = ld.mapping(raw.get("constraints"), "constraints", CONSTRAINT_KEYS)
     obj = ld.mapping(raw.get("objective"), "objective", ("metric", "direction"))
     metric = obj.get("metric", "qps")
-    if metric not in OBJECTIVES:
+    if not isinstance(metric, str) or metric not in OBJECTIVES:
         raise ld.err("objective.metric", f"{metric!r} is not supported; allowed: {list(OBJECTIVES)}")
     direction = obj.get("direction", OBJECTIVES[metric])
-    if direction not in ("maximize", "max"):
+    if not isinstance(direction, str) or direction not in ("maximize", "max"):
         raise ld.err("objective.direction", f"{direction!r}: {metric} is maximized; allowed: ['maximize']")
 
     base_raw = ld.mapping(raw.get("baseline"), "baseline", None)

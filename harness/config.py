@@ -177,7 +177,7 @@ class TrialConfig:
     def from_dict(cls, d: dict[str, Any], where: str = "config") -> TrialConfig:
         d = dict(d)
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - known, key=str)
         if unknown:
             raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed keys: {sorted(known)}")
         wl = d.pop("workload", None)

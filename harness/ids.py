@@ -73,7 +73,7 @@ class IdProfile:
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: profile must be a mapping of {sorted(names)}")
-        unknown, missing = sorted(set(d) - names), sorted(names - set(d) - {"block_share"})
+        unknown, missing = sorted(set(d) - names, key=str), sorted(names - set(d) - {"block_share"})
         if unknown or missing:
             raise ConfigError(f"{where}: profile {'unknown' if unknown else 'missing'} key "
                               f"{(unknown or missing)[0]!r}; a profile has {sorted(names)}")

@@ -270,7 +270,7 @@ class Workload:
                    "mlperf-dcnv2": cls.mlperf_dcnv2, "mlperf-dcnv2-x16": cls.mlperf_dcnv2_x16,
                    "dlrm-datasets-2021": lambda: cls.dlrm_datasets(2021),
                    "dlrm-datasets-2022": lambda: cls.dlrm_datasets(2022)}
-        if name not in presets:
+        if not isinstance(name, str) or name not in presets:
             raise ConfigError(f"{where}: unknown preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()
 
@@ -447,7 +447,7 @@ class Workload:
             raise ConfigError(f"{where}: tables={d['tables']!r} must be a list of tables "
                               "({name, rows, dim, pooling, ...}) or, in the anchor format, a count")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known - {"profiles"})
+        unknown = sorted(set(d) - known - {"profiles"}, key=str)
         if unknown:
             raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {sorted(known)}")
         shared = d.pop("profiles", [])
@@ -462,7 +462,7 @@ class Workload:
                 continue
             if not isinstance(t, dict):
                 raise ConfigError(f"{where}: tables[{i}] must be a mapping of {sorted(tfields)}")
-            bad = sorted(set(t) - tfields)
+            bad = sorted(set(t) - tfields, key=str)
             if bad:
                 raise ConfigError(f"{where}: tables[{i}] unknown key {bad[0]!r}; allowed: {sorted(tfields)}")
             t = dict(t)
@@ -497,7 +497,7 @@ class Workload:
         allowed = set(required) | family | {"interaction", "local_batch", "world", "threads_per_rank",
                                             "warmup_steps", "timed_steps", "emb_dtype", "id_dist", "zipf_alpha",
                                             "name"}
-        unknown = sorted(set(w) - allowed)
+        unknown = sorted(set(w) - allowed, key=str)
         if unknown:
             raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {sorted(allowed)}")
         n = w["tables"]

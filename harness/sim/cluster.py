@@ -142,7 +142,7 @@ class _Check:
         missing = sorted(keys - set(d))
         if missing:
             raise self.fail(f"{key + '.' if key else ''}{missing[0]}", f"missing; required keys: {sorted(keys)}")
-        unknown = sorted(set(d) - keys - optional)
+        unknown = sorted(set(d) - keys - optional, key=str)  # YAML keys may be numbers too
         if unknown:
             raise self.fail(f"{key + '.' if key else ''}{unknown[0]}",
                             f"unknown key; allowed: {sorted(keys | optional)}")
