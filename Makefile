@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -x --durations=15 -m "not slow"
 
 test-slow: $(STAMP)  # the long end-to-end tests `make test` leaves out
-	$(BIN)/python -m pytest -q -x --durations=15 -m slow
+	$(BIN)/python -m pytest -q -x --durations=15 --timeout=1800 -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -387,10 +387,32 @@ def test_node_isolation_runs_one_cpu_trial_per_node_and_cores_packs_them() -> No
     from cubic.runner import RayRunner
     from harness.config import TrialConfig
 
-    def span(cfg: dict) -> Iterator[Any]:
+    @ray.remote(max_concurrency=4, num_cpus=0)
+    class Meeting:
+        """Trials arrive here; `wait_peer` returns once two have arrived (events, not a timed window: a
+        Ray worker's cold start on a busy machine may take longer than any sleep)."""
+
+        def __init__(self) -> None:
+            import threading
+
+            self.arrived, self.two = 0, threading.Event()
+
+        def arrive(self) -> None:
+            self.arrived += 1
+            if self.arrived >= 2:
+                self.two.set()
+
+        def wait_peer(self, timeout: float) -> bool:
+            return self.two.wait(timeout)
+
+    def span(cfg: dict, meeting: Any, wait_for_peer: bool) -> Iterator[Any]:
         yield STARTED
         t0 = time.time()
-        time.sleep(1.0)
+        ray.get(meeting.arrive.remote())
+        if wait_for_peer:  # packed trials must run side by side: the first waits until the second runs
+            assert ray.get(meeting.wait_peer.remote(120.0)), "the second packed trial never started"
+        else:  # node isolation must never overlap them, however long each holds the node
+            time.sleep(0.3)
         yield TrialResult.failed("error", json.dumps([t0, time.time()]), TrialConfig.from_dict(cfg)).to_dict()
 
     def overlaps(runner: RayRunner) -> bool:
@@ -405,7 +427,9 @@ def test_node_isolation_runs_one_cpu_trial_per_node_and_cores_packs_them() -> No
     try:
         node, cores = RayRunner().start(), RayRunner(isolation="cores").start()
         for r in (node, cores):
-            r._remote = ray.remote(max_retries=0)(span)
+            meeting = Meeting.remote()
+            packed = r.isolation == "cores"
+            r._remote = ray.remote(max_retries=0)(_bound(span, meeting, packed))
         one, cuda = TrialConfig(world_size=1), TrialConfig(world_size=1, device="cuda")
         assert (node.cpus_for(one), cores.cpus_for(one)) == (2.0, 1.0)
         assert (node.cpus_for(cuda), node.gpus_for(cuda)) == (1.0, 1.0)  # 1 of 2 GPUs: half the CPUs
@@ -415,10 +439,17 @@ def test_node_isolation_runs_one_cpu_trial_per_node_and_cores_packs_them() -> No
         ray.shutdown()
 
 
+def _bound(body: Any, *args: Any) -> Any:
+    """A generator function (what Ray streams) of the trial config alone, with `args` bound."""
+    def trial(cfg: dict) -> Iterator[Any]:
+        yield from body(cfg, *args)
+    return trial
+
+
 def test_a_trial_queued_for_resources_is_not_timed_out_but_a_hung_one_is(monkeypatch) -> None:
     """The hard timeout counts from the task's STARTED marker, not from submission: on a cluster
     busy with other work a trial may wait in Ray's queue longer than it may run. One CPU: the first
-    trial hangs and is cancelled 3 s after it started; the second, allowed 1 s, waited those 3 s in
+    trial hangs and is cancelled 6 s after it started; the second, allowed 3 s, waited those 6 s in
     the queue and still runs (it used to be cancelled as a timeout while queued)."""
     import ray
 
@@ -438,8 +469,9 @@ def test_a_trial_queued_for_resources_is_not_timed_out_but_a_hung_one_is(monkeyp
     runner = RayRunner().start()
     try:
         runner._remote = ray.remote(max_retries=0)(trial)
-        results = _drain(runner, [runner.submit(TrialConfig(world_size=1, seed=1, timeout_s=3), tag="hung"),
-                                  runner.submit(TrialConfig(world_size=1, seed=2, timeout_s=1), tag="queued")], 0.2)
+        # the queued trial waits the hung one's 6 s, twice its own 3 s (ample for a busy machine to run it)
+        results = _drain(runner, [runner.submit(TrialConfig(world_size=1, seed=1, timeout_s=6), tag="hung"),
+                                  runner.submit(TrialConfig(world_size=1, seed=2, timeout_s=3), tag="queued")], 0.2)
         assert results["hung"].status == "timeout" and "after the trial started" in results["hung"].error
         assert results["queued"].error == "ran"
     finally:

@@ -1,0 +1,72 @@
+"""Every file the repository ships is checked as a user would use it: each search space loads and its baseline
+runs (for real on this CPU, or simulated on its cluster), each cluster file loads and prices a trial, and the
+space `make tune` runs trains its baseline and a configuration of today's winning family for real."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cubic.space import load_space
+from harness.config import TrialConfig
+from harness.sim.backend import simulate
+from harness.sim.cluster import load_cluster, resolve
+from harness.trial import run_trial
+from harness.workload import SIMULATED_ONLY
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
+CLUSTERS = sorted((ROOT / "clusters").glob("*.yaml"))
+TINY_RUN = {"warmup_steps": 1, "measure_steps": 2, "windows": 1}  # a trial as short as the harness allows
+
+
+def test_every_shipped_file_is_found() -> None:
+    assert {p.name for p in SPACES} >= {"dlrm_cpu.yaml", "dlrm_gpu.yaml", "dlrm_cluster.yaml", "dcn_cpu.yaml",
+                                       "wukong_cpu.yaml", "dlrm_cpu_torchrec.yaml", "tiny.yaml"}
+    assert {p.name for p in CLUSTERS} >= {"local.yaml", "h100-8.yaml", "h100-4096.yaml", "a100-zionex-128.yaml"}
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
+def test_every_search_space_loads_and_its_baseline_runs(path: Path) -> None:
+    """A CPU space's baseline trains for real (at batch 256 and two timed steps: this checks that it runs,
+    not how fast; dlrm_cpu's is run whole below); a GPU space's is simulated on an H100 node; a space of a
+    simulated-only workload (thousands of GPUs) is loaded and validated."""
+    space = load_space(path)
+    base = space.baseline
+    assert space.knobs and base.validate()
+    if base.workload.name in SIMULATED_ONLY or path.name == "dlrm_cpu.yaml":
+        return
+    if base.device == "cuda":  # no GPU here
+        res = simulate(base, resolve("h100-8"))
+        assert res.status == "ok" and res.qps > 0, res.error
+        return
+    res = run_trial(base.replace(batch_size=min(base.batch_size, 256), **TINY_RUN))
+    assert res.status == "ok", res.error
+    assert res.qps > 0 and res.config["sharding"] == base.sharding and len(res.losses) == 3
+
+
+@pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.stem)
+def test_every_cluster_file_loads_and_prices_a_trial(path: Path) -> None:
+    c = load_cluster(path)
+    assert c.devices >= 1 and c.device.mem_bw_gbs > 0
+    device = "cpu" if c.device.type == "cpu" else "cuda"
+    cfg = TrialConfig(world_size=min(2, c.devices), device=device, kernel="native" if device == "cpu" else "triton")
+    res = simulate(cfg, c)
+    assert res.status == "ok" and res.step_ms_p50 > 0, res.error
+
+
+def test_make_tunes_space_trains_its_baseline_and_a_winner_like_configuration() -> None:
+    """dlrm_cpu.yaml (what `make tune` runs): the baseline (FBGEMM, fp32) and today's winning family (native
+    kernel, fp16 tables, bf16 dense and comm) both train for real, and their losses fall."""
+    space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    base = space.baseline.replace(warmup_steps=1, measure_steps=6, windows=2)
+    winner_like = base.replace(kernel="native", emb_precision="fp16", dense_precision="bf16", comm_precision="bf16")
+    for cfg in (base, winner_like):
+        res = run_trial(cfg)
+        assert res.status == "ok", res.error
+        assert res.loss_last < res.loss_first, (cfg.kernel, res.losses)
+        assert {k: res.config[k] for k in ("kernel", "emb_precision", "dense_precision", "comm_precision")} == {
+            k: getattr(cfg, k) for k in ("kernel", "emb_precision", "dense_precision", "comm_precision")}
+    assert dataclasses.asdict(base.workload) == dataclasses.asdict(space.workload)
