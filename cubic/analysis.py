@@ -18,7 +18,7 @@ import sqlalchemy
 
 from cubic.quality import paired_mean
 from cubic.screen import Screened
-from cubic.store import NOT_RUN, rdb_storage, safe_url
+from cubic.store import NOT_RUN, rdb_storage, redact, safe_url
 from harness.errors import ConfigError
 
 STUDY_FILE = "study.db"
@@ -43,7 +43,7 @@ def storage_url(run_dir_or_storage_url: str | Path) -> str:
     if "://" in s:
         db = s.split(":///", 1)[1] if s.startswith("sqlite:///") else ""
         if db and db != ":memory:" and not Path(db).is_file():
-            raise ConfigError(f"{s}: no such SQLite trial store")
+            raise ConfigError(f"{safe_url(s)}: no such SQLite trial store")
         return s
     p = Path(s).expanduser()
     if p.is_dir():
@@ -53,7 +53,7 @@ def storage_url(run_dir_or_storage_url: str | Path) -> str:
         return f"sqlite:///{db.resolve()}"
     if p.is_file():
         return f"sqlite:///{p.resolve()}"
-    raise ConfigError(f"{s}: no such run directory or storage URL")
+    raise ConfigError(f"{safe_url(s)}: no such run directory or storage URL")
 
 
 def existing_storage(url: str, where: str) -> tuple[Any, list]:
@@ -73,7 +73,7 @@ def existing_storage(url: str, where: str) -> tuple[Any, list]:
     except ConfigError:
         raise
     except Exception as e:  # not a database, not an Optuna schema, server unreachable
-        msg = " ".join(str(e).split())[:200]
+        msg = redact(" ".join(str(e).split()), url)[:200]
         raise ConfigError(f"{where}: cannot read the trial store ({type(e).__name__}: {msg})") from None
 
 
@@ -209,7 +209,7 @@ def study_frame(st: optuna.Study, storage: str = "") -> pd.DataFrame:
     df["datetime_complete"] = pd.to_datetime(df["datetime_complete"])
     df["duration_s"] = (df["datetime_complete"] - df["datetime_start"]).dt.total_seconds()
     df["ok"] = (df["state"] == "COMPLETE") & (df["status"] == "ok") & (df["qps"] > 0)
-    df.attrs.update(study=st.study_name, storage=storage, knobs=knobs, space=st.user_attrs.get("space") or {})
+    df.attrs.update(study=st.study_name, storage=safe_url(storage), knobs=knobs, space=st.user_attrs.get("space") or {})
     base = baseline_qps(df, st.user_attrs.get("winner"))
     df["speedup"] = df["qps"] / base if base else math.nan
     # the confirm's re-measurements over the baseline's: the ratio the tune's verdict and headline use
@@ -340,7 +340,9 @@ def top_k(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
 
 
 def require_completed(df: pd.DataFrame, where: str) -> None:
-    """Raise ConfigError (one line) when the study has nothing to report or export."""
+    """Raise ConfigError (one line) when the study has nothing to report or export. `where`: the run
+    directory or storage URL the user gave (its password is never printed)."""
+    where = safe_url(where)
     name = df.attrs.get("study")
     if df.empty:
         raise ConfigError(f"{where}: study {name!r} has no trials yet; run `cubic tune` first")

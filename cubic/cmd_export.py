@@ -26,7 +26,9 @@ def export(
     try:
         write_export(run_dir, format, output, study=study)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from cubic.store import redact
+
+        print(f"error: {redact(' '.join(str(e).split()), run_dir)}", file=sys.stderr)  # never the URL's password
         raise typer.Exit(2) from None
     if output is not None:
         print(f"wrote {format} export to {output}", file=sys.stderr)

@@ -29,7 +29,9 @@ def report(
     try:
         path, df = rep.write_report(run_dir, output, study=study, k=top)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from cubic.store import redact
+
+        print(f"error: {redact(' '.join(str(e).split()), run_dir)}", file=sys.stderr)  # never the URL's password
         raise typer.Exit(2) from None
     console = Console(width=None if sys.stdout.isatty() else 1000)  # a log file: every column, no folding
     console.print(rep.rich_table(df, top))

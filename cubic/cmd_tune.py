@@ -27,7 +27,9 @@ def tune(
                                              "resumes [default: runs/NAME]."),
     storage: str | None = typer.Option(None, "--storage",
                                        help="SQLAlchemy URL of the trial store instead of DIR/study.db "
-                                            "(e.g. postgresql://user@host/db)."),
+                                            "(e.g. postgresql://user:PASSWORD@host/db; cubic never prints the "
+                                            "password, and PGPASSWORD or ~/.pgpass keep it off the command "
+                                            "line)."),
     trials: int | None = typer.Option(None, "--trials", help="Trial budget of the study (total, resumed "
                                       "trials included) [default: the space's budget.trials]."),
     searcher: str = typer.Option("cubic", "--searcher", help="cubic | random | grid | tpe | ds-xgb"),
@@ -46,12 +48,13 @@ def tune(
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
     import optuna
+    import sqlalchemy
     from rich.console import Console
 
     from cubic.runner import RayRunner
     from cubic.samplers import SEARCHERS
     from cubic.space import load_space
-    from cubic.store import Store, open_storage, storage_url
+    from cubic.store import Store, open_storage, redact, storage_url
     from cubic.tune import Tuner
     from cubic.view import print_summary
 
@@ -99,9 +102,15 @@ def tune(
         tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live,
                       warm_start=warm)
         summary = tuner.run()
-    except ConfigError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    except ConfigError as e:  # never a storage URL's password, even in a driver's words
+        print(f"error: {redact(' '.join(str(e).split()), storage, *warm_start)}", file=sys.stderr)
         raise typer.Exit(2) from None
+    except sqlalchemy.exc.SQLAlchemyError as e:
+        # the store failed mid-tune (its server went away): one redacted line, not a driver's traceback
+        msg = redact(" ".join(str(getattr(e, "orig", None) or e).split()), storage, *warm_start)[:300]
+        print(f"error: the trial store failed ({type(e).__name__}: {msg}); run the same command again to resume",
+              file=sys.stderr)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         print("interrupted: run the same command again to resume", file=sys.stderr)
         raise typer.Exit(130) from None

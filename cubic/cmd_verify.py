@@ -35,7 +35,9 @@ def verify(
             out = (v.fidelity(run_dir, fidelity, study, show) if fidelity
                    else v.verify(run_dir, top, repeats, study, show))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from cubic.store import redact
+
+        print(f"error: {redact(' '.join(str(e).split()), run_dir)}", file=sys.stderr)  # never the URL's password
         raise typer.Exit(2) from None
     if as_json:
         print(json.dumps(out, allow_nan=False))

@@ -47,7 +47,8 @@ def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) 
     result = dict(ua.get("result") or {})
     cfg = win.get("config") or ua.get("config") or result.get("config")
     if not cfg:
-        raise ConfigError(f"{run_dir_or_storage_url}: winning trial #{trial.number} has no config recorded")
+        raise ConfigError(f"{analysis.safe_url(str(run_dir_or_storage_url))}: winning trial #{trial.number} has no "
+                          "config recorded")
     where = f"{df.attrs['study']} trial #{trial.number}"
     cfg = TrialConfig.from_dict(cfg, where=where).validate(where).to_dict()
     return {"study": df.attrs["study"], "storage": df.attrs["storage"], "trial": trial.number, "attrs": ua,
@@ -105,7 +106,7 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
                                            "quality_resolved")},
         "sharding_plan": res.get("plan") or [],
         "provenance": {
-            "study": rec["study"], "storage": rec["storage"], "trial": rec["trial"],
+            "study": rec["study"], "storage": analysis.safe_url(rec["storage"]), "trial": rec["trial"],
             # "sim": a prediction (env.cluster says for which cluster), not a measurement
             "backend": env.get("backend", "real"),
             "baseline_trial": rec["baseline_trial"], "confirmed": rec["confirmed"],

@@ -96,7 +96,7 @@ def render_html(df: pd.DataFrame, k: int = 5) -> str:
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        f'<p class="muted">store {html.escape(str(s["storage"]))} &middot; {s["trials"]} trials '
+        f'<p class="muted">store {html.escape(analysis.safe_url(str(s["storage"])))} &middot; {s["trials"]} trials '
         f'({s["ok"]} ok, {s["failed"]} without a measurement'
         + (f', and {s["not_run"]} proposals not run' if s["not_run"] else "") + ") &middot; generated "
         f'{datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}</p>',

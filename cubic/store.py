@@ -46,9 +46,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import optuna
 import sqlalchemy
@@ -74,12 +76,89 @@ def storage_url(run_dir: Path | None, storage: str | None) -> str:
     return f"sqlite:///{Path(run_dir).resolve() / 'study.db'}"
 
 
+# Secrets in storage URLs. Every storage URL that cubic prints, stores or embeds (terminal, error
+# messages, the report, exports, the study's summary) goes through `safe_url`; free text that may hold
+# one (a database driver's error message) goes through `redact`.
+
+# `?password=...` in a URL, `password=...` in a libpq connection string
+_SECRET_PARAM = re.compile(  # (the value stops before punctuation that ends a sentence)
+    r"(?i)(\b(?:ssl)?(?:password|passwd|pwd|secret|token)\s*=\s*)('[^']*'|[^\s&;'\"]*[^\s&;'\".,:)\]}]|)")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:/+")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
+MASK = "***"
+
+
+def _userinfo(url: str) -> tuple[str, str, str, str] | None:
+    """(scheme, user, password, rest) read generically (no URL parser: a URL SQLAlchemy cannot parse
+    must not leak either): the userinfo is everything between the scheme and the LAST '@' (a password
+    may hold an unescaped '@' or '/'); None where there is no '@'."""
+    m = _SCHEME.match(url)
+    scheme = m.group(0) if m else ""
+    body = url[len(scheme):]
+    if "@" not in body:
+        return None
+    info, rest = body.rsplit("@", 1)
+    user, sep, password = info.partition(":")
+    return scheme, user, password if sep else "", rest
+
+
 def safe_url(url: str) -> str:
-    """The storage URL without a password, for messages, reports and provenance."""
+    """The storage URL without its password: THE redaction of a storage URL, for every message, report,
+    export and record. SQLAlchemy's own rendering where it parses the URL, else the userinfo masked
+    generically; password-like query parameters (`?password=...`) are masked as well."""
+    url = str(url)
+    ui = _userinfo(url)
+    out = url  # no password: as written (a rendering would re-quote paths and query values)
+    if ui is not None and ui[2]:
+        try:
+            u = sqlalchemy.engine.make_url(url)
+            # the parser's password must be all of it: an unescaped '@' in a password makes SQLAlchemy
+            # read its tail as the host, which its rendering would print
+            if (u.password or "") != unquote(ui[2]):
+                raise ValueError("ambiguous userinfo")
+            out = u.render_as_string(hide_password=True)
+        except Exception:  # an unusual URL: still never print credentials
+            scheme, user, password, rest = ui
+            out = f"{scheme}{user}:{MASK}@{rest}"
+    return _SECRET_PARAM.sub(rf"\g<1>{MASK}", out)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets a storage URL carries (its password, as written and decoded, and password-like query
+    values), longest first, for `redact`."""
+    url = str(url)
+    found = set()
+    ui = _userinfo(url)
+    if ui is not None and ui[2]:
+        found |= {ui[2], unquote(ui[2]), quote(unquote(ui[2]), safe="")}
+        # and its pieces: a parser that cuts an unescaped password at '@', ':' or '/' takes the rest for the
+        # host or database, which a driver then names ("failed to resolve host 'ss3cret@127.0.0.1'")
+        found |= set(re.split(r"[@:/]", ui[2]))
     try:
-        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unusual URL: still never print credentials
-        return url.split("@")[-1] if "@" in url else url
+        if (pw := sqlalchemy.engine.make_url(url).password):
+            found |= {str(pw), quote(str(pw), safe="")}
+    except Exception:
+        pass
+    for m in _SECRET_PARAM.finditer(url):
+        v = m.group(2).strip("'")
+        found |= {v, unquote(v)}
+    # a very short "password" would mask letters of every word: URLs in the text still lose it
+    return sorted((s for s in found if len(s) >= 4), key=len, reverse=True)
+
+
+def redact(text: str, *urls: str | None) -> str:
+    """`text` (an error message, a driver's exception) with every URL in it passed through `safe_url`,
+    and every secret of `urls` (the URLs the user gave) masked wherever else it appears."""
+    def one(m: re.Match) -> str:  # punctuation that ends a sentence is not part of the URL
+        url = m.group(0).rstrip(".,;:)]}")
+        return safe_url(url) + m.group(0)[len(url):]
+
+    text = _URL_IN_TEXT.sub(one, str(text))
+    text = _SECRET_PARAM.sub(rf"\g<1>{MASK}", text)
+    for url in urls:
+        for secret in url_secrets(url) if url else ():
+            text = text.replace(secret, MASK)
+    return text
 
 
 def _schema_race(e: Exception) -> bool:
@@ -110,11 +189,13 @@ def rdb_storage(url: str, attempts: int = 20, **kw: Any) -> RDBStorage:
     url = normalize_url(url)
     for i in range(attempts):
         try:
-            return RDBStorage(url, **kw)
+            # Optuna fills `{SCHEMA_VERSION}` into the URL with str.format: a password with a brace would
+            # fail there with a KeyError naming part of it; escaped, the URL reaches SQLAlchemy as given
+            return RDBStorage(url.replace("{", "{{").replace("}", "}}"), **kw)
         except ImportError as e:  # Optuna's "Failed to import DB access module": say which and how
-            driver = url.split("://", 1)[0]
+            driver = safe_url(url).split("://", 1)[0]
             hint = "pip install 'cubic[postgres]'" if driver.startswith("postgres") else "install its driver"
-            cause = " ".join(str(e.__cause__ or e).split())[:150]
+            cause = redact(" ".join(str(e.__cause__ or e).split()), url)[:150]
             raise ConfigError(f"no usable database driver for {driver}:// ({cause}): {hint}") from None
         except sqlalchemy.exc.SQLAlchemyError as e:
             if i == attempts - 1 or not _schema_race(e):
@@ -132,7 +213,7 @@ def open_storage(url: str, label: str | None = None) -> RDBStorage:
             conn.execute(sqlalchemy.text("SELECT 1"))
         return rdb
     except Exception as e:  # sqlalchemy/driver errors of every kind: one clear line
-        msg = " ".join(str(getattr(e, "orig", None) or e).split())[:300] or type(e).__name__
+        msg = redact(" ".join(str(getattr(e, "orig", None) or e).split()), url)[:300] or type(e).__name__
         raise ConfigError(f"{label or '--storage ' + safe_url(url)}: cannot open the trial store: {msg}") from None
 
 

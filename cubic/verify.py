@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from cubic import analysis, export
+from cubic.store import safe_url
 from harness.config import TrialConfig, json_safe
 from harness.errors import ConfigError
 
@@ -74,8 +75,8 @@ def verify(run_dir_or_storage_url: str | Path, top: int = 1, repeats: int = 3, s
     base_rows = analysis.baseline_rows(df)
     base_rows = base_rows[base_rows["ok"]]
     if base_rows.empty:
-        raise ConfigError(f"{run_dir_or_storage_url}: the baseline of study {name!r} never completed: no speed-up "
-                          "to verify")
+        raise ConfigError(f"{safe_url(str(run_dir_or_storage_url))}: the baseline of study {name!r} never "
+                          "completed: no speed-up to verify")
     picks = [(base_rows.iloc[0], "baseline"), (df[df["number"] == win].iloc[0], "winner")]
     seen = {int(picks[0][0]["number"]), win}
     for _, row in analysis.usable(df).sort_values("qps", ascending=False).iterrows():
