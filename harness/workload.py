@@ -307,6 +307,8 @@ class Workload:
         return [t.lookups(self.profiled) for t in self.tables]
 
     def validate(self, where: str = "workload") -> Workload:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"{where}: name={self.name!r} must be a non-empty string")
         if not self.tables:
             raise ConfigError(f"{where}: tables must not be empty")
         if not _is_num(self.teacher_emb_scale) or self.teacher_emb_scale < 0:
