@@ -98,7 +98,8 @@ def test_no_searcher_proposes_a_configuration_with_a_change_the_screen_failed(se
     assert obs.excluded and obs.excluded <= obs.seen
 
 
-@pytest.mark.slow  # ~1 min: 1 + 2 quality runs for the baseline and the screen, 4 trials, a confirm
+# ~1 min, in the default tier: CI's one real tune with a quality section (held-out runs, the screen, a
+# rejection and a confirm): 1 + 2 quality runs for the baseline and the screen, 4 trials
 def test_the_screen_rules_a_harmful_change_out_before_the_search_spends_a_trial_on_it(tmp_path: Path) -> None:
     """Grid order would try 4x the batch second; the screen's one run of it alone fails held-out quality
     (far past the tolerance) before the search starts, so no trial uses it, and bf16 dense, which passes,
