@@ -9,8 +9,11 @@ import typer
 
 
 def calibrate(
-    output: Path = typer.Option(Path("clusters/local.yaml"), "--output", "-o",
-                                help="Cluster file to write (what the simulator and the planners price with)."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", show_default=False,
+        help="Cluster file to write. Default: $XDG_CONFIG_HOME/cubic/local.yaml (~/.config/cubic/local.yaml), "
+             "which the planners, real trials and `--cluster local` read before the shipped clusters/local.yaml; "
+             "the default never overwrites a file of the checkout."),
     short: bool = typer.Option(False, "--short", help="Fewer sizes and repeats (~10 s instead of ~1 min): CI."),
 ) -> None:
     """Measure copy bandwidth, the embedding kernels, dense GEMMs, gloo collectives and the framework's
@@ -19,13 +22,17 @@ def calibrate(
     from rich.console import Console
 
     from harness.sim.calibrate import calibrate as measure
-    from harness.sim.cluster import cluster_from_dict
+    from harness.sim.cluster import calibrated_cluster_path, cluster_from_dict
 
     console = Console(stderr=True)
-    try:
+    output = output or calibrated_cluster_path()
+    try:  # writable? (checked before a minute of measuring; a file not there before is not left behind empty)
         output.parent.mkdir(parents=True, exist_ok=True)
+        existed = output.exists()
         with open(output, "a"):
             pass
+        if not existed:
+            output.unlink()
     except OSError as e:
         print(f"error: --output {output}: cannot write: {e.strerror}", file=sys.stderr)
         raise typer.Exit(2) from None

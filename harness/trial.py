@@ -112,7 +112,12 @@ def check_config(cfg: TrialConfig) -> None:
     if cfg.kernel == "fbgemm":
         from kernels.fbgemm_backend import available
 
-        if not available():
+        try:
+            present = available()
+        except Exception as e:  # installed but broken: this trial fails with the reason, the tune goes on
+            raise ConfigError(f"kernel=fbgemm: fbgemm_gpu is installed but fails to import: "
+                              f"{type(e).__name__}: {e}") from None
+        if not present:
             raise ConfigError("kernel=fbgemm needs fbgemm_gpu (pip extra 'cpu' or 'cuda'); or use kernel=torch")
     if cfg.kernel == "triton" and cfg.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
         raise ConfigError("kernel=triton needs device=cuda (or TRITON_INTERPRET=1 for tests)")

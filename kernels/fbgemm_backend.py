@@ -16,10 +16,14 @@ from kernels.base import EmbeddingBagKernel
 
 
 def available() -> bool:
+    """Whether fbgemm_gpu is installed. Only its absence is False: an installed FBGEMM that fails to load
+    (a missing dependency, a library built for another torch) raises, rather than passing for not installed."""
     try:
         import fbgemm_gpu  # noqa: F401
-    except Exception:
-        return False
+    except ModuleNotFoundError as e:
+        if e.name == "fbgemm_gpu":
+            return False
+        raise
     return True
 
 

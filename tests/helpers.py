@@ -1,10 +1,20 @@
-"""Shared test helpers: run real multi-process trials and merge the ranks' table shards."""
+"""Shared test helpers: run real multi-process trials and merge the ranks' table shards; the optional
+packages a test needs (`require`); the cluster file the tests ship (`FIXTURE_CLUSTER`)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
+import pytest
 
 from harness.config import TrialConfig
+from harness.sim.cluster import Cluster, load_cluster, local_cluster
 from harness.trial import run_ranks
 from harness.workload import Workload
 
@@ -41,3 +51,46 @@ def reference(cfg: TrialConfig, **kw) -> tuple[list[float], dict[int, np.ndarray
 
 def max_diff(a: dict[int, np.ndarray], b: dict[int, np.ndarray]) -> float:
     return max(float(np.abs(a[t] - b[t]).max()) for t in a)
+
+
+def require(module_name: str) -> ModuleType:
+    """Import an optional package a test needs (torchrec, fbgemm_gpu, triton, ...). Not installed: the test
+    skips, except under CI=true, where `make` always installs these, so their absence is a broken environment
+    and the test fails. Installed but failing to import (a missing dependency, a library built for another
+    torch) is an error either way, never a skip."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise  # the package is there; something it imports is not
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{module_name} is not installed, but CI=true: `make` installs it, so this environment "
+                        "is broken", pytrace=False)
+        pytest.skip(f"{module_name} is not installed", allow_module_level=True)
+
+
+# The tests' own copy of a calibrated CPU machine (clusters/local.yaml as of when the planner and simulator
+# tests were written): `cubic calibrate` writes this machine's file elsewhere, and what a test expects from
+# the planners and the simulator must not move when someone recalibrates.
+FIXTURE_CLUSTER = Path(__file__).resolve().parent / "data" / "local_cluster.yaml"
+
+
+def fixture_cluster() -> Cluster:
+    return load_cluster(FIXTURE_CLUSTER)
+
+
+@contextlib.contextmanager
+def fixture_cluster_as_local() -> Iterator[Cluster]:
+    """FIXTURE_CLUSTER as this machine's cluster (`local_cluster()`, and the trials' rank processes, which
+    inherit CUBIC_LOCAL_CLUSTER) for the duration; the previous setting and a fresh lookup after."""
+    old = os.environ.get("CUBIC_LOCAL_CLUSTER")
+    os.environ["CUBIC_LOCAL_CLUSTER"] = str(FIXTURE_CLUSTER)
+    local_cluster.cache_clear()
+    try:
+        yield local_cluster()
+    finally:
+        if old is None:
+            os.environ.pop("CUBIC_LOCAL_CLUSTER", None)
+        else:
+            os.environ["CUBIC_LOCAL_CLUSTER"] = old
+        local_cluster.cache_clear()

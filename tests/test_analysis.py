@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from matplotlib.figure import Figure
 
 from cubic import analysis, plots
 from harness.errors import ConfigError
+from tests.helpers import require
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNE_TRIALS = 4
@@ -90,7 +92,18 @@ def test_winner_and_summary(df: pd.DataFrame) -> None:
     assert row["ok"] and win["trial"] == row["number"]
     s = analysis.summary(df)
     assert s["trials"] + s["not_run"] == len(df) and s["winner_trial"] == win["trial"] and s["ok"] >= 1
-    assert s["speedup"] is None or s["speedup"] > 0
+    # the speed-up is the winner's qps over the baseline trial's, from the numbers the store holds: medians of
+    # the confirm's re-measurements for a confirmed winner, else the first measurements
+    base = analysis.baseline_rows(df).iloc[0]
+    if s["confirmed"]:
+        want_qps = row["confirm_qps_median"]
+        want_base = base["qps"] if math.isnan(base["confirm_qps_median"]) else base["confirm_qps_median"]
+    else:
+        want_qps, want_base = row["qps"], base["qps"]
+    assert s["winner_qps"] == pytest.approx(want_qps) and s["winner_baseline_qps"] == pytest.approx(want_base)
+    assert s["speedup"] == pytest.approx(want_qps / want_base)
+    if s["confirmed"] and not math.isnan(base["confirm_qps_median"]):  # the table's column agrees
+        assert row["confirm_speedup"] == pytest.approx(s["speedup"])
 
 
 def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
@@ -148,8 +161,8 @@ def test_notebook_runs_clean_on_a_real_study(run_dir: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Executed by a real Jupyter kernel: the `python3` kernelspec is installed into a temp dir pointing at
     this interpreter (the venv), so no other Python on the machine can answer."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    nbformat = require("nbformat")
+    nbclient = require("nbclient")
     from ipykernel.kernelspec import install
     from jupyter_client.kernelspec import KernelSpecManager
 

@@ -3,12 +3,16 @@ optimizer state, over dtypes, optimizers, id distributions, thread counts and ra
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from kernels import OptimSpec, make_kernel
 from kernels.fbgemm_backend import available as fbgemm_available
+from tests.helpers import require
 
 ROWS = [50, 7, 300, 1000]
 DIMS = [8, 4, 16, 12]  # multiples of 4: FBGEMM's TBE requires it
@@ -110,12 +114,12 @@ def test_native_matches_torch(dtype, optim, dist, threads):
     assert not torch.equal(r["native"][0][0], r["native"][0][-1])
 
 
-@pytest.mark.skipif(not fbgemm_available(), reason="fbgemm-gpu(-cpu) not installed")
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("dist", ["uniform", "zipf"])
 @pytest.mark.parametrize("optim", ["rowwise_adagrad", "sgd"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_native_matches_fbgemm(dtype, optim, dist, threads):
+    require("fbgemm_gpu")  # not installed: skipped (failed under CI=true); installed but broken: an error
     r = compare(["fbgemm", "native"], dtype, optim, dist)
     if dtype == "fp16" and optim == "sgd":
         # FBGEMM's CPU fp16 SGD rounds lr*g to fp16 before subtracting (checked by hand: a single
@@ -199,3 +203,42 @@ def test_errors_are_clear():
     with pytest.raises(ValueError, match="grad shape"):
         k.backward_update(torch.tensor([1]), torch.tensor([0, 1]), torch.ones(2, 4))
 
+
+
+def _package(root: Path, init: str) -> str:
+    """A package named fbgemm_gpu under `root` whose import runs `init`; returns the directory to put on sys.path."""
+    (root / "fbgemm_gpu").mkdir(parents=True)
+    (root / "fbgemm_gpu" / "__init__.py").write_text(init)
+    return str(root)
+
+
+def test_fbgemm_available_is_false_only_when_fbgemm_is_not_installed(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """What trials (kernel=fbgemm) and calibrate ask: not installed is False; an installed FBGEMM that fails to
+    load raises, instead of passing for "not installed" and turning its tests into skips."""
+    monkeypatch.delitem(sys.modules, "fbgemm_gpu", raising=False)
+    monkeypatch.syspath_prepend(_package(tmp_path / "so", "raise OSError('libfbgemm.so: undefined symbol: _ZN3c10')"))
+    with pytest.raises(OSError, match="undefined symbol"):
+        fbgemm_available()
+    monkeypatch.syspath_prepend(_package(tmp_path / "dep", "import fbgemm_gpu_missing_dependency"))
+    with pytest.raises(ModuleNotFoundError, match="fbgemm_gpu_missing_dependency"):
+        fbgemm_available()
+    monkeypatch.setitem(sys.modules, "fbgemm_gpu", None)  # Python's own "this module cannot be imported"
+    assert fbgemm_available() is False
+
+
+def test_require_skips_a_missing_package_but_fails_it_under_ci(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests.helpers.require: a package `make` installs (torchrec, fbgemm_gpu, triton) missing under CI=true is a
+    broken environment, so the test fails; elsewhere it skips; installed but broken is an error either way."""
+    monkeypatch.setitem(sys.modules, "fbgemm_gpu", None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="fbgemm_gpu is not installed"):
+        require("fbgemm_gpu")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="fbgemm_gpu is not installed, but CI=true"):
+        require("fbgemm_gpu")
+    monkeypatch.delitem(sys.modules, "fbgemm_gpu")
+    monkeypatch.syspath_prepend(_package(tmp_path, "import fbgemm_gpu_missing_dependency"))
+    with pytest.raises(ModuleNotFoundError, match="fbgemm_gpu_missing_dependency"):
+        require("fbgemm_gpu")
+    assert require("numpy") is np

@@ -22,7 +22,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton import (see module docstring)
 
-pytest.importorskip("triton")
+from tests.helpers import require  # noqa: E402
+
+require("triton")
 
 from kernels import OptimSpec, make_kernel  # noqa: E402
 from kernels import triton_backend as tb  # noqa: E402

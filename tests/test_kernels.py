@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from kernels import OptimSpec, make_kernel
+from tests.helpers import require
 
-pytest.importorskip("fbgemm_gpu")
+require("fbgemm_gpu")
 
 
 def _batch(rows, B, gen, max_len=6, hot=None):

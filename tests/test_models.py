@@ -18,10 +18,9 @@ from harness.dense_cost import dense_cost
 from harness.errors import ConfigError
 from harness.model import CrossNet, WukongLayer, build_dense_arch
 from harness.sim.backend import simulate
-from harness.sim.cluster import local_cluster
 from harness.trial import run_trial
 from harness.workload import Workload
-from tests.helpers import reference, tiny_cfg, train
+from tests.helpers import fixture_cluster, reference, tiny_cfg, train
 
 DCN = {"preset": "tiny", "interaction": "dcn", "dcn_layers": 2, "dcn_rank": 12}
 DCN_FULL = {**DCN, "dcn_rank": 0}
@@ -159,8 +158,8 @@ def test_simulator_prices_the_heavier_dense_families() -> None:
     """Same tables and batch: the predicted dense time and DDP traffic grow with the family's FLOPs and
     parameters (the cross network's dense FLOPs are ~3x the dot interaction's at these sizes)."""
     base = TrialConfig(workload=Workload.preset("criteo-mlperf-mini"), batch_size=512)
-    dot = simulate(base, local_cluster())
-    dcn = simulate(base.replace(workload=Workload.preset("mlperf-dcnv2-mini")), local_cluster())
+    dot = simulate(base, fixture_cluster())
+    dcn = simulate(base.replace(workload=Workload.preset("mlperf-dcnv2-mini")), fixture_cluster())
     ratio = dense_cost(Workload.preset("mlperf-dcnv2-mini")).flops / dense_cost(base.workload).flops
     assert ratio > 3
     assert dcn.breakdown_ms["dense"] > 0.8 * ratio * dot.breakdown_ms["dense"]

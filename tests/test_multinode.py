@@ -85,12 +85,18 @@ def _rank_processes() -> list[psutil.Process]:
 def test_a_4_rank_trial_spans_2_nodes_and_computes_what_1_node_computes(runner) -> None:
     cfg = _cfg()
     assert runner.spans(cfg)
+    t0 = time.time()
     res = _run(runner, cfg)
+    outside_s = time.time() - t0
     assert res.status == "ok", res.error
     ids = res.env["rank_node_ids"]
     assert res.env["placement"] == "nodes" and res.env["nodes"] == 2
     assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]  # ranks_per_node=2, as configured
-    assert res.env["startup_s"] > 0
+    # startup_s is the trial's start to its first training step: inside the trial's wall time, leaving room for
+    # the measured steps after it (both rounded to 0.01 s), and within what the caller waited
+    startup, wall = res.env["startup_s"], res.env["wall_s"]
+    measured_s = sum(cfg.global_batch * cfg.measure_steps / cfg.windows / q for q in res.window_qps)
+    assert 0 < startup <= wall - measured_s + 0.02 and wall <= outside_s + 0.01, (startup, wall, measured_s)
     local = run_trial(cfg)  # the same trial as spawned processes on this one node
     assert local.status == "ok" and local.env["nodes"] == 1 and local.env["placement"] == "local"
     assert res.losses == pytest.approx(local.losses, rel=1e-6, abs=1e-7)

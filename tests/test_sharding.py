@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness.planning import plan_for
-from tests.helpers import max_diff, reference, tiny_cfg, train
+from tests.helpers import fixture_cluster, max_diff, reference, tiny_cfg, train
 
 LOSS_TOL = 2e-6
 W_TOL = 2e-5
@@ -115,10 +115,11 @@ def test_auto_falls_back_to_whole_tables_when_its_plan_misses_the_memory_cap():
     from harness.workload import Workload
 
     cfg = TrialConfig(workload=Workload.criteo_mlperf_mini(), world_size=4, sharding="auto", mem_cap_mb=227)
-    assert "row_wise" in {t.kind for t in plan_for(cfg, check_memory=False).tables}  # auto's own choice
-    assert {t.kind for t in plan_for(cfg).tables} == {"table_wise"}
+    c = fixture_cluster()  # the tests' calibrated machine: auto's choice is priced on it
+    assert "row_wise" in {t.kind for t in plan_for(cfg, c, check_memory=False).tables}  # auto's own choice
+    assert {t.kind for t in plan_for(cfg, c).tables} == {"table_wise"}
     with pytest.raises(PlanError, match="mem_cap_mb=150"):
-        plan_for(cfg.replace(mem_cap_mb=150))  # nothing fits: still a PlanError (an oom trial)
+        plan_for(cfg.replace(mem_cap_mb=150), c)  # nothing fits: still a PlanError (an oom trial)
 
 
 def test_plan_is_readable_and_serialises():
@@ -126,7 +127,7 @@ def test_plan_is_readable_and_serialises():
 
     from rich.console import Console
 
-    plan = plan_for(tiny_cfg(world_size=4, sharding="auto"))
+    plan = plan_for(tiny_cfg(world_size=4, sharding="auto"), fixture_cluster())
     d = json.loads(plan.to_json())
     assert d["group_size"] == 4 and len(d["tables"]) == 6
     kinds = {t["kind"] for t in d["tables"]}

@@ -17,12 +17,14 @@ from harness.sim.backend import NO_QUALITY, simulate
 from harness.sim.cluster import cluster_from_dict, load_cluster, local_cluster, shipped_cluster
 from harness.trial import env_info
 from harness.workload import Workload
+from tests.helpers import FIXTURE_CLUSTER, fixture_cluster, fixture_cluster_as_local
 
 ROOT = Path(__file__).resolve().parent.parent
+LOCAL = str(FIXTURE_CLUSTER)  # `--cluster` for the CLI: the tests' own calibrated machine (named `local`)
 
 
 def local_dict() -> dict:
-    return yaml.safe_load(shipped_cluster("local.yaml").read_text())
+    return yaml.safe_load(FIXTURE_CLUSTER.read_text())
 
 
 def cluster(**over) -> object:
@@ -38,7 +40,7 @@ def cluster(**over) -> object:
 
 def test_simulated_result_has_the_real_backends_schema() -> None:
     cfg = TrialConfig()
-    res = simulate(cfg, local_cluster())
+    res = simulate(cfg, fixture_cluster())
     assert res.status == "ok" and res.qps > 0 and res.step_ms_p50 > 0 and res.peak_mem_mb > 0
     assert set(res.to_dict()) == set(TrialResult().to_dict())
     real_env = set(env_info(cfg)) | {"placement", "nodes", "rank_nodes", "wall_s", "startup_s"}
@@ -55,15 +57,15 @@ def test_oom_names_the_rank_and_the_bytes_over() -> None:
     small_gpu = cluster(device__type="gpu", device__memory_gb=0.5)
     res = simulate(TrialConfig(), small_gpu)
     assert res.status == "oom" and "rank " in res.error and "MB over its device's memory" in res.error
-    capped = simulate(TrialConfig(mem_cap_mb=400), local_cluster())
+    capped = simulate(TrialConfig(mem_cap_mb=400), fixture_cluster())
     assert capped.status == "oom" and "over mem_cap_mb" in capped.error
-    too_big = simulate(TrialConfig(world_size=64), local_cluster())
+    too_big = simulate(TrialConfig(world_size=64), fixture_cluster())
     assert too_big.status == "error" and "cluster local has 8" in too_big.error
 
 
 def test_the_model_prices_what_decides_the_answer() -> None:
     """Each knob moves the prediction the way its bytes, FLOPs and collectives say."""
-    c = local_cluster()
+    c = fixture_cluster()
     base = simulate(TrialConfig(), c)
     comm = base.extra["sim"]["comm_ms"]
     fp16 = simulate(TrialConfig(comm_precision="fp16"), c).extra["sim"]["comm_ms"]
@@ -116,7 +118,8 @@ def test_real_trials_and_the_simulator_run_the_same_plan() -> None:
     from harness.planning import plan_for
 
     cfg = TrialConfig(world_size=4, sharding="auto")
-    assert simulate(cfg, local_cluster()).plan == plan_for(cfg).to_list()
+    with fixture_cluster_as_local() as local:  # what a real trial plans with: this machine's cluster
+        assert simulate(cfg, local).plan == plan_for(cfg).to_list()
 
 
 BAD = [
@@ -151,7 +154,7 @@ def test_bad_cluster_files_exit_2_with_one_line(tmp_path: Path, bad, needle: str
 
 
 def test_cubic_trial_on_the_simulator_prints_the_predicted_result() -> None:
-    r = CliRunner().invoke(app, ["trial", "--backend", "sim", "--cluster", "local", "--set", "batch_size=2048",
+    r = CliRunner().invoke(app, ["trial", "--backend", "sim", "--cluster", LOCAL, "--set", "batch_size=2048",
                                  "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.output)
@@ -160,21 +163,41 @@ def test_cubic_trial_on_the_simulator_prints_the_predicted_result() -> None:
     assert r.exit_code == 2 and "--cluster FILE goes with --backend sim" in r.output
 
 
-def test_cubic_calibrate_short_writes_a_cluster_file_that_loads(tmp_path: Path) -> None:
-    out = tmp_path / "here.yaml"
-    r = CliRunner().invoke(app, ["calibrate", "--short", "-o", str(out)])
+def test_cubic_calibrate_short_writes_a_cluster_file_that_loads(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default calibrate writes $XDG_CONFIG_HOME/cubic/local.yaml, never a shipped file, and this machine's
+    cluster (what real trials plan with, and `--cluster local`) is then that file, before the shipped one."""
+    from harness.sim.cluster import resolve
+
+    shipped = shipped_cluster("local.yaml")
+    before = shipped.read_bytes() if shipped.exists() else None
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("CUBIC_LOCAL_CLUSTER", raising=False)
+    r = CliRunner().invoke(app, ["calibrate", "--short"])
     assert r.exit_code == 0, r.output
+    out = tmp_path / "config" / "cubic" / "local.yaml"
     c = load_cluster(out)
     assert c.device.type == "cpu" and c.device.mem_bw_gbs > 0 and c.intra_node.bandwidth_gbs > 0
     assert {"native", "torch"} <= set(c.device.embedding) and c.device.dense_gflops["fp32"] > 0
     assert simulate(TrialConfig(), c).status == "ok"
+    assert (shipped.read_bytes() if shipped.exists() else None) == before  # the checkout's file untouched
+    local_cluster.cache_clear()
+    try:
+        assert local_cluster() == c and resolve("local") == c  # the new calibration, not the shipped file
+        assert c != load_cluster(shipped)  # (measured now: the shipped one is another machine, another day)
+    finally:
+        local_cluster.cache_clear()
+    help_text = " ".join(CliRunner().invoke(app, ["calibrate", "--help"]).output.split())
+    assert "cubic/local.yaml" in help_text and "XDG_CONFIG_HOME" in help_text
+    bad = CliRunner().invoke(app, ["calibrate", "--short", "-o", str(tmp_path)])  # -o FILE: a directory is not one
+    assert bad.exit_code == 2 and bad.output.strip().count("\n") == 0 and "cannot write" in bad.output, bad.output
 
 
 def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Path) -> None:
     from cubic.analysis import load_study
 
     run = tmp_path / "sim"
-    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space",
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", LOCAL, "--space",
                                  str(ROOT / "search_spaces/dlrm_cpu.yaml"), "--trials", "25", "--run-dir", str(run),
                                  "--no-live"])
     assert r.exit_code == 0, r.output
@@ -191,7 +214,7 @@ def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Pat
     assert exp["config"]["workload"]["name"] == Workload.preset("small-zipf").name  # dlrm_cpu.yaml's
     assert exp["provenance"]["backend"] == "sim" and exp["provenance"]["machine"]["cluster"] == "local"
     # the tune said why nothing was quality-gated, and a resumed tune runs no trial twice
-    r2 = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space",
+    r2 = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", LOCAL, "--space",
                                   str(ROOT / "search_spaces/dlrm_cpu.yaml"), "--trials", "25", "--run-dir", str(run),
                                   "--no-live"])
     assert r2.exit_code == 0 and len(load_study(run)) == len(df)
@@ -201,7 +224,7 @@ def test_a_simulated_study_warm_starts_another(tmp_path: Path) -> None:
     """--warm-start: a simulated study's trials enter the next study's searcher as simulated history."""
     space = str(ROOT / "search_spaces/dlrm_cpu.yaml")
     first = tmp_path / "first"
-    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space", space, "--trials", "12",
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", LOCAL, "--space", space, "--trials", "12",
                                  "--run-dir", str(first), "--no-live"])
     assert r.exit_code == 0, r.output
     d = local_dict()
@@ -213,7 +236,7 @@ def test_a_simulated_study_warm_starts_another(tmp_path: Path) -> None:
                                  "8", "--run-dir", str(tmp_path / "second"), "--warm-start", str(first), "--no-live"])
     assert r.exit_code == 0, r.output
     assert "trials from --warm-start (" in r.output and "simulated" in r.output
-    bad = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "local", "--space",
+    bad = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", LOCAL, "--space",
                                    str(ROOT / "search_spaces/tiny.yaml"), "--run-dir", str(tmp_path / "t"),
                                    "--warm-start", str(first), "--no-live"])
     assert bad.exit_code == 2 and "no study of search space 'tiny'" in bad.output, bad.output
@@ -360,20 +383,34 @@ def test_mlperf_log_rate_is_read_between_evaluations() -> None:
         logs.parse_log(line("global_batch_size", 0, 1000))
 
 
+# What the README claims (benchmarks/data/mlperf_validation.json, "rates"): per round, the 8-GPU fit factor and
+# the prediction errors at 64 and 128 GPUs and of the 64 -> 128 ratio, as fractions.
+MLPERF_TODAY = {"v3.1": {"fit": 0.986, 64: +0.001, 128: -0.073, "ratio": -0.073},
+                "v4.0": {"fit": 1.018, 64: -0.016, 128: -0.107, "ratio": -0.093},
+                "v4.1": {"fit": 1.018, 64: -0.037, 128: -0.131, "ratio": -0.097}}
+MLPERF_SLACK = 0.03  # 3 points either way: room for a refinement, not for a regression of the model
+
+
 def test_simulator_predicts_published_mlperf_scaling_from_one_8_gpu_point() -> None:
     """Issue 21's validation as a guard on the performance model: on NVIDIA's DGX H100 DLRM-DCNv2 results
-    of rounds v3.1, v4.0 and v4.1, the device rates fitted on each round's 8-GPU point need no large
-    correction, and the 64- and 128-GPU rates and the 64 -> 128 ratio are predicted within the issue's
-    goals (25%, 25%, 15%). v3.0 is left out: its software is the outlier (benchmarks/bench_mlperf.py)."""
+    of rounds v3.1, v4.0 and v4.1, the device rates fitted on each round's 8-GPU point, the 64- and 128-GPU
+    predictions and the 64 -> 128 ratio stay within 3 points of the figures the README claims (64 GPUs 0% to
+    -4%, 128 GPUs -7% to -13%), so a model 20% off at scale, or needing a 20% different fit, fails. v3.0 is
+    left out: its software is the outlier (benchmarks/bench_mlperf.py)."""
     b = _bench("bench_mlperf")
     base = load_cluster(shipped_cluster("h100-128.yaml"))
     meas = b.measured()
     assert sorted(meas) == ["v3.0", "v3.1", "v4.0", "v4.1"]
-    for rnd in ("v3.1", "v4.0", "v4.1"):
+    got = {}
+    for rnd in MLPERF_TODAY:
         res = b.validate(base, meas[rnd], "rates")
         r = res[res["pick"]]
-        assert res["pick"] == "column_wise" and 0.9 < r["fit"] < 1.1, (rnd, res["pick"], r["fit"])
-        assert b.verdict(r) == "meets the goals", (rnd, r["err"], r["ratio_pred"], r["ratio_meas"])
+        assert res["pick"] == "column_wise", (rnd, res["pick"])
+        got[rnd] = {"fit": r["fit"], 64: r["err"][64], 128: r["err"][128], "ratio": b.ratio_err(r)}
+        assert b.verdict(r) == "meets the goals", (rnd, got[rnd])
+    for rnd, want in MLPERF_TODAY.items():
+        for k, v in want.items():
+            assert abs(got[rnd][k] - v) <= MLPERF_SLACK, (rnd, k, f"{got[rnd][k]:+.3f}", f"expected {v:+.3f}")
 
 
 def test_a_16_bit_gradient_all_reduce_moves_half_the_bytes() -> None:

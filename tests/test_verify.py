@@ -4,20 +4,21 @@
 from __future__ import annotations
 
 import json
-import math
+import statistics
 from pathlib import Path
 
 import pytest
 
-from cubic import export
+from cubic import analysis, export
 from cubic.space import load_space
 from harness.config import TrialConfig, TrialResult
 from harness.errors import ConfigError
 from harness.planning import plan_for
 from harness.workload import Workload
+from tests.helpers import fixture_cluster, require
 from tests.test_analysis import ROOT, cubic_cli, tiny_tune
 
-pytest.importorskip("torchrec")
+require("torchrec")
 
 from harness.torchrec_trial import UnsupportedConfig, plan_for_torchrec, run_torchrec_trial  # noqa: E402
 
@@ -28,7 +29,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _export(cfg: TrialConfig) -> dict:
-    res = TrialResult(qps=1.0, config=cfg.to_dict(), plan=plan_for(cfg).to_list())
+    res = TrialResult(qps=1.0, config=cfg.to_dict(), plan=plan_for(cfg, fixture_cluster()).to_list())
     return export.to_torchrec_dict({"study": "t", "storage": "", "trial": 0, "attrs": {}, "result": res.to_dict(),
                                     "winner": {}, "config": cfg.to_dict(), "confirmed": True})
 
@@ -121,16 +122,26 @@ def test_cubic_verify_prints_both_speedups_and_the_substitutions(run_dir: Path, 
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert [c["label"] for c in out["configs"]] == ["baseline", "winner"]
-    for k in ("speedup_cubic", "speedup_torchrec"):
-        assert out[k] > 0 and math.isfinite(out[k])
-    assert out["configs"][0]["speedup_torchrec"] == 1.0
+    base, win = out["configs"]
+    df = analysis.load_study(run_dir)
+    assert base["trial"] == analysis.baseline_rows(df)["number"].iloc[0]
+    assert win["trial"] == out["trial"] == df.attrs["winner"]["trial"]
+    for c in (base, win):  # --repeats 1: one run of each in each framework, its qps the one reported
+        assert c["errors"] == [] and len(c["qps_cubic_runs"]) == 1 and len(c["qps_torchrec_runs"]) == 1
+        assert c["qps_cubic"] == c["qps_cubic_runs"][0] > 0 and c["qps_torchrec"] == c["qps_torchrec_runs"][0] > 0
+    # each speed-up is the winner's qps over the baseline's, in the same framework
+    assert win["speedup_cubic"] == pytest.approx(win["qps_cubic"] / base["qps_cubic"], rel=1e-12)
+    assert win["speedup_torchrec"] == pytest.approx(win["qps_torchrec"] / base["qps_torchrec"], rel=1e-12)
+    assert (out["speedup_cubic"], out["speedup_torchrec"]) == (win["speedup_cubic"], win["speedup_torchrec"])
+    assert base["speedup_cubic"] == base["speedup_torchrec"] == 1.0
     # search_spaces/tiny.yaml measures kernel=torch: TorchRec runs FBGEMM, and says so
     assert any(s.startswith("kernel=torch") for s in out["substitutions"])
     from cubic.cmd_verify import _print
 
     _print(out, fidelity=False)  # the human table, from the same result
-    shown = capsys.readouterr().out
-    assert "TorchRec" in shown and "substitution (winner): kernel=torch" in " ".join(shown.split())
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "TorchRec" in shown and "substitution (winner): kernel=torch" in shown
+    assert f"{win['speedup_cubic']:.2f}x" in shown and f"{win['speedup_torchrec']:.2f}x" in shown
 
 
 @pytest.mark.slow  # a second tune: ~45 s (`make test-slow`); the substitution itself is tested above
@@ -148,7 +159,20 @@ def test_a_data_parallel_winner_is_named_and_fidelity_is_a_number(tmp_path: Path
     f = cubic_cli("verify", str(run_dir), "--fidelity", "3", "--json")
     assert f.returncode == 0, f.stderr[-2000:]
     fid = json.loads(f.stdout.strip().splitlines()[-1])
-    assert fid["configs"] == 3 and -1 <= fid["kendall_tau"] <= 1
+    rows = fid["rows"]
+    assert fid["configs"] == len(rows) == 3 and fid["skipped"] == []
+    # cubic's side is the study's stored qps of each trial; the tau is the rank correlation of the two columns
+    df = analysis.load_study(run_dir)
+    ok = df[df["ok"]].drop_duplicates("config_key")
+    for row in rows:
+        assert row["qps_cubic"] == pytest.approx(ok.loc[ok["number"] == row["trial"], "qps"].iloc[0])
+        assert row["qps_torchrec"] > 0
+    assert {rows[0]["qps_cubic"], rows[-1]["qps_cubic"]} == {ok["qps"].min(), ok["qps"].max()}  # the study's range
+    cubic, torchrec = [x["qps_cubic"] for x in rows], [x["qps_torchrec"] for x in rows]
+    concordant = sum((cubic[i] - cubic[j]) * (torchrec[i] - torchrec[j]) > 0 for i in range(3) for j in range(i))
+    assert fid["kendall_tau"] == pytest.approx((2 * concordant - 3) / 3)  # 3 pairs, no ties: (C - D) / 3
+    assert fid["median_qps_ratio_cubic_over_torchrec"] == pytest.approx(
+        statistics.median(c / t for c, t in zip(cubic, torchrec, strict=True)))
 
 
 def test_verify_refuses_a_study_with_nothing_to_verify(tmp_path: Path) -> None:

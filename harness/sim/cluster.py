@@ -290,20 +290,39 @@ def shipped_cluster(name: str) -> Path:
 
 
 def resolve(name_or_path: str | Path) -> Cluster:
-    """A cluster by file path or by a shipped preset's name (`local`, `h100-8`, ...)."""
+    """A cluster by file path or by a shipped preset's name (`local`, `h100-8`, ...); `local` is this
+    machine's file, the one `local_cluster` reads."""
     p = Path(name_or_path)
     if not p.exists() and p.suffix == "" and "/" not in str(name_or_path):
-        p = shipped_cluster(f"{name_or_path}.yaml")
+        p = local_cluster_path() if name_or_path == "local" else shipped_cluster(f"{name_or_path}.yaml")
     return load_cluster(p)
+
+
+def calibrated_cluster_path() -> Path:
+    """Where `cubic calibrate` writes this machine by default: $XDG_CONFIG_HOME/cubic/local.yaml
+    (~/.config/cubic/local.yaml), outside the checkout, so calibrating never overwrites a shipped file."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".config"  # XDG: relative is ignored
+    return base / "cubic" / "local.yaml"
+
+
+def local_cluster_path() -> Path:
+    """The file `local_cluster` reads: CUBIC_LOCAL_CLUSTER, else this machine's calibration
+    (`calibrated_cluster_path`), else the shipped clusters/local.yaml (which may not exist)."""
+    env = os.environ.get("CUBIC_LOCAL_CLUSTER")
+    if env and env != "none":
+        return Path(env)
+    mine = calibrated_cluster_path()
+    return mine if mine.exists() else shipped_cluster("local.yaml")
 
 
 @functools.cache
 def local_cluster() -> Cluster | None:
-    """This machine as `cubic calibrate` measured it (clusters/local.yaml): what real trials run on
-    (read once per process: the planners ask for it per table). None before the first calibration.
-    CUBIC_LOCAL_CLUSTER=FILE reads another file; CUBIC_LOCAL_CLUSTER=none none (calibration itself)."""
-    env = os.environ.get("CUBIC_LOCAL_CLUSTER")
-    if env == "none":
+    """This machine as `cubic calibrate` measured it: what real trials run on (read once per process:
+    the planners ask for it per table). Looked up in order: CUBIC_LOCAL_CLUSTER=FILE (=none: none, for
+    calibration itself), the calibration's default output (~/.config/cubic/local.yaml, honouring
+    XDG_CONFIG_HOME), the shipped clusters/local.yaml. None when none of them exists."""
+    if os.environ.get("CUBIC_LOCAL_CLUSTER") == "none":
         return None
-    path = Path(env) if env else shipped_cluster("local.yaml")
+    path = local_cluster_path()
     return load_cluster(path) if path.exists() else None
