@@ -65,8 +65,9 @@ def _run(runner, cfg: TrialConfig, during=None) -> TrialResult:
     p = runner.submit(cfg)
     if during:
         during()
+    deadline = time.monotonic() + cfg.timeout_s + 120  # the runner's own hard timeout comes first; a bug hangs
     while not (done := runner.wait([p], timeout=1.0)):
-        pass
+        assert time.monotonic() < deadline, f"no result {cfg.timeout_s + 120:.0f} s after submitting"
     return done[0][1]
 
 
@@ -112,12 +113,18 @@ def test_a_placement_the_cluster_cannot_give_fails_at_once(runner) -> None:
     assert "the cluster has 2 such of 3 alive" in res.error
 
 
-@pytest.mark.slow  # ~40 s: a rank's crash, a lost node, a node added back
-def test_a_crash_or_a_lost_node_fails_the_trial_with_its_reason_and_the_next_runs(cluster, runner) -> None:
+def test_a_crashed_rank_fails_the_multinode_trial_with_its_reason_and_the_next_runs(runner) -> None:
+    """The default tier's multi-node failure: a rank dies mid-trial across 2 nodes; the trial is an error naming
+    the rank and its exception, no rank process outlives it, and the next trial on the same cluster runs."""
     res = _run(runner, _cfg(inject_fault="crash"))
     assert res.status == "error" and res.error.startswith("rank 1: RuntimeError: injected crash"), res.error
     assert not _rank_processes()
+    res = _run(runner, _cfg())
+    assert res.status == "ok" and res.env["nodes"] == 2, res.error
 
+
+@pytest.mark.slow  # ~40 s: a lost node, a node added back
+def test_a_lost_node_fails_the_trial_with_its_reason_and_the_next_runs(cluster, runner) -> None:
     workers = [n for n in cluster.list_all_nodes() if n is not cluster.head_node]
     victim = workers[-1]
 
