@@ -162,7 +162,7 @@ class SearchSpace:
         if tup not in self._cache:
             cfg = self._scaled(dataclasses.replace(self.baseline, **dict(zip(self.knobs, tup, strict=True))))
             try:
-                cfg.validate()
+                cfg.validate(workload=False)  # the baseline's workload, validated when the space loaded
             except ConfigError:
                 cfg = None
             self._cache[tup] = cfg

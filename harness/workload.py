@@ -15,6 +15,7 @@ stored config key made from one) is what it was before the families existed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -313,12 +314,12 @@ class Workload:
             raise ConfigError(f"{where}: tables must not be empty")
         if not _is_num(self.teacher_emb_scale) or self.teacher_emb_scale < 0:
             raise ConfigError(f"{where}: teacher_emb_scale={self.teacher_emb_scale!r} must be a number >= 0")
-        names = [t.name for t in self.tables]
+        names = collections.Counter(t.name for t in self.tables)
         for t in self.tables:
             if not isinstance(t.name, str) or not t.name:
                 raise ConfigError(f"{where}: table names must be non-empty strings (got {t.name!r})")
-            if names.count(t.name) > 1:
-                raise ConfigError(f"{where}: table name {t.name!r} appears {names.count(t.name)} times; "
+            if names[t.name] > 1:
+                raise ConfigError(f"{where}: table name {t.name!r} appears {names[t.name]} times; "
                                   "names must be unique")
             if not all(_is_int(v) for v in (t.rows, t.dim, t.pooling)):
                 raise ConfigError(f"{where}: table {t.name!r} rows, dim and pooling must be integers "
@@ -335,8 +336,8 @@ class Workload:
                                   f"choose one of {list(POOLING_TYPES)}")
             if not isinstance(t.features, list) or not all(isinstance(f, str) and f for f in t.features):
                 raise ConfigError(f"{where}: table {t.name!r} features must be a list of feature names")
-        feats = [f for t in self.tables for f in t.feature_names]
-        dup = next((f for f in feats if feats.count(f) > 1), None)
+        feats = collections.Counter(f for t in self.tables for f in t.feature_names)
+        dup = next((f for f, n in feats.items() if n > 1), None)
         if dup is not None:
             raise ConfigError(f"{where}: feature {dup!r} looks up more than one table; a feature feeds one table")
         if self.id_source not in ID_SOURCES:
