@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -128,11 +127,3 @@ def _relative_trace(wl) -> dict:
     d = dataclasses.asdict(wl.data)
     d["trace"] = Path(d["trace"]).name if d["trace"] else ""
     return d
-
-
-def main() -> None:  # `python -m cubic.cmd_workload`
-    app()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
