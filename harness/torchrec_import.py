@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from pathlib import Path
@@ -169,8 +170,7 @@ def stand_in_top(wl: Workload, flops_per_sample: int) -> list[int]:
     lo, hi = 1, 1 << 16
     while lo < hi:
         h = (lo + hi) // 2
-        wl.top_mlp = [h, 1]
-        if dense_cost(wl).flops_fwd < flops_per_sample:
+        if dense_cost(dataclasses.replace(wl, top_mlp=[h, 1])).flops_fwd < flops_per_sample:
             lo = h + 1
         else:
             hi = h
