@@ -73,7 +73,8 @@ def existing_storage(url: str, where: str) -> tuple[Any, list]:
     except ConfigError:
         raise
     except Exception as e:  # not a database, not an Optuna schema, server unreachable
-        msg = redact(" ".join(str(e).split()), url)[:200]
+        # the driver's own words (SQLAlchemy's wrapper adds the SQL and a link: noise on one line)
+        msg = redact(" ".join(str(getattr(e, "orig", None) or e).split()), url)[:200]
         raise ConfigError(f"{where}: cannot read the trial store ({type(e).__name__}: {msg})") from None
 
 
@@ -169,6 +170,8 @@ def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
     row["confirm_ne_median"] = float(np.median(cne)) if cne else math.nan
     row["quality_ok"] = ua.get("quality_ok")
     row["quality_reason"] = ua.get("quality_reason", "")
+    row["quality_verdict"] = ua.get("quality_verdict")  # passed | failed | not resolved (cubic.quality.sequential)
+    row["quality_ci"] = ua.get("quality_ci")
     row["ne_matched"] = _num(ua.get("ne_matched"))  # NE over the baseline's samples (cubic.quality)
     row["quality_est_ok"] = ua.get("quality_est_ok")
     row["quality_heldout_ok"] = ua.get("quality_heldout_ok")  # a held-out check while searching (cubic.tune)
@@ -202,8 +205,9 @@ def study_frame(st: optuna.Study, storage: str = "") -> pd.DataFrame:
     trials = st.get_trials(deepcopy=False)
     knobs = _knob_names(st, trials)
     df = pd.DataFrame([_row(t, knobs) for t in trials])
-    if df.empty:
-        df = pd.DataFrame(columns=[*_META, *knobs, *SCALAR_METRICS, *(f"bd_{k}" for k in BREAKDOWN_KEYS)])
+    if df.empty:  # a study with no trial yet: every column a row has (the summaries below read them)
+        blank = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL)
+        df = pd.DataFrame(columns=list(_row(blank, knobs)))
     df = df.sort_values("number", kind="stable").reset_index(drop=True)
     df["datetime_start"] = pd.to_datetime(df["datetime_start"])
     df["datetime_complete"] = pd.to_datetime(df["datetime_complete"])
@@ -234,6 +238,20 @@ def screen_table(df: pd.DataFrame) -> pd.DataFrame:
         out.append({"change": s.label, "seeds": len(s.eval_ne), "eval_ne_diff": math.nan if diff is None else diff,
                     "verdict": s.verdict, "reason": s.reason})
     return pd.DataFrame(out, columns=["change", "seeds", "eval_ne_diff", "verdict", "reason"])
+
+
+def verdict_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The confirm's quality verdicts, fastest re-measurement first: passed, failed, or not resolved (the
+    sequential verdict's seed budget spent with its interval straddling the tolerance; never crowned)."""
+    cols = ["number", "confirm_qps_median", "quality_verdict", "seeds", "eval_ne_diff", "interval", "reason"]
+    if "quality_verdict" not in df:
+        return pd.DataFrame(columns=cols)
+    rows = df[df["quality_verdict"].notna()].sort_values("confirm_qps_median", ascending=False)
+    out = [{"number": r.number, "confirm_qps_median": r.confirm_qps_median, "quality_verdict": r.quality_verdict,
+            "seeds": len(r.quality_eval_ne), "eval_ne_diff": r.quality_eval_diff,
+            "interval": (f"{r.quality_ci[0]:+.3%}..{r.quality_ci[1]:+.3%}" if isinstance(r.quality_ci, list)
+                         else ""), "reason": r.quality_reason} for r in rows.itertuples()]
+    return pd.DataFrame(out, columns=cols)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

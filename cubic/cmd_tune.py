@@ -54,7 +54,7 @@ def tune(
     from cubic.runner import RayRunner
     from cubic.samplers import SEARCHERS
     from cubic.space import load_space
-    from cubic.store import Store, open_storage, redact, storage_url
+    from cubic.store import Store, check_run_dir, open_storage, redact, storage_url
     from cubic.tune import Tuner
     from cubic.view import print_summary
 
@@ -76,9 +76,18 @@ def tune(
         if sim_cluster is not None and address is not None:
             raise ConfigError("--address: simulated trials run in this process, not on Ray; leave it out")
         sp = load_space(space or default_space())
+        warm = []  # read (and judged) before this tune's own store is made: bad input writes nothing
+        if warm_start:
+            from cubic.warm_start import load_warm_start
+
+            if searcher != "cubic":
+                raise ConfigError(f"--warm-start: only the cubic searcher learns from other studies, not {searcher}")
+            for src in warm_start:
+                warm += load_warm_start(src, sp)
         if run_dir is None and storage is None:
             run_dir = Path("runs") / (sp.name if sim_cluster is None else f"{sp.name}-sim-{sim_cluster.name}")
         if run_dir is not None:
+            check_run_dir(run_dir, holds_store=storage is None)
             try:
                 run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
@@ -91,14 +100,6 @@ def tune(
             runner = SimRunner(sim_cluster)
         else:
             runner = RayRunner(address, sp.isolation).check()
-        warm = []
-        if warm_start:
-            from cubic.warm_start import load_warm_start
-
-            if searcher != "cubic":
-                raise ConfigError(f"--warm-start: only the cubic searcher learns from other studies, not {searcher}")
-            for src in warm_start:
-                warm += load_warm_start(src, sp)
         tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live,
                       warm_start=warm)
         summary = tuner.run()

@@ -103,7 +103,7 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "baseline_qps": w.get("baseline_qps", rec["baseline_qps"]),
         "quality": {k: ua.get(k) for k in ("quality_ok", "quality_reason", "confirm_ne", "quality_eval_ne",
                                            "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
-                                           "quality_resolved")},
+                                           "quality_resolved", "quality_ci", "quality_verdict")},
         "sharding_plan": res.get("plan") or [],
         "provenance": {
             "study": rec["study"], "storage": analysis.safe_url(rec["storage"]), "trial": rec["trial"],

@@ -115,6 +115,12 @@ def render_html(df: pd.DataFrame, k: int = 5) -> str:
         parts += ["<h2>Winning configuration</h2>", f'<table class="kv">{kv}</table>',
                   '<p class="muted">export it with '
                   '<code>cubic export RUN_DIR --format yaml|json|torchrec</code></p>']
+    ver = analysis.verdict_table(df)
+    if len(ver):
+        parts += ["<h2>Quality verdicts of the confirmed configurations</h2>",
+                  '<p class="muted">held-out eval NE paired by seed with the baseline, seeds added one at a time '
+                  "until the interval clears the tolerance; &ldquo;not resolved&rdquo; is never crowned</p>",
+                  _table(ver)]
     scr = analysis.screen_table(df)
     if len(scr):
         parts += ["<h2>Quality screen: each numerics change alone</h2>",

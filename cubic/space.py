@@ -33,7 +33,7 @@ from harness.workload import Workload
 
 TOP_KEYS = ("name", "description", "target", "workload", "baseline", "knobs", "objective", "constraints", "trial",
             "budget", "lr_scaling", "quality")
-QUALITY_KEYS = ("samples", "eval_samples", "seeds", "tolerance", "screen")
+QUALITY_KEYS = ("samples", "eval_samples", "seeds", "tolerance", "screen", "confidence", "max_seeds")
 # `target: torchrec` keeps only knob values TorchRec runs as the harness measures them (harness/torchrec_trial.py)
 TARGETS = ("harness", "torchrec")
 KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
@@ -546,11 +546,19 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
 
         q = ld.mapping(raw["quality"], "quality", QUALITY_KEYS)
         d = QualityRuns()
+        seeds = _num(ld, q, "seeds", d.seeds, int, 1, "quality")
         quality_runs = QualityRuns(samples=_num(ld, q, "samples", d.samples, int, 1, "quality"),
                                    eval_samples=_num(ld, q, "eval_samples", d.eval_samples, int, 1, "quality"),
-                                   seeds=_num(ld, q, "seeds", d.seeds, int, 1, "quality"),
+                                   seeds=seeds,
                                    tolerance=_num(ld, q, "tolerance", d.tolerance, float, 0.0, "quality"),
-                                   screen=q.get("screen", d.screen))
+                                   screen=q.get("screen", d.screen),
+                                   confidence=_num(ld, q, "confidence", d.confidence, float, 0.5, "quality"),
+                                   max_seeds=_num(ld, q, "max_seeds", max(d.max_seeds, seeds), int, 1, "quality"))
+        if quality_runs.confidence >= 1:
+            raise ld.err("quality.confidence", f"{quality_runs.confidence!r} must be below 1 (e.g. 0.9 or 0.95)")
+        if quality_runs.max_seeds < quality_runs.seeds:
+            raise ld.err("quality.max_seeds", f"{quality_runs.max_seeds} must be at least quality.seeds "
+                         f"({quality_runs.seeds})")
         if not isinstance(quality_runs.screen, bool):
             raise ld.err("quality.screen", f"must be true or false, not {quality_runs.screen!r}")
     space = SearchSpace(

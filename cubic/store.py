@@ -204,6 +204,36 @@ def rdb_storage(url: str, attempts: int = 20, **kw: Any) -> RDBStorage:
     raise AssertionError("unreachable")
 
 
+def check_run_dir(run_dir: Path, holds_store: bool = True) -> None:
+    """ConfigError (one line, before anything is written) for a `--run-dir` that cannot hold a tune: a file,
+    or (`holds_store`: no --storage) a study.db that is some other program's SQLite database (Optuna would add
+    its tables to it). A missing or empty study.db is a new store; an unreadable one is left to
+    `open_storage`, which says why."""
+    import sqlite3
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir}: not a directory; give a run directory (it holds study.db)")
+    db = run_dir / "study.db"
+    if not holds_store:
+        return
+    if db.exists() and not db.is_file():
+        raise ConfigError(f"--run-dir {run_dir}: {db} is not a file; it must be the run's SQLite trial store")
+    if not db.is_file() or db.stat().st_size == 0:
+        return
+    try:  # read-only: looking never writes
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return
+    # any of Optuna's tables: its store (maybe half made by a tuner starting beside this one)
+    if tables and not tables & {*models.BaseModel.metadata.tables, "alembic_version"}:
+        raise ConfigError(f"--run-dir {run_dir}: {db.name} is not a cubic/Optuna trial store (tables "
+                          f"{sorted(tables)[:5]}); use another --run-dir")
+
+
 def open_storage(url: str, label: str | None = None) -> RDBStorage:
     """Connect (and create the schema); any failure is bad input -> ConfigError, one line naming
     `label` (what the user gave: "--run-dir DIR"; default "--storage URL")."""

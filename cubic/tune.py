@@ -31,7 +31,19 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
 from cubic.lease import TunerLease, describe
-from cubic.quality import EARLY_REJECT, covering, judge, matched_ne, noise_floor, paired_mean, within
+from cubic.memory_check import refusal as memory_refusal
+from cubic.quality import (
+    EARLY_REJECT,
+    MORE,
+    NOT_RESOLVED,
+    covering,
+    judge,
+    matched_ne,
+    noise_floor,
+    paired_mean,
+    sequential,
+    within,
+)
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.screen import ATTR as SCREEN_ATTR
@@ -368,6 +380,16 @@ class Tuner:
         j = judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)
         return j["ok"], j["reason"]
 
+    def _sequential(self, t: FrozenTrial, base: FrozenTrial | None) -> tuple[str, dict[str, Any] | None]:
+        """t's confirm verdict from its quality runs so far (`cubic.quality.sequential`): a failed run of
+        either side, or a candidate far past the tolerance after its first seeds (`early_reject`), fails."""
+        qr = self.space.quality_runs
+        ne = t.user_attrs.get("quality_eval_ne") or []
+        bne = (base.user_attrs.get("quality_eval_ne") or []) if base is not None else []
+        if None in ne or None in bne or early_reject(t, qr, base) is not None:
+            return "failed", None
+        return sequential(ne, bne, qr)
+
     @staticmethod
     def _verdict_attrs(judged: FrozenTrial) -> dict[str, Any]:
         """What a trial that trains the same model as `judged` inherits: its quality runs and verdict."""
@@ -405,6 +427,17 @@ class Tuner:
             "predicted_qps": ua.get("predicted_qps"), "predicted_std": ua.get("predicted_std"),
             "config_key": key, "config": cfg.to_dict(),
         })
+        refused = None if self.simulated else memory_refusal(cfg)
+        if refused is not None:  # the model predicts it runs out of memory: recorded as such, never started
+            why, pred = refused
+            res = TrialResult.failed("oom", f"not launched: {why}", cfg, env={"backend": "real", "launched": False},
+                                     extra={"predicted_mem_mb": round(pred.peak_mb, 1),
+                                            "predicted_mem_per_position_mb": [round(m, 1) for m in pred.mem_mb],
+                                            "mem_limit_mb": round(pred.limit_mb, 1)})
+            with self._writing():
+                self.view.add(self.store.finish(trial, res), None)
+            self.view.note(f"trial {trial.number} not launched: {why}")
+            return None
         return self.runner.submit(cfg, tag=trial)
 
     def _eta(self, pending: list[Pending], remaining: int) -> None:
@@ -464,33 +497,42 @@ class Tuner:
                 return False
             if self.simulated or not self.space.differs_in_numerics(t.params):
                 return True
-            if qr is not None:  # quality runs decide: all of the candidate's and the baseline's seeds
-                held, _ = self._heldout(t, base)
-                if held is not True:
-                    return held
-                if not t.user_attrs.get("confirm_qps"):  # passed while searching: its speed is still to confirm
+            if qr is not None:  # quality runs decide, sequentially (`cubic.quality.sequential`)
+                state, _ = self._sequential(t, base)
+                if state == MORE or not t.user_attrs.get("confirm_qps"):  # seeds or its speed still to come
                     return None
-                return self._quality(t, base)[0]
+                return state == "passed"
             if not t.user_attrs.get("confirm_ne") or base is None or not base.user_attrs.get("confirm_ne"):
                 return None
             return self._quality(t, base)[0]
 
+        def seeds_wanted(t: FrozenTrial) -> int:
+            """How many quality seeds t's verdict needs by now: the first `seeds`, then one more pair at a
+            time while its interval straddles the tolerance (`cubic.quality.sequential`); the baseline as
+            many as the candidate that wants the most (the pairs)."""
+            if t is base:
+                return max([qr.seeds] + [seeds_wanted(c) for c in screened if c is not base])
+            if (not t.user_attrs.get("confirm_qps") or verdict(t) is not None  # decided, or layout only
+                    or self._sequential(t, base)[0] != MORE):
+                return 0
+            return min(qr.max_seeds, max(qr.seeds, min(qdone(t), qdone(base)) + 1))
+
         def quality_seed(t: FrozenTrial) -> int | None:
             """The seed of t's next quality run, if it needs one now: the baseline's first (the noise
-            floor, and the pairs), then each numerics-changing candidate after its first speed run."""
+            floor, and the pairs), then each numerics-changing candidate after its first speed run, its seed
+            n once the baseline's seed n is in."""
             if qr is None:
                 return None
             n = qdone(t) + qinflight.get(t.number, 0)
-            if n >= qr.seeds:
+            if n >= seeds_wanted(t):
                 return None
             if t is base:
                 return n
-            if (not t.user_attrs.get("confirm_qps") or verdict(t) is not None  # decided, or layout only
-                    or qdone(base) < qr.seeds or None in (base.user_attrs.get("quality_eval_ne") or [])):
+            if qdone(base) <= n or None in (base.user_attrs.get("quality_eval_ne") or []):
                 return None
             key = self.space.numerics_key(t.params)
-            same = next((o for o in screened if o is not t and qinflight.get(o.number, 0) == 0
-                         and (qdone(o) >= qr.seeds or early_reject(o, qr, base) is not None)
+            same = next((o for o in screened if o is not t and qinflight.get(o.number, 0) == 0 and qdone(o)
+                         and self._sequential(o, base)[0] != MORE
                          and self.space.numerics_key(o.params) == key), None)
             if same is not None and n == 0:  # the same model on the same samples: its quality runs are t's
                 self.store.set_finished_attrs(t, {k: same.user_attrs.get(k) for k in (
@@ -535,8 +577,8 @@ class Tuner:
             qjob = next(((t, sd) for t in order if (sd := quality_seed(t)) is not None), None)
             if qjob is not None and not pending:
                 t, sd = qjob
-                self.view.note(f"quality run: #{t.number} seed {sd + 1}/{qr.seeds}, {qr.samples:,} samples, "
-                               f"held-out {qr.eval_samples:,}")
+                self.view.note(f"quality run: #{t.number} seed {sd + 1} (at least {qr.seeds}, at most "
+                               f"{qr.max_seeds}), {qr.samples:,} samples, held-out {qr.eval_samples:,}")
                 pending.append(self.runner.submit(qr.config(self.space.config(t.params), sd), tag=(t, sd)))
                 qinflight[t.number] = qinflight.get(t.number, 0) + 1
                 continue
@@ -560,7 +602,8 @@ class Tuner:
         self.lease.check(fresh=True)
         for t in targets:
             ok_, why = self._quality(t, base)
-            self.store.set_finished_attrs(t, {"quality_ok": ok_, "quality_reason": why})
+            self.store.set_finished_attrs(t, {"quality_ok": ok_, "quality_reason": why, "quality_verdict": (
+                t.user_attrs.get("quality_verdict") or ("passed" if ok_ else "failed"))})
         for t in ranked:  # rejected by a check while searching: the verdict's reason, for the report
             ua = t.user_attrs
             if ua.get("quality_heldout_ok") is False and "quality_reason" not in ua:
@@ -627,13 +670,20 @@ class Tuner:
             if ua.get("quality_failed"):
                 return False, f"quality run failed: {ua['quality_failed']}"
             cand, bne = ua.get("quality_eval_ne") or [], (base.user_attrs.get("quality_eval_ne") or []) if base else []
-            if len(cand) < qr.seeds or len(bne) < qr.seeds or None in bne:
+            if None in bne:
+                return False, f"the baseline's quality runs failed: {base.user_attrs.get('quality_failed')}"
+            state, j = self._sequential(t, base)
+            if state == MORE or j is None:
                 return False, (f"changes {', '.join(changed)} but its quality runs are incomplete "
-                               f"({len(cand)} of {qr.seeds}; baseline {len([x for x in bne if x is not None])})")
-            j = judge(cand[:qr.seeds], bne[:qr.seeds], qr.tolerance)
+                               f"({len(cand)} seed(s), at least {qr.seeds}; baseline {len(bne)})")
             self.store.set_finished_attrs(t, {"quality_eval_diff": j["diff"], "quality_se": j["se"],
-                                              "quality_noise": j["noise"], "quality_resolved": j["resolved"]})
-            return j["ok"], f"{j['reason']} (changes {', '.join(changed)})"
+                                              "quality_noise": j["noise"], "quality_resolved": j["resolved"],
+                                              "quality_ci": j["ci"], "quality_verdict": state})
+            n = len(j["diffs"])
+            head = {"passed": "passed", "failed": "failed",
+                    NOT_RESOLVED: f"NOT RESOLVED after {n} paired seeds (the seed budget, quality.max_seeds): the "
+                                  f"interval straddles the tolerance, so it is not crowned"}[state]
+            return state == "passed", f"{head}: {j['reason']} (changes {', '.join(changed)})"
         ne_t = _median_finite(ua.get("confirm_ne"))
         ne_b = _median_finite(base.user_attrs.get("confirm_ne")) if base is not None else None
         if ne_t is None or ne_b is None or ne_b <= 0:
@@ -679,7 +729,7 @@ class Tuner:
             elif qr is not None:  # the evidence behind the quality verdict
                 winner["quality"] = {**qr.to_dict(), **{k.removeprefix("quality_"): w.user_attrs.get(k) for k in (
                     "quality_eval_ne", "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
-                    "quality_resolved")},
+                    "quality_resolved", "quality_ci", "quality_verdict")},
                     "baseline_eval_ne": base.user_attrs.get("quality_eval_ne") if base else None,
                     "screen": self._screen_summary()}
         self.store.set_winner(winner)  # None clears a winner an earlier confirm left behind
@@ -700,7 +750,9 @@ class Tuner:
             "confirmed": [{"trial": t.number, "short_config": short_config(self.space, t.params),
                            "qps": t.value, "confirm_qps": t.user_attrs.get("confirm_qps"),
                            "quality_ok": t.user_attrs.get("quality_ok"),
+                           "quality_verdict": t.user_attrs.get("quality_verdict"),
                            "quality_eval_diff": t.user_attrs.get("quality_eval_diff"),
+                           "quality_ci": t.user_attrs.get("quality_ci"),
                            "quality_reason": t.user_attrs.get("quality_reason")} for t in confirmed],
         }
 

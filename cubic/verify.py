@@ -65,11 +65,11 @@ def verify(run_dir_or_storage_url: str | Path, top: int = 1, repeats: int = 3, s
     from harness.torchrec_trial import run_torchrec_trial
     from harness.trial import run_trial
 
-    _require_torchrec()
     if top < 1 or repeats < 1:
         raise ConfigError(f"--top {top} and --repeats {repeats} must be >= 1")
     df = analysis.load_study(run_dir_or_storage_url, study)
     analysis.require_completed(df, str(run_dir_or_storage_url))
+    _require_torchrec()  # after the store: what is wrong with the user's input is said first
     name = df.attrs["study"]
     win = int(df.attrs["winner"]["trial"])
     base_rows = analysis.baseline_rows(df)
@@ -117,11 +117,11 @@ def fidelity(run_dir_or_storage_url: str | Path, n: int, study: str | None = Non
 
     from harness.torchrec_trial import run_torchrec_trial
 
-    _require_torchrec()
     if n < 3:
         raise ConfigError(f"--fidelity {n}: a rank correlation needs at least 3 configurations")
     df = analysis.load_study(run_dir_or_storage_url, study)
     analysis.require_completed(df, str(run_dir_or_storage_url))
+    _require_torchrec()
     ok = df[df["ok"]].drop_duplicates("config_key").sort_values("qps").reset_index(drop=True)
     idx = sorted({round(i * (len(ok) - 1) / max(1, n - 1)) for i in range(n)}) if len(ok) > n else range(len(ok))
     rows, skipped = [], []

@@ -4,6 +4,7 @@ Kendall tau, ETA; one line per trial when not on a terminal) and the final summa
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -13,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cubic.proxy import kendall_tau
+from cubic.quality import NOT_RESOLVED
 from cubic.space import SearchSpace
 from harness.config import TrialResult
 
@@ -157,6 +159,11 @@ class TuneView:
 # ====================================================================== loop
 
 
+def _median(xs: list[float] | None) -> float:
+    xs = [x for x in xs or [] if x is not None]
+    return statistics.median(xs) if xs else 0.0
+
+
 def print_summary(console: Console, s: dict[str, Any]) -> None:
     """The final word: winner, speed-up over the baseline with its spread, where the study lives."""
     console.print(f"[bold]cubic tune[/] {s['study']}: {s['trials']} trials ({s['ok']} ok, {s['failed']} failed) "
@@ -177,10 +184,15 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
         for c in s["confirmed"]:
             cq = c["confirm_qps"] or []
             t.add_row(str(c["trial"]), c["short_config"], f"{c['qps']:,.0f}",
-                      ", ".join(f"{q:,.0f}" for q in cq) or "-",
-                      ("ok" if c["quality_ok"] else "REJECTED") + f": {c['quality_reason']}")
+                      ", ".join(f"{q:,.0f}" for q in cq) or "-", c["quality_reason"] if c.get("quality_verdict") ==
+                      NOT_RESOLVED else ("ok" if c["quality_ok"] else "REJECTED") + f": {c['quality_reason']}")
         console.print(t)
     w = s["winner"]
+    for c in s["confirmed"]:  # faster than the winner, not crowned: say so where the winner is read
+        if c.get("quality_verdict") == NOT_RESOLVED and (not w or _median(c["confirm_qps"]) > w["qps"]):
+            console.print(f"[bold yellow]not resolved[/]: trial #{c['trial']} ({c['short_config']}) re-measured "
+                          f"{_median(c['confirm_qps']):,.0f} qps, but its quality verdict is not resolved "
+                          "(more seeds: quality.max_seeds; a looser call: quality.confidence): not crowned")
     if w:
         sp = ""
         if w.get("speedup"):

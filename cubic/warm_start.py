@@ -23,7 +23,10 @@ def load_warm_start(source: str, space: SearchSpace) -> list[tuple[dict[str, Any
     `space` in `source` (a run directory or a storage URL); ConfigError naming the source otherwise."""
     from cubic.analysis import existing_storage, storage_url
 
-    url = storage_url(source)
+    try:
+        url = storage_url(source)
+    except ConfigError as e:  # say which option named it
+        raise ConfigError(f"--warm-start {e}") from None
     where = f"--warm-start {safe_url(url) if '://' in source else source}"  # never a password
     storage, studies = existing_storage(url, where)
     fp = fingerprint(space.to_dict())

@@ -4,12 +4,13 @@ with a change that fails are never proposed, and the confirm does not consider t
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import optuna
 import pytest
 
-from cubic.quality import QualityRuns
+from cubic.quality import MORE, NOT_RESOLVED, QualityRuns, sequential
 from cubic.samplers import make_sampler
 from cubic.samplers.base import Observations, distributions
 from cubic.screen import ATTR, Screened, decide, single_changes
@@ -22,7 +23,8 @@ SCREEN = LARGE_BATCH.replace("name: lb", "name: screen").replace("  batch_size: 
   dense_precision: [fp32, bf16]    # passes alone
   pipeline_depth: [0, 1]           # layout only: never screened
   batch_size: [64, 256]            # 4x the batch at the baseline's rates: fails alone
-""") + """trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
+""").replace("tolerance: 0.002}", "tolerance: 0.002, max_seeds: 3}") + """trial: {warmup_steps: 1, \
+measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
 budget: {trials: 4, confirm_top_k: 2}
 """
 
@@ -124,4 +126,22 @@ def test_the_screen_rules_a_harmful_change_out_before_the_search_spends_a_trial_
     rep = cubic_cli("report", str(tmp_path / "run"))
     assert rep.returncode == 0, rep.stderr
     assert "quality screen (each change alone" in rep.stdout and "ruled out global_batch=512" in rep.stdout
-    assert "Quality screen: each numerics change alone" in (tmp_path / "run" / "report.html").read_text()
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert "Quality screen: each numerics change alone" in html
+    # the confirm's verdicts are sequential: each seed past the first two was asked for by an interval that
+    # straddled the tolerance, and the verdict stored is the rule's on the seeds that ran
+    qr = load_space(tmp_path / "s.yaml").quality_runs
+    bne = list(analysis.baseline_rows(df)["quality_eval_ne"].iloc[0])
+    judged = df[df["quality_verdict"].isin(["passed", "failed", NOT_RESOLVED])
+                & df["quality_reason"].str.contains("interval")]
+    assert len(judged), df[["number", "quality_verdict", "quality_reason"]].to_string()
+    for r in judged.itertuples():
+        ne = list(r.quality_eval_ne)
+        assert qr.seeds <= len(ne) <= qr.max_seeds and len(bne) >= len(ne), (ne, bne)
+        assert sequential(ne, bne, qr)[0] == r.quality_verdict, r.quality_reason
+        if len(ne) > qr.seeds:
+            assert sequential(ne[:-1], bne, qr)[0] == MORE
+    assert "Quality verdicts of the confirmed configurations" in html
+    e = cubic_cli("export", str(tmp_path / "run"), "-f", "json", "-o", str(tmp_path / "w.json"))
+    assert e.returncode == 0, e.stderr
+    assert json.loads((tmp_path / "w.json").read_text())["quality"]["quality_verdict"] == "passed"

@@ -1,0 +1,112 @@
+"""Re-judge a finished tune's quality verdicts on seeds the tune never used.
+
+The confirm's verdict is sequential (`cubic.quality.sequential`): paired seeds 0, 1, ... until the
+interval of the mean eval-NE difference clears the tolerance, or the seed budget says "not resolved".
+Does the verdict hold on data it never saw? This trains the baseline and each confirmed candidate that
+changes numerics (the winner first) on `--seeds` fresh seeds (from `--first-seed`, far past any the
+tune ran) with the tune's own quality budget, and judges them by the same rule and confidence.
+
+    python benchmarks/bench_rejudge.py runs/dlrm_cpu [--seeds 4] [--first-seed 100]
+
+Writes benchmarks/data/rejudge.json: per candidate the tune's verdict (seeds, mean difference, interval)
+beside the re-judgement's (per-seed differences, mean, interval, verdict) and whether they agree:
+a pass re-judged as not failed (its fresh interval's lower end within the tolerance), a failure as
+not passed, a "not resolved" as anything but its opposite certainty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cubic import analysis  # noqa: E402
+from cubic.quality import QualityRuns, judge  # noqa: E402
+from harness.config import TrialConfig  # noqa: E402
+from harness.trial import run_trial  # noqa: E402
+
+
+def agrees(tune: str, fresh: dict) -> bool:
+    """The fresh seeds do not contradict the tune's verdict (see the module docstring)."""
+    if tune == "passed":
+        return fresh["ci"][0] <= fresh["tolerance"]
+    if tune == "failed":
+        return fresh["ci"][1] > fresh["tolerance"]
+    return True  # not resolved: the fresh seeds may land either side; reported, not scored
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--first-seed", type=int, default=100)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "data" / "rejudge.json"))
+    a = ap.parse_args()
+    console = Console()
+    study = analysis.open_study(a.run_dir)
+    df = analysis.load_study(a.run_dir)
+    winner = study.user_attrs.get("winner") or {}
+    quality = winner.get("quality") or {}
+    qr = QualityRuns(**{k: quality[k] for k in QualityRuns.__dataclass_fields__ if k in quality})
+    base_row = analysis.baseline_rows(df).iloc[0]
+    judged = df[df["quality_verdict"].isin(["passed", "failed", "not resolved"])
+                & df["quality_reason"].str.contains("interval", na=False)].copy()
+    judged["first"] = judged["number"] == winner.get("trial")
+    judged = judged.sort_values(["first", "confirm_qps_median"], ascending=False)
+    seeds = list(range(a.first_seed, a.first_seed + a.seeds))
+    runs = (1 + len(judged)) * len(seeds)
+
+    def eval_ne(cfg: dict, progress: Progress, task: int, what: str) -> list[float]:
+        out = []
+        for s in seeds:
+            progress.update(task, description=f"{what} seed {s}")
+            res = run_trial(qr.config(TrialConfig.from_dict(cfg), s))
+            if res.status != "ok":
+                raise SystemExit(f"{what} seed {s}: {res.status}: {res.error}")
+            out.append(res.extra["eval_ne"])
+            progress.advance(task)
+        return out
+
+    rows = []
+    with Progress(console=console) as progress:
+        task = progress.add_task("quality runs", total=runs)
+        bne = eval_ne(base_row["config"], progress, task, "baseline")
+        for r in judged.itertuples():
+            ne = eval_ne(r.config, progress, task, f"#{r.number}")
+            j = judge(ne, bne, qr.tolerance, qr.confidence)
+            fresh = {"seeds": seeds, "eval_ne": ne, "diffs": j["diffs"], "diff": j["diff"], "ci": j["ci"],
+                     "verdict": j["verdict"], "tolerance": qr.tolerance}
+            tune = {"seeds": len(r.quality_eval_ne), "diff": r.quality_eval_diff, "ci": r.quality_ci,
+                    "verdict": r.quality_verdict}
+            changes = {k: v for k, v in r.config.items() if k != "workload" and base_row["config"].get(k) != v}
+            rows.append({"trial": int(r.number), "winner": bool(r.first), "changes": changes, "tune": tune,
+                         "fresh": fresh, "agrees": agrees(r.quality_verdict, fresh)})
+    t = Table(title=f"quality verdicts re-judged on seeds {seeds[0]}..{seeds[-1]} "
+                    f"({qr.samples:,} samples, {qr.eval_samples:,} held-out, tolerance {qr.tolerance:.2%}, "
+                    f"{qr.confidence:.0%} interval)", header_style="bold")
+    for col in ("trial", "tune: seeds", "tune: diff [interval]", "tune verdict", "fresh: per seed",
+                "fresh: diff [interval]", "fresh verdict", "agrees"):
+        t.add_column(col)
+    for x in rows:
+        tu, fr = x["tune"], x["fresh"]
+        t.add_row(f"#{x['trial']}" + (" (winner)" if x["winner"] else ""), str(tu["seeds"]),
+                  f"{tu['diff']:+.3%} [{tu['ci'][0]:+.3%}..{tu['ci'][1]:+.3%}]", tu["verdict"],
+                  ", ".join(f"{d:+.3%}" for d in fr["diffs"]),
+                  f"{fr['diff']:+.3%} [{fr['ci'][0]:+.3%}..{fr['ci'][1]:+.3%}]", fr["verdict"],
+                  "yes" if x["agrees"] else "NO")
+    console.print(t)
+    Path(a.out).write_text(json.dumps({"run_dir": a.run_dir, "quality": qr.to_dict(), "baseline_eval_ne": bne,
+                                       "candidates": rows}, indent=1) + "\n")
+    console.print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
