@@ -155,24 +155,28 @@ def build_dense_arch(wl: Workload, seed: int) -> DenseArch:
         return DenseArch(wl)
 
 
+@torch.no_grad()
 def init_table(seed: int, table: int, rows: int, dim: int, row_start: int = 0, row_end: int | None = None,
-               col_start: int = 0, col_end: int | None = None) -> torch.Tensor:
+               col_start: int = 0, col_end: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """A shard of table `table`'s initial weights, uniform(+-1/sqrt(rows)) as TorchRec does.
 
     Generated in fixed row blocks seeded by (seed, table, block), so any row/column
-    shard equals the same slice of the whole table without materialising it.
+    shard equals the same slice of the whole table without materialising it. Each block is written
+    into `out` (a fresh fp32 tensor by default; a kernel's own weights, of any dtype and device, when
+    given) as it is made: one block beside the shard, never a whole copy of it (an fp32 copy of every
+    shard beside the tables was a rank's memory peak, up to twice its tables).
     """
     row_end = rows if row_end is None else row_end
     col_end = dim if col_end is None else col_end
     block = 1 << 15
     bound = (1.0 / rows) ** 0.5
-    parts = []
+    if out is None:
+        out = torch.empty(max(0, row_end - row_start), col_end - col_start)
     g = torch.Generator()
     for b in range(row_start // block, (row_end - 1) // block + 1 if row_end > row_start else 0):
         lo, hi = b * block, min((b + 1) * block, rows)
         g.manual_seed((seed * 1_000_003 + table) * 65_537 + b)
         w = torch.rand(hi - lo, dim, generator=g) * (2 * bound) - bound
-        parts.append(w[max(row_start, lo) - lo: min(row_end, hi) - lo, col_start:col_end])
-    if not parts:
-        return torch.zeros(0, col_end - col_start)
-    return torch.cat(parts) if len(parts) > 1 else parts[0].contiguous()
+        a, z = max(row_start, lo), min(row_end, hi)
+        out[a - row_start: z - row_start] = w[a - lo: z - lo, col_start:col_end]
+    return out

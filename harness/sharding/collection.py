@@ -96,8 +96,11 @@ class ShardedEmbeddingCollection:
         if self.local:
             self.kernel = make_kernel(cfg.kernel, [s.rows for s in self.local], [s.dim for s in self.local],
                                       weight_dtype=cfg.emb_precision, optim=self.optim, device=device)
-            self.kernel.load([init_table(cfg.seed, s.table, self.rows[s.table], self.D, s.row_start, s.row_end,
-                                         s.col_start, s.col_end) for s in self.local])
+            # initial weights written into the kernel's own, block by block (harness/model.py init_table): an fp32
+            # copy of every shard beside the tables was a rank's memory peak, up to twice its tables
+            for s, w in zip(self.local, self.kernel.weights(), strict=True):
+                init_table(cfg.seed, s.table, self.rows[s.table], self.D, s.row_start, s.row_end, s.col_start,
+                           s.col_end, out=w)
         self.replica_sync = None
         if self.R > 1 and cfg.sparse_sync == "weight_avg" and self.kernel is not None:
             self.replica_sync = ReplicaSync(self.kernel, self.R, groups.replica, cfg.sparse_sync_interval,
@@ -108,7 +111,8 @@ class ShardedEmbeddingCollection:
             self.dp_kernel = make_kernel(cfg.kernel, [self.rows[t] for t in self.dp_tables],
                                          [self.D] * len(self.dp_tables), weight_dtype=cfg.emb_precision,
                                          optim=self.optim, device=device)
-            self.dp_kernel.load([init_table(cfg.seed, t, self.rows[t], self.D) for t in self.dp_tables])
+            for t, w in zip(self.dp_tables, self.dp_kernel.weights(), strict=True):
+                init_table(cfg.seed, t, self.rows[t], self.D, out=w)
         cols: list[int] = []
         for q in range(self.G):
             for s in self.per_pos[q]:

@@ -45,6 +45,7 @@ ID_BYTES = 8
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one is launched when the backward ends
 SPARSE_BYTE_COST = 2.0  # harness/sharding/replica_sync.py: a sparse byte costs ~2 dense ones (index work)
 PHASES = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
+GLIBC_MMAP_MAX = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX (64-bit): larger buffers are always mmapped
 
 
 class ModelError(ValueError):
@@ -229,7 +230,8 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             held_cols[sh.rank] += sh.dim
             held_lens[sh.rank] += bags * ID_BYTES
             held_ids[sh.rank] += ids * ID_BYTES
-            on_pos[sh.rank].append(_ShardLoad(tp.table, sh.rows, sh.dim * wb + sb, ids * upd_mult, t, wl.profiled))
+            on_pos[sh.rank].append(_ShardLoad(tp.table, sh.rows, sh.dim * wb + sb, ids * upd_mult, t, wl.profiled,
+                                              sh.dim))
             rep_gather[sh.rank] += bags * (pool[tp.table] * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
             shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
             k_ids = cfg.sparse_sync_interval * ids
@@ -242,15 +244,14 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             touched_rows[sh.rank] += touched
             shard_rows[sh.rank] += sh.rows
             shard_width[sh.rank] = max(shard_width[sh.rank], sh.dim)
-    # memory per position, and Neo's hierarchy: what does not fit a GPU lives in host memory behind a cache
+    # memory per position (`_memory`: every term and why), and Neo's hierarchy: what does not fit a GPU lives in
+    # host memory behind a cache
     dc = dense_cost(wl)
     shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
-    act = B * dc.act_floats * 4 + B * wl.num_tables * wl.dim * 4 * 3  # activations, pooled rows and grads
-    # input: this rank's own bags (ids and lengths, sent) and, after the all-to-all, the group's bags of the
-    # tables it holds (received): the holder of many tables receives the most
-    kin = B * sum(pool) * ID_BYTES * 2
-    held = [held_ids[p] + held_lens[p] for p in range(G)]
-    fixed = c.device.process_mb * 2**20 + dc.params * 16 + act + kin + _batch_bytes(cfg)
+    # 2D weight_avg's transport (harness/sharding/replica_sync.py): sparse while its bytes are the fewer
+    wa_sparse = R > 1 and SPARSE_BYTE_COST * R * max(touched_bytes) < 2 * (R - 1) * max(shard_rows_bytes) / R
+    fixed, held = _memory(cfg, c, dc, pool, held_ids, held_lens, held_cols, recv_cols, on_pos, plan.dp_tables(),
+                          touched_rows, wa_sparse)
     mem = [(fixed + b + h) / 2**20 for b, h in zip(shard_bytes, held, strict=True)]
     mem_limit = c.rank_memory_mb(s.ranks_per_node)
     offload: dict[int, list[dict]] = {}
@@ -304,7 +305,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         if cfg.sparse_sync == "grad_allreduce":
             comm["replica_sync"] = coll.all_gather(max(rep_gather), r_span, c)
         else:  # the harness's transport: sparse while its bytes (x SPARSE_BYTE_COST) are the fewer
-            sparse = SPARSE_BYTE_COST * R * max(touched_bytes) < 2 * (R - 1) * max(shard_rows_bytes) / R
+            sparse = wa_sparse
             merge = c.device.replica_merge_gbs.get("sparse" if sparse else "dense")
             if sparse:
                 t = coll.all_gather(max(touched_bytes), r_span, c)
@@ -349,6 +350,7 @@ class _ShardLoad:
     ids: float  # lookups per step (the backward updates as many rows)
     spec: TableSpec
     profiled: bool = False  # ids follow the table's profile: the cache's hit rate is the profiled one
+    dim: int = 0  # the shard's width
 
 
 def hit_rate(cache_rows: float, rows: int, t: TableSpec, profiled: bool = False) -> float:
@@ -418,6 +420,97 @@ def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Spe
         return 0.0
     busy = min(1.0, s.ranks_per_node * cfg.threads_per_rank / c.device.cores)
     return max(0.0, inp - latency) * busy
+
+
+def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held_ids: list[float],
+            held_lens: list[float], held_cols: list[float], recv_cols: float, on_pos: list[list[_ShardLoad]],
+            dp_tables: list[int], touched_rows: list[float], wa_sparse: bool) -> tuple[float, list[float]]:
+    """A rank's peak memory beyond its shards' weights and optimizer state, in bytes: (what every group
+    position holds, what position p holds on top). What the harness allocates (harness/train.py,
+    harness/sharding, harness/model.py), buffer by buffer; checked against real trials by
+    benchmarks/bench_memory.py.
+
+    A step's buffers come in three phases that are never alive together: the embedding forward (its end),
+    the dense part (its activations at the start of the backward), the embedding backward. On a GPU the
+    peak is the largest phase (max_memory_allocated counts live tensors). On CPU (peak RSS) glibc serves
+    every buffer up to its mmap threshold (raised to the largest freed buffer, up to GLIBC_MMAP_MAX) from
+    its heap and keeps what is freed there: a step allocates the same sequence every time and a buffer
+    rarely fits another's hole while that one is alive, so the heap settles at about each such buffer of
+    the step in a place of its own; larger ones are mmapped and unmapped when freed. (Measured on
+    bench_memory.py's dev set: with every buffer mmapped, MALLOC_MMAP_THRESHOLD_=65536, peak RSS fell by
+    50-260 MB, to within 5% of the largest phase.) A rank's start adds one block of initial weights to its
+    shards (harness/model.py init_table): never the peak."""
+    wl, B, G, R, W = cfg.workload, cfg.batch_size, cfg.group_size, cfg.replicas, cfg.world_size
+    cb = DTYPE_BYTES[cfg.comm_precision]
+    ab = 2 if cfg.dense_precision != "fp32" else 4  # autocast keeps the dense part's activations in bf16
+    cpu = c.device.type == "cpu"
+    # the framework: torch, the embedding kernels' code, the process groups, dynamo (the optimizer and DDP
+    # import it): the calibration's bare one-rank trial's peak
+    fixed = c.device.process_mb * 2**20
+    # the dense part: weights, gradients (DDP's buckets hold them), Adagrad's sum of squares and its step's
+    # temporaries (the sum's square root, for every parameter at once: the foreach implementation); under
+    # autocast a bf16 copy of every weight is cached for the step
+    fixed += dc.params * 16 + (dc.params * 2 if cfg.dense_precision != "fp32" else 0)
+    fixed += _batch_bytes(cfg)
+    btd = B * wl.num_tables * wl.dim * 4  # the assembled pooled rows [B, T*D]
+    dp_cols = len(dp_tables) * wl.dim
+    dp_ids = B * sum(pool[t] for t in dp_tables) * ID_BYTES
+    own_ids = B * sum(pool) * ID_BYTES
+    # the dense part at the start of its backward: the pooled rows, the activations autograd keeps
+    # (dense_cost: each saved tensor once) and the gradients flowing back through the widest of them
+    kept = [B * f * ab for f in dc.kept] + [B * f * 4 for f in dc.kept_fp32]
+    widest = max(kept, default=0.0)
+    dense_phase = [btd, *kept, widest, widest]
+    held = []
+    for p, xs in enumerate(on_pos):
+        k_out = G * B * held_cols[p] * 4  # the kernel's pooled output for the group's bags of p's shards
+        recv = B * (recv_cols + dp_cols) * 4  # the pooled columns this rank receives (and its own DP tables')
+        wire = [G * B * held_cols[p] * cb, B * recv_cols * cb] if cb < 4 else []  # cast to the comm precision
+        # embedding forward, at its end: the kernel's output, the all-to-all's received blocks, their
+        # concatenation, and the [B, T*D] assembly (zeros, then index_add's result)
+        fwd = [k_out, *wire, recv, recv, btd, btd]
+        # embedding backward: the pooled gradient, its columns picked back out (index_select) and gathered for
+        # the all-to-all (the split's backward), the gradient received for p's shards, scaled for the update
+        bwd = [btd, recv, recv, *wire, k_out, k_out]
+        upd = held_ids[p]
+        if R > 1 and cfg.sparse_sync == "grad_allreduce":  # the replicas' bags and gradients, and their union
+            bwd += [R * k_out, R * k_out, R * held_ids[p], R * held_ids[p]]
+            upd *= R
+        if dp_tables and W > 1:  # the data-parallel tables' union of every rank's bags and gradients
+            bwd += [W * B * dp_cols * 4] * 2 + [W * dp_ids] * 2
+            upd += W * dp_ids
+        # the input distribution: this rank's bags' ids cut into pieces per shard and concatenated to send,
+        # p's received (and reordered) ids; what p keeps for the step - the received ids, lengths and
+        # offsets, as many again for every batch the pipeline keeps in flight (pipeline_depth)
+        inp = [own_ids, own_ids, held_ids[p]]
+        keep = (held_ids[p] + 2 * held_lens[p]) * (1 + cfg.pipeline_depth)
+        keep += 2 * upd  # the native kernel's sort keys and scratch for the update's ids (kept and reused)
+        if cpu:
+            phases = (fwd + inp, dense_phase, bwd)
+            heap = sum(x for ph in phases for x in ph if x <= GLIBC_MMAP_MAX)
+            step = heap + max(sum(x for x in ph if x > GLIBC_MMAP_MAX) for ph in phases)
+        else:
+            step = max(sum(fwd), sum(inp), sum(dense_phase), sum(bwd))
+        h = keep + step
+        if R > 1 and cfg.sparse_sync == "weight_avg":
+            # the replica sync keeps its shards as they were at the last merge (weights and state) and a
+            # touched-row flag per row; after the backward the merge builds each shard's payload (delta, the
+            # state's increment and under momentum scaling two more columns) in fp32: of every row when dense
+            # (all shards at once, then one at a time cast to the comm precision and back), of the touched
+            # rows when sparse (with their ids: the payloads, their concatenation, the R replicas' gathered)
+            width = (0 if cfg.emb_optimizer == "sgd" else 1) + (
+                2 if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" else 0)
+            h += sum(x.rows * (x.row_bytes + 1) for x in xs)
+            if wa_sparse:
+                dims = sum(x.rows * x.dim for x in xs) / max(1, sum(x.rows for x in xs))
+                merge = touched_rows[p] * ((dims + width) * 4 + ID_BYTES) * (2 + R)
+            else:
+                payload = [x.rows * (x.dim + width) * 4 for x in xs]
+                merge = sum(payload) + (max(payload, default=0) * (cb + 4) / 4 if cb < 4 else 0.0)
+            # the merge is larger than the step's mmapped buffers, freed by then (the heap's stay)
+            h += max(0.0, merge - (step - (heap if cpu else 0.0)))
+        held.append(h)
+    return fixed, held
 
 
 def _batch_bytes(cfg: TrialConfig) -> float:
