@@ -409,10 +409,11 @@ def test_node_isolation_runs_one_cpu_trial_per_node_and_cores_packs_them() -> No
     def span(cfg: dict, meeting: Any, wait_for_peer: bool) -> Iterator[Any]:
         yield STARTED
         t0 = time.time()
-        ray.get(meeting.arrive.remote())
         if wait_for_peer:  # packed trials must run side by side: the first waits until the second runs
+            ray.get(meeting.arrive.remote())
             assert ray.get(meeting.wait_peer.remote(120.0)), "the second packed trial never started"
-        else:  # node isolation must never overlap them, however long each holds the node
+        else:  # node isolation must never overlap them, however long each holds the node. (No ray.get
+            # here: a task blocked in ray.get lends its CPUs back to Ray, which may start the next task.)
             time.sleep(0.3)
         yield TrialResult.failed("error", json.dumps([t0, time.time()]), TrialConfig.from_dict(cfg)).to_dict()
 
