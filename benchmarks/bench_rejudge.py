@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cubic import analysis  # noqa: E402
-from cubic.quality import QualityRuns, judge  # noqa: E402
+from cubic.quality import NOT_RESOLVED, QualityRuns, judge, paired_mean, sequential  # noqa: E402
 from harness.config import TrialConfig  # noqa: E402
 from harness.trial import run_trial  # noqa: E402
 
@@ -54,13 +55,25 @@ def main() -> None:
     study = analysis.open_study(a.run_dir)
     df = analysis.load_study(a.run_dir)
     winner = study.user_attrs.get("winner") or {}
-    quality = winner.get("quality") or {}
+    quality = (study.user_attrs.get("space") or {}).get("quality") or {}
     qr = QualityRuns(**{k: quality[k] for k in QualityRuns.__dataclass_fields__ if k in quality})
     base_row = analysis.baseline_rows(df).iloc[0]
-    judged = df[df["quality_verdict"].isin(["passed", "failed", "not resolved"])
-                & df["quality_reason"].str.contains("interval", na=False)].copy()
-    judged["first"] = judged["number"] == winner.get("trial")
-    judged = judged.sort_values(["first", "confirm_qps_median"], ascending=False)
+    bne_tune = list(base_row["quality_eval_ne"])
+    def tune_verdict(r: Any) -> tuple[str, list[float] | None]:
+        """The tune's verdict as stored, or (its confirm still running) the rule's on the seeds run so far."""
+        if isinstance(r.quality_verdict, str):
+            return r.quality_verdict, r.quality_ci
+        state, j = sequential(r.quality_eval_ne, bne_tune, qr)
+        return state, (j["ci"] if j else None)
+
+    verdicts = {r.number: tune_verdict(r) for r in df.itertuples()
+                if r.number != base_row["number"] and len(r.quality_eval_ne) >= qr.seeds
+                and None not in r.quality_eval_ne}
+    judged = df[df["number"].isin([n for n, (v, _) in verdicts.items() if v in ("passed", "failed", NOT_RESOLVED)])]
+    judged = judged.assign(first=judged["number"] == winner.get("trial"),
+                           model=judged["quality_eval_ne"].map(lambda xs: tuple(xs[:qr.seeds])))
+    # one re-judgement per model: layouts of one model train to the same eval NE
+    judged = judged.sort_values(["first", "confirm_qps_median"], ascending=False).drop_duplicates("model")
     seeds = list(range(a.first_seed, a.first_seed + a.seeds))
     runs = (1 + len(judged)) * len(seeds)
 
@@ -84,11 +97,13 @@ def main() -> None:
             j = judge(ne, bne, qr.tolerance, qr.confidence)
             fresh = {"seeds": seeds, "eval_ne": ne, "diffs": j["diffs"], "diff": j["diff"], "ci": j["ci"],
                      "verdict": j["verdict"], "tolerance": qr.tolerance}
-            tune = {"seeds": len(r.quality_eval_ne), "diff": r.quality_eval_diff, "ci": r.quality_ci,
-                    "verdict": r.quality_verdict}
+            verdict, ci = verdicts[r.number]
+            n = min(len(r.quality_eval_ne), len(bne_tune))
+            tune = {"seeds": len(r.quality_eval_ne), "diff": paired_mean(r.quality_eval_ne[:n], bne_tune[:n]),
+                    "ci": ci, "verdict": verdict}
             changes = {k: v for k, v in r.config.items() if k != "workload" and base_row["config"].get(k) != v}
             rows.append({"trial": int(r.number), "winner": bool(r.first), "changes": changes, "tune": tune,
-                         "fresh": fresh, "agrees": agrees(r.quality_verdict, fresh)})
+                         "fresh": fresh, "agrees": agrees(verdict, fresh)})
     t = Table(title=f"quality verdicts re-judged on seeds {seeds[0]}..{seeds[-1]} "
                     f"({qr.samples:,} samples, {qr.eval_samples:,} held-out, tolerance {qr.tolerance:.2%}, "
                     f"{qr.confidence:.0%} interval)", header_style="bold")
