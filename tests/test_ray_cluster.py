@@ -193,7 +193,7 @@ def test_tune_runs_trials_on_an_existing_cluster_and_leaves_it_running(ray_clust
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**ray_cluster.client_env, "CI": "true"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=240)
+        out, err = proc.communicate(timeout=540)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the tuner and whatever it started
         out, err = proc.communicate()

@@ -50,7 +50,7 @@ budget: {trials: 4, confirm_top_k: 0}
 """
 
 
-def cubic_tune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def cubic_tune(*args: str, timeout: float = 540) -> subprocess.CompletedProcess:  # under pytest-timeout
     return subprocess.run([sys.executable, "-m", "cubic.cli", "tune", "--no-live", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
