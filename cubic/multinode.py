@@ -21,6 +21,7 @@ fails before anything starts; every actor is killed and the placement group remo
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from harness.config import TrialConfig, TrialResult
 
 PLACEMENT_WAIT_S = 60.0  # a feasible placement the cluster is busy with: how long to queue for it
 SETTLE_S = 1.5  # after a rank failed, how long to hear the others (the first report is often a peer's)
+REAP_S = 30.0  # after ray.kill: how long to wait for the rank processes to be gone before giving up on them
 
 
 class RankActor:
@@ -41,7 +43,8 @@ class RankActor:
         import ray
 
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "host": platform.node()}
+        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "host": platform.node(),
+                "pid": str(os.getpid())}
 
     def host_rendezvous(self, timeout_s: float) -> tuple[str, int]:
         """Rank 0: open the trial's TCPStore on this node (any interface, a free port)."""
@@ -116,6 +119,7 @@ def run_on_nodes(cfg: TrialConfig, node_cpus: float | None = None) -> TrialResul
     t0, started_at = time.perf_counter(), time.time()
     pg = placement_group(bundles, strategy="STRICT_SPREAD")
     actors: list[Any] = []
+    where: list[dict] = []
     try:
         if not ray.wait([pg.ready()], timeout=PLACEMENT_WAIT_S)[0]:
             return TrialResult.failed("timeout", f"placement of {len(bundles)} node bundles not granted within "
@@ -134,7 +138,7 @@ def run_on_nodes(cfg: TrialConfig, node_cpus: float | None = None) -> TrialResul
         if len(ready) < len(where_refs):
             return TrialResult.failed("timeout", f"{len(where_refs) - len(ready)} rank actors did not start within "
                                       f"{cfg.timeout_s:g} s", cfg, env=env)
-        where = ray.get(where_refs)
+        where.extend(ray.get(where_refs))
         env.update(nodes=len({w["node_id"] for w in where}), rank_nodes=[w["ip"] for w in where],
                    rank_node_ids=[w["node_id"] for w in where])
         host, port = ray.get(actors[0].host_rendezvous.remote(cfg.timeout_s))
@@ -146,11 +150,38 @@ def run_on_nodes(cfg: TrialConfig, node_cpus: float | None = None) -> TrialResul
         env["startup_s"] = round(outs[0]["first_step_at"] - started_at, 2)
         return summarize(cfg, outs[0], env)
     finally:
-        for a in actors:
-            with contextlib.suppress(Exception):
-                ray.kill(a, no_restart=True)
+        _reap(actors, where)
         with contextlib.suppress(Exception):
             remove_placement_group(pg)
+
+
+def _reap(actors: list[Any], where: list[dict]) -> None:
+    """Kill every rank actor and return only once they are gone, so a trial's result means its ranks no longer
+    hold CPUs, memory or sockets (the next trial's placement and timing rely on it). `ray.kill` is asynchronous:
+    (1) kill all; (2) a call on a killed actor fails with RayActorError once Ray has marked it dead, which is the
+    cluster-wide event to wait on; (3) on this host, also wait for the processes themselves to exit (Ray marks
+    an actor dead when its worker disconnects, a moment before the process is reaped)."""
+    import psutil
+    import ray
+
+    for a in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(a, no_restart=True)
+    probes = []
+    for a in actors:
+        with contextlib.suppress(Exception):
+            probes.append(a.where.remote())
+    if probes:
+        with contextlib.suppress(Exception):
+            ray.wait(probes, num_returns=len(probes), timeout=REAP_S)
+    here = platform.node()
+    procs = []
+    for w in where:
+        if w.get("host") == here:
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(int(w["pid"])))
+    if procs:
+        psutil.wait_procs(procs, timeout=REAP_S)
 
 
 def _wait_ranks(refs: dict[Any, int], where: list[dict], deadline: float) -> tuple[str, str, dict[int, dict]]:
