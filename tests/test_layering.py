@@ -1,0 +1,46 @@
+"""The import contract: kernels/ -> harness/ -> cubic/, each layer importing only the ones below it.
+
+Why it is a test: the kernels are reusable without the harness (a backend is the contract in
+`kernels/base.py`), and the harness runs a trial without the tuner (`cubic trial`, TorchRec's verify,
+a Ray worker that imports only what a trial needs). Imports inside functions count too: a lazy import
+is still a dependency, only a later one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = {"kernels": ("harness", "cubic"), "harness": ("cubic",)}  # layer -> what it must not import
+
+
+def imported_roots(source: str, filename: str = "<src>") -> set[str]:
+    """Top-level package names a module imports anywhere in it (relative imports stay in the package)."""
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def violations(layer: str) -> list[str]:
+    out = []
+    for path in sorted((ROOT / layer).rglob("*.py")):
+        bad = imported_roots(path.read_text(), str(path)) & set(FORBIDDEN[layer])
+        out += [f"{path.relative_to(ROOT)} imports {b}" for b in sorted(bad)]
+    return out
+
+
+def test_the_contract_sees_top_level_and_lazy_imports() -> None:
+    src = "import os\nfrom harness.config import TrialConfig\ndef f():\n    import cubic.tune\n    from . import x\n"
+    assert imported_roots(src) == {"os", "harness", "cubic"}
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_a_lower_layer_imports_nothing_above_it(layer: str) -> None:
+    assert (ROOT / layer).is_dir()
+    assert not violations(layer), "\n".join(violations(layer))
