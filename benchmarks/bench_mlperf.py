@@ -157,7 +157,7 @@ def validate(c: Cluster, pts: dict, how: str) -> dict:
 
 def h200(h100: Cluster, k: float) -> Cluster:
     """H200 SXM: the H100's compute with 141 GB of HBM3e, whose copy bandwidth is ~4.3 TB/s against the H100's
-    ~3.0 (DESIGN.md, public figures); every other rate as the H100's, fitted by k."""
+    ~3.0 (docs/architecture.md, "Public hardware figures"); every other rate as the H100's, fitted by k."""
     c = hugectr_rates(h100, k)
     return dataclasses.replace(c, device=dataclasses.replace(c.device, memory_gb=141,
                                                              mem_bw_gbs=c.device.mem_bw_gbs * 4.3 / 3.0))

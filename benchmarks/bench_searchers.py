@@ -1,6 +1,7 @@
 """Compare cubic's searchers on landscapes where every configuration's throughput is known.
 
-Two landscapes (DESIGN.md: cubic must need at most half the trials of TPE to reach 98% of the best):
+Two landscapes (docs/architecture.md "The searcher goal": cubic must need at most half the trials of TPE to
+reach 98% of the best):
   (a) cpu:   a real tabular landscape measured once on this machine (`measure`): every configuration
              of the reduced space benchmarks/data/landscape_cpu_space.yaml, 2 repeats each, stored
              as benchmarks/data/landscape_cpu.parquet. A trial draws one of the repeats (real noise).

@@ -174,7 +174,7 @@ def torchrec_model(wl: Any, notes: list[str]) -> dict[str, Any] | None:
 
 
 def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
-    """What a TorchRec training job needs from the winner, as plain JSON (see the README's loader)."""
+    """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for the loader)."""
     cfg = TrialConfig.from_dict(rec["config"])
     wl = cfg.workload
     plan = {}

@@ -2,7 +2,7 @@
 
 Every co-design knob lives in `TrialConfig` (flat, so a knob's path is
 YAML key -> TrialConfig field -> harness function -> TrialResult.config).
-`TrialResult` is the one JSON object a trial returns (DESIGN.md "Result schema").
+`TrialResult` is the one JSON object a trial returns (docs/architecture.md "Result schema").
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def _coerce(key: str, val: Any, where: str) -> Any:
 
 @dataclass
 class TrialResult:
-    """What one trial returns (DESIGN.md "Result schema"); serialises to one JSON object."""
+    """What one trial returns (docs/architecture.md "Result schema"); serialises to one JSON object."""
 
     status: str = "ok"  # ok | oom | error | timeout
     error: str = ""

@@ -383,7 +383,7 @@ def test_mlperf_log_rate_is_read_between_evaluations() -> None:
         logs.parse_log(line("global_batch_size", 0, 1000))
 
 
-# What the README claims (benchmarks/data/mlperf_validation.json, "rates"): per round, the 8-GPU fit factor and
+# What docs/simulator.md claims (benchmarks/data/mlperf_validation.json, "rates"): per round, the 8-GPU fit factor and
 # the prediction errors at 64 and 128 GPUs and of the 64 -> 128 ratio, as fractions.
 MLPERF_TODAY = {"v3.1": {"fit": 0.986, 64: +0.001, 128: -0.073, "ratio": -0.073},
                 "v4.0": {"fit": 1.018, 64: -0.016, 128: -0.107, "ratio": -0.093},
@@ -394,7 +394,7 @@ MLPERF_SLACK = 0.03  # 3 points either way: room for a refinement, not for a reg
 def test_simulator_predicts_published_mlperf_scaling_from_one_8_gpu_point() -> None:
     """Issue 21's validation as a guard on the performance model: on NVIDIA's DGX H100 DLRM-DCNv2 results
     of rounds v3.1, v4.0 and v4.1, the device rates fitted on each round's 8-GPU point, the 64- and 128-GPU
-    predictions and the 64 -> 128 ratio stay within 3 points of the figures the README claims (64 GPUs 0% to
+    predictions and the 64 -> 128 ratio stay within 3 points of the figures docs/simulator.md claims (64 GPUs 0% to
     -4%, 128 GPUs -7% to -13%), so a model 20% off at scale, or needing a 20% different fit, fails. v3.0 is
     left out: its software is the outlier (benchmarks/bench_mlperf.py)."""
     b = _bench("bench_mlperf")

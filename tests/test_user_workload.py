@@ -209,7 +209,7 @@ def _sample_csv(path: Path, n: int = 3000) -> pd.DataFrame:
 
 
 def test_from_model_and_data_to_a_trial_on_profiled_and_replayed_ids(models: str, tmp_path: Path) -> None:
-    """The README's path: import the model, profile a sample, then real trials on ids drawn like the sample
+    """docs/workloads.md's path: import the model, profile a sample, then real trials on ids drawn like the sample
     and on the sample replayed; each trial's result says which ids it trained on."""
     from harness.trial import run_trial
 

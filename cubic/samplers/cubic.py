@@ -1,4 +1,4 @@
-"""CubicSampler: the CubicML searcher (DESIGN.md "CubicSampler").
+"""CubicSampler: the CubicML searcher (docs/architecture.md "CubicSampler").
 
 1. Baseline first (SpaceSampler).
 2. Warm-up: a space-filling design - each warm-up configuration is the random candidate farthest

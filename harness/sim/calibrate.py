@@ -1,7 +1,8 @@
 """`cubic calibrate`: measure the machine at hand and write its cluster file.
 
 Each factor of the performance model is fitted on its own micro-benchmark, never on a training trial
-(so factors cannot absorb each other's errors; DESIGN.md, "How the best performance models are built"):
+(so factors cannot absorb each other's errors; docs/architecture.md, "How the best performance models are
+built"):
 
 - copy bandwidth: a large tensor copy, one thread (read + write bytes / time);
 - embedding kernels: each backend's forward and backward+optimizer over a few row widths and table
@@ -446,7 +447,8 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
     shared = {}
     if cuda:
         link = {"bandwidth_gbs": 450.0, "latency_us": 20.0}  # one GPU: no link to measure
-        src["links"] = "one GPU here: NVLink figures are DGX H100's public ones (DESIGN.md), not measured"
+        src["links"] = ("one GPU here: NVLink figures are DGX H100's public ones (docs/architecture.md, "
+                        "Public hardware figures), not measured")
     else:
         progress("2 ranks side by side: shared speed, gloo collectives")
         csizes = [1 << 12, 1 << 16, 1 << 20, 1 << 22] if short else [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20,
