@@ -6,7 +6,7 @@ Does the verdict hold on data it never saw? This trains the baseline and each co
 changes numerics (the winner first) on `--seeds` fresh seeds (from `--first-seed`, far past any the
 tune ran) with the tune's own quality budget, and judges them by the same rule and confidence.
 
-    python benchmarks/bench_rejudge.py runs/dlrm_cpu [--seeds 4] [--first-seed 100]
+    python benchmarks/bench_rejudge.py runs/dlrm_cpu [--seeds 4] [--first-seed 100] [--winner-only]
 
 Writes benchmarks/data/rejudge.json: per candidate the tune's verdict (seeds, mean difference, interval)
 beside the re-judgement's (per-seed differences, mean, interval, verdict) and whether they agree:
@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("run_dir")
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--first-seed", type=int, default=100)
+    ap.add_argument("--winner-only", action="store_true", help="re-judge the tune's winner alone")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "data" / "rejudge.json"))
     a = ap.parse_args()
     console = Console()
@@ -74,6 +75,11 @@ def main() -> None:
                            model=judged["quality_eval_ne"].map(lambda xs: tuple(xs[:qr.seeds])))
     # one re-judgement per model: layouts of one model train to the same eval NE
     judged = judged.sort_values(["first", "confirm_qps_median"], ascending=False).drop_duplicates("model")
+    if a.winner_only:
+        judged = judged[judged["first"]]
+        if judged.empty:
+            raise SystemExit(f"{a.run_dir}: the winner (trial {winner.get('trial')}) has no quality verdict to "
+                             "re-judge (its numerics are the baseline's, or no winner)")
     seeds = list(range(a.first_seed, a.first_seed + a.seeds))
     runs = (1 + len(judged)) * len(seeds)
 

@@ -158,6 +158,8 @@ def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
             row[f"env_{k}"] = v
         elif isinstance(v, list) and all(isinstance(x, str) for x in v):  # rank_nodes: where each rank ran
             row[f"env_{k}"] = ",".join(v)
+        elif isinstance(v, dict) and k == "env_overrides":  # settings a measurement took from the environment
+            row[f"env_{k}"] = ",".join(f"{a}={b}" for a, b in sorted(v.items()))
     for k, v in (res.get("extra") or {}).items():
         if isinstance(v, str | int | float):
             row[f"extra_{k}"] = v
@@ -191,8 +193,9 @@ def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     """One row per trial: knobs, every TrialResult metric (breakdown as `bd_*`), status/reason, timing,
     searcher, phase and the proxy's prediction at proposal time.
 
-    Also `ok` (a usable measurement), `speedup` (qps / baseline qps, both first measurements),
-    `confirm_speedup` (median re-measured qps / the baseline's, as the tune's headline) and `is_winner`.
+    Also `ok` (a usable measurement), `speedup` (the one speed-up shown everywhere: re-measured median qps
+    where the confirm re-measured the trial, else its search qps, over the baseline's re-measured median
+    when there is one; `speedup_remeasured` says which), `confirm_speedup` and `is_winner`.
     `df.attrs` carries
     study, storage, knobs, baseline_qps, winner (the confirmed one, or the best ok trial) and space.
     """
@@ -214,12 +217,18 @@ def study_frame(st: optuna.Study, storage: str = "") -> pd.DataFrame:
     df["duration_s"] = (df["datetime_complete"] - df["datetime_start"]).dt.total_seconds()
     df["ok"] = (df["state"] == "COMPLETE") & (df["status"] == "ok") & (df["qps"] > 0)
     df.attrs.update(study=st.study_name, storage=safe_url(storage), knobs=knobs, space=st.user_attrs.get("space") or {})
-    base = baseline_qps(df, st.user_attrs.get("winner"))
-    df["speedup"] = df["qps"] / base if base else math.nan
-    # the confirm's re-measurements over the baseline's: the ratio the tune's verdict and headline use
+    # One speed-up everywhere (banner, tables, plots, notebook, export): over the baseline's re-measured
+    # median when the confirm re-measured it, since its first measurement may have run on a busy machine;
+    # a re-measured configuration by its own median, any other by its one search measurement.
     base_conf = baseline_rows(df)["confirm_qps_median"].dropna()
-    df["confirm_speedup"] = df["confirm_qps_median"] / float(base_conf.iloc[0]) if len(base_conf) else math.nan
+    remeasured = bool(len(base_conf))
+    base = float(base_conf.iloc[0]) if remeasured else baseline_qps(df, st.user_attrs.get("winner"))
+    df["speedup_remeasured"] = df["confirm_qps_median"].notna() & remeasured
+    own = df["confirm_qps_median"].where(df["speedup_remeasured"], df["qps"])
+    df["speedup"] = own / base if base else math.nan
+    df["confirm_speedup"] = df["confirm_qps_median"] / base if remeasured else math.nan
     df.attrs["baseline_qps"] = base
+    df.attrs["baseline_remeasured"] = remeasured
     win = winner_info(df, st.user_attrs.get("winner"))
     df["is_winner"] = df["number"] == (win["trial"] if win else -1)
     df.attrs["winner"] = win
@@ -350,10 +359,10 @@ def knob_importance(df: pd.DataFrame, knobs: list[str] | None = None) -> pd.Seri
 
 def top_k(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     """The k fastest usable trials with what makes them differ, for tables in the notebook and report."""
-    ok = usable(df).sort_values("qps", ascending=False).head(k)
-    cols = ["number", "phase", "searcher", "qps", "speedup", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne",
-            "confirm_qps_median", "confirm_speedup", *varying_knobs(df)]
-    cols = [c for c in cols if c in ok and not (c.startswith("confirm_") and ok[c].isna().all())]
+    ok = usable(df).sort_values(["speedup", "qps"], ascending=False).head(k)
+    cols = ["number", "phase", "qps", "confirm_qps_median", "speedup", "qps_cv", "peak_mem_mb", "quality_verdict",
+            "quality_eval_diff", "ne", *varying_knobs(df)]
+    cols = [c for c in cols if c in ok and not (c.startswith(("confirm_", "quality_")) and ok[c].isna().all())]
     return ok[cols].reset_index(drop=True)
 
 

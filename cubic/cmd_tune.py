@@ -45,6 +45,9 @@ def tune(
     warm_start: list[str] = typer.Option([], "--warm-start", help="Run dir or storage URL of a study of the same "
                                          "space (typically a simulated one) whose trials the searcher learns from "
                                          "first; repeatable (searcher cubic)."),
+    quality_store: str | None = typer.Option(None, "--quality-store", help="Run dir or storage URL whose kept "
+                                             "quality runs this tune reuses and adds to (table "
+                                             "cubic_quality_runs) [default: this tune's own store]."),
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
     import optuna
@@ -92,6 +95,14 @@ def tune(
                 run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
+        qurl = None
+        if quality_store is not None and sim_cluster is None:
+            from cubic.analysis import storage_url as existing_url
+
+            try:
+                qurl = existing_url(quality_store)
+            except ConfigError as e:
+                raise ConfigError(f"--quality-store {e}") from None
         rdb = open_storage(storage_url(run_dir, storage), None if storage else f"--run-dir {run_dir}")
         store = Store(sp, rdb, run_dir, backend="real" if sim_cluster is None else f"sim:{sim_cluster.name}")
         if sim_cluster is not None:
@@ -100,15 +111,20 @@ def tune(
             runner = SimRunner(sim_cluster)
         else:
             runner = RayRunner(address, sp.isolation).check()
+        qstore = None
+        if sim_cluster is None and sp.quality_runs is not None:
+            from cubic.quality_store import QualityStore
+
+            qstore = QualityStore(qurl or rdb.url)
         tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live,
-                      warm_start=warm)
+                      warm_start=warm, quality_store=qstore)
         summary = tuner.run()
     except ConfigError as e:  # never a storage URL's password, even in a driver's words
-        print(f"error: {redact(' '.join(str(e).split()), storage, *warm_start)}", file=sys.stderr)
+        print(f"error: {redact(' '.join(str(e).split()), storage, quality_store, *warm_start)}", file=sys.stderr)
         raise typer.Exit(2) from None
     except sqlalchemy.exc.SQLAlchemyError as e:
         # the store failed mid-tune (its server went away): one redacted line, not a driver's traceback
-        msg = redact(" ".join(str(getattr(e, "orig", None) or e).split()), storage, *warm_start)[:300]
+        msg = redact(" ".join(str(getattr(e, "orig", None) or e).split()), storage, quality_store, *warm_start)[:300]
         print(f"error: the trial store failed ({type(e).__name__}: {msg}); run the same command again to resume",
               file=sys.stderr)
         raise typer.Exit(1) from None

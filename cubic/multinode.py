@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import select
 import time
 from typing import Any
 
@@ -160,8 +161,7 @@ def _reap(actors: list[Any], where: list[dict]) -> None:
     hold CPUs, memory or sockets (the next trial's placement and timing rely on it). `ray.kill` is asynchronous:
     (1) kill all; (2) a call on a killed actor fails with RayActorError once Ray has marked it dead, which is the
     cluster-wide event to wait on; (3) on this host, also wait for the processes themselves to exit (Ray marks
-    an actor dead when its worker disconnects, a moment before the process is reaped)."""
-    import psutil
+    an actor dead when its worker disconnects, a moment before the process ends)."""
     import ray
 
     for a in actors:
@@ -175,13 +175,23 @@ def _reap(actors: list[Any], where: list[dict]) -> None:
         with contextlib.suppress(Exception):
             ray.wait(probes, num_returns=len(probes), timeout=REAP_S)
     here = platform.node()
-    procs = []
-    for w in where:
-        if w.get("host") == here:
-            with contextlib.suppress(psutil.Error):
-                procs.append(psutil.Process(int(w["pid"])))
-    if procs:
-        psutil.wait_procs(procs, timeout=REAP_S)
+    _wait_exit([int(w["pid"]) for w in where if w.get("host") == here], REAP_S)
+
+
+def _wait_exit(pids: list[int], timeout: float) -> None:
+    """Block until each process has exited (a pidfd turns readable when it does; Linux 5.3+), or `timeout`."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # already gone (or no pidfd here: nothing to wait on)
+            continue
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
+        finally:
+            os.close(fd)
 
 
 def _wait_ranks(refs: dict[Any, int], where: list[dict], deadline: float) -> tuple[str, str, dict[int, dict]]:

@@ -26,6 +26,7 @@ h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.8em;borde
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0} th,td{border:1px solid #ddd;padding:3px 8px;
 text-align:right} th{background:#f4f4f4} td.l,th.l{text-align:left}
 .kv td{text-align:left} .muted{color:#777} img{max-width:100%;height:auto;display:block;margin:.5em 0}
+.wide{overflow-x:auto;max-width:100%}
 .win{font-size:1.1em;background:#eef7ee;border:1px solid #cde3cd;padding:.6em 1em;border-radius:4px}
 """
 
@@ -74,7 +75,8 @@ def _top_html(df: pd.DataFrame, k: int) -> str:
                       for c, n in zip(cells, nums, strict=True))
         style = ' style="font-weight:bold;background:#eef7ee"' if number == s["winner_trial"] else ""
         body.append(f"<tr{style}>{tds}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return (f'<div class="wide"><table><tr>{head}</tr>{"".join(body)}</table></div>'
+            f'<p class="muted">{html.escape(SPEEDUP_NOTE)}</p>')
 
 
 def _speedup_text(s: dict[str, Any]) -> str:
@@ -141,17 +143,21 @@ def top_table(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
 
 
 LEFT = ' class="l"'
-HEADS = {"number": "trial", "phase": "phase", "searcher": "searcher", "qps": "qps", "speedup": "speed-up",
-         "qps_cv": "cv", "confirm_qps_median": "re-measured",
-         "confirm_speedup": "re-measured speed-up", "step_ms_p50": "step ms p50",
-         "peak_mem_mb": "mem MB", "ne": "NE"}
+HEADS = {"number": "trial", "phase": "phase", "qps": "search qps", "confirm_qps_median": "re-measured",
+         "speedup": "speed-up", "qps_cv": "cv", "peak_mem_mb": "mem MB", "quality_verdict": "held-out verdict",
+         "quality_eval_diff": "held-out NE diff", "ne": "in-run NE (est.)"}
+SPEEDUP_NOTE = ("speed-up: the re-measured median over the baseline's re-measured median where the confirm "
+                "re-measured both, else the search measurement over the baseline's; the banner, plots, export and "
+                "notebook use the same figure. Held-out verdict and NE diff: the confirm's quality runs, paired by "
+                "seed with the baseline. In-run NE: an estimate over the trial's own first samples, which only "
+                "guides the search.")
 
 
 def _cell(col: str, v: Any) -> str:
     if isinstance(v, float) and v == v and col in ("speedup", "confirm_speedup"):
         return f"{v:.2f}x"
-    if isinstance(v, float) and v == v and col == "qps_cv":
-        return f"{100 * v:.1f}%"
+    if isinstance(v, float) and v == v and col in ("qps_cv", "quality_eval_diff"):
+        return f"{100 * v:.1f}%" if col == "qps_cv" else f"{v:+.3%}"
     if isinstance(v, float) and v == v and col == "ne":
         return f"{v:.4f}"
     return _fmt(v)
@@ -174,7 +180,7 @@ def rich_table(df: pd.DataFrame, k: int = 5) -> Any:
     from rich.table import Table
 
     s = analysis.summary(df)
-    cols = ["number", "phase", "qps", "speedup", "qps_cv", "confirm_qps_median", "confirm_speedup", "peak_mem_mb"]
+    cols = ["number", "phase", "qps", "confirm_qps_median", "speedup", "qps_cv", "quality_verdict", "peak_mem_mb"]
     heads, nums, rows = top_cells(df, k, cols)
     t = Table(title=f"{s['study']}: top {min(k, s['ok'])} of {s['trials']} trials ({s['failed']} failed)")
     for i, h in enumerate(heads):  # values never fold (a narrow terminal folds the headers instead)

@@ -62,6 +62,7 @@ class Pending:
     started: float = field(default_factory=time.monotonic)  # submitted
     running: float | None = None  # the STARTED marker arrived
     spans: bool = False  # its ranks span nodes: it may first wait for its placement (cubic/multinode.py)
+    reused: bool = False  # answered from the quality store, not run (cubic/quality_store.py; ref is None)
 
 
 def _check_reachable(address: str) -> None:

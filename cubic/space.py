@@ -40,6 +40,9 @@ KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
 TRIAL_KEYS = ("warmup_steps", "measure_steps", "windows", "timeout_s", "seed", "repeats")
 BUDGET_KEYS = ("trials", "confirm_top_k", "max_concurrent", "isolation")
 ISOLATIONS = ("node", "cores")  # how search trials share a Ray node: see cubic.runner
+#: Knobs that change where and when the same math runs (placement, overlap, threads), not what is trained,
+#: unless `numerics_key` says otherwise for a value (column-wise shards keep their own optimizer state).
+MODEL_NEUTRAL = ("pipeline_depth", "threads_per_rank", "sharding")
 CONSTRAINT_KEYS = ("mem_cap_mb", "quality_tolerance", "quality_knobs")
 OBJECTIVES = {"qps": "maximize"}
 NOT_KNOBS = ("workload", "mem_cap_mb")
@@ -233,6 +236,22 @@ class SearchSpace:
         special = ("sharding", "batch_size", "world_size", "sharding_group_size")
         return (*((k, getattr(cfg, k)) for k in self.quality_knobs if k not in special), cfg.global_batch,
                 cfg.replicas, cfg.sharding == "column_wise" and cfg.emb_optimizer != "sgd")
+
+    def model_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The params a quality run of params' model trains: each of `MODEL_NEUTRAL` set back to the baseline's
+        value where that keeps the same `numerics_key`. Configurations that train the same model then run one
+        config, so one's runs answer the others' from the quality store (`cubic.quality_store`) seed by seed.
+        Only knobs that change where and when the same math runs are reset, never a kernel or a precision."""
+        key, base, out = self.numerics_key(params), self.baseline_params(), dict(params)
+        for k in MODEL_NEUTRAL:
+            if k in out and out[k] != base[k]:
+                other = self.canonical({**out, k: base[k]})
+                try:
+                    if self.numerics_key(other) == key:
+                        out = other
+                except ConfigError:
+                    continue
+        return out
 
     def differs_in_numerics(self, params: dict[str, Any]) -> list[str]:
         """The numerics-changing knobs where params differ from the baseline."""

@@ -44,6 +44,7 @@ from cubic.quality import (
     sequential,
     within,
 )
+from cubic.quality_store import QualityStore, ReusingRunner
 from cubic.runner import Pending, RayRunner
 from cubic.samplers import distributions, make_sampler
 from cubic.screen import ATTR as SCREEN_ATTR
@@ -52,7 +53,7 @@ from cubic.screen import load as load_screen
 from cubic.space import SearchSpace
 from cubic.store import NOT_RUN, Store, safe_url
 from cubic.view import TuneView, short_config
-from harness.config import TrialResult, json_safe
+from harness.config import TrialConfig, TrialResult, json_safe
 from harness.errors import ConfigError
 
 if TYPE_CHECKING:  # the simulator's runner is imported only by a --backend sim tune
@@ -66,8 +67,11 @@ class Tuner:
 
     def __init__(self, space: SearchSpace, store: Store, runner: RayRunner | SimRunner, searcher: str = "cubic",
                  budget: int | None = None, seed: int = 0, console: Console | None = None,
-                 live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None) -> None:
+                 live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None,
+                 quality_store: QualityStore | None = None) -> None:
         self.space, self.store, self.runner, self.searcher = space, store, runner, searcher
+        if quality_store is not None and space.quality_runs is not None and not runner.simulated:
+            self.runner = ReusingRunner(runner, quality_store)
         self.study: optuna.Study = store.study
         self.budget = budget or space.budget
         self.console = console or Console()
@@ -113,6 +117,10 @@ class Tuner:
         if interrupted:
             self.view.note(f"resumed: {len(interrupted)} interrupted trial(s) "
                            f"{[t.number for t in interrupted]} marked failed and re-queued")
+        if isinstance(self.runner, ReusingRunner):
+            qs = self.runner.store
+            self.view.note(f"quality store: {qs.count()} finished quality runs kept in {safe_url(qs.url)}; a run "
+                           "it holds is reused, not trained again")
         if self.n_history:
             self.view.note(f"warm start: {self.n_history} trials of earlier studies on this space")
         if self.warm:
@@ -270,10 +278,11 @@ class Tuner:
         scr = next((x for x in self._screen if x.ok is None), None)
         if scr is not None:  # before the search proposes anything: each numerics change alone
             n = len(scr.eval_ne)
+            p = self.runner.submit(self._quality_config(scr.params, n), tag=("screen", scr, n))
             self.view.note(f"quality screen: {scr.label} alone, seed {n + 1}/{qr.seeds}, {qr.samples:,} samples "
-                           f"({sum(x.ok is not None for x in self._screen) + 1} of {len(self._screen)} changes)")
-            cfg = qr.config(self.space.config(scr.params), n)
-            return self.runner.submit(cfg, tag=("screen", scr, n))
+                           f"({sum(x.ok is not None for x in self._screen) + 1} of {len(self._screen)} changes)"
+                           + _reused(p))
+            return p
         top = max((t for t in done if t is not base and t.user_attrs.get("quality_heldout_ok") is not False
                    and (t.value or 0.0) > (base.value or 0.0)), key=lambda t: t.value or 0.0, default=None)
         if (top is None or "quality_heldout_ok" in top.user_attrs or not self.space.differs_in_numerics(top.params)
@@ -284,11 +293,17 @@ class Tuner:
             return None
         return self._submit_check(top, n, "the incumbent")
 
+    def _quality_config(self, params: dict[str, Any], seed: int) -> TrialConfig:
+        """The quality run of params' model at `seed`: the config `SearchSpace.model_params` picks for that
+        model, so every configuration that trains it shares the run (through the quality store)."""
+        return self.space.quality_runs.config(self.space.config(self.space.model_params(params)), seed)
+
     def _submit_check(self, t: FrozenTrial, seed: int, what: str) -> Pending:
         qr = self.space.quality_runs
+        p = self.runner.submit(self._quality_config(t.params, seed), tag=("check", t, seed))
         self.view.note(f"quality check while searching: #{t.number} ({what}) seed {seed + 1}/{qr.seeds}, "
-                       f"{qr.samples:,} samples, held-out {qr.eval_samples:,}")
-        return self.runner.submit(qr.config(self.space.config(t.params), seed), tag=("check", t, seed))
+                       f"{qr.samples:,} samples, held-out {qr.eval_samples:,}" + _reused(p))
+        return p
 
     def _checked(self, t: FrozenTrial, res: TrialResult, seed: int) -> None:
         """Record a search-time quality run; once t's verdict is decided, give it to t and to every trial
@@ -577,9 +592,9 @@ class Tuner:
             qjob = next(((t, sd) for t in order if (sd := quality_seed(t)) is not None), None)
             if qjob is not None and not pending:
                 t, sd = qjob
+                pending.append(p := self.runner.submit(self._quality_config(t.params, sd), tag=(t, sd)))
                 self.view.note(f"quality run: #{t.number} seed {sd + 1} (at least {qr.seeds}, at most "
-                               f"{qr.max_seeds}), {qr.samples:,} samples, held-out {qr.eval_samples:,}")
-                pending.append(self.runner.submit(qr.config(self.space.config(t.params), sd), tag=(t, sd)))
+                               f"{qr.max_seeds}), {qr.samples:,} samples, held-out {qr.eval_samples:,}" + _reused(p))
                 qinflight[t.number] = qinflight.get(t.number, 0) + 1
                 continue
             if not pending:
@@ -735,10 +750,11 @@ class Tuner:
         self.store.set_winner(winner)  # None clears a winner an earlier confirm left behind
         done = [t for t in ran if t.state == TrialState.COMPLETE]
         top = max(done, key=lambda t: t.value or 0.0, default=None)
-        first_base = next((t.value for t in done if t.user_attrs.get("config_key") == self.base_key), None)
+        if base_q is None:  # no confirm ran: the baseline's search measurement
+            base_q = next((t.value for t in done if t.user_attrs.get("config_key") == self.base_key), None)
         best = None if top is None else {
             "trial": top.number, "qps": top.value, "short_config": short_config(self.space, top.params),
-            "speedup": top.value / first_base if first_base else None}
+            "speedup": top.value / base_q if base_q else None}
         return {
             "study": self.study.study_name, "storage": safe_url(self.store.rdb.url), "best_measured": best,
             "run_dir": str(self.store.run_dir) if self.store.run_dir else None, "searcher": self.searcher,
@@ -747,6 +763,8 @@ class Tuner:
             "failed": sum(t.state == TrialState.FAIL for t in ran),
             "proxy_tau": self.view.tau, "winner": winner,
             "screen": self._screen_summary(),
+            "quality_runs": ({"ran": self.runner.ran, "reused": self.runner.reused}
+                             if isinstance(self.runner, ReusingRunner) else None),
             "confirmed": [{"trial": t.number, "short_config": short_config(self.space, t.params),
                            "qps": t.value, "confirm_qps": t.user_attrs.get("confirm_qps"),
                            "quality_ok": t.user_attrs.get("quality_ok"),
@@ -755,6 +773,10 @@ class Tuner:
                            "quality_ci": t.user_attrs.get("quality_ci"),
                            "quality_reason": t.user_attrs.get("quality_reason")} for t in confirmed],
         }
+
+
+def _reused(p: Pending) -> str:
+    return ": reused from the quality store, not trained again" if p.reused else ""
 
 
 def _is_check(p: Pending) -> bool:

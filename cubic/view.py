@@ -177,6 +177,9 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
         for x in s["screen"]:
             t.add_row(x["change"], x["verdict"] + (f": {x['reason']}" if x["reason"] else ""))
         console.print(t)
+    if s.get("quality_runs"):
+        q = s["quality_runs"]
+        console.print(f"quality runs: {q['ran']} trained, {q['reused']} reused from the quality store")
     if s["confirmed"]:
         t = Table(title="confirmed (re-measured) configurations", box=None, header_style="bold")
         for col in ("#", "config (vs baseline)", "first qps", "re-measured qps", "quality"):
@@ -204,7 +207,7 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
         console.print("[bold]winner[/]: none confirmed (no configuration passed the re-measurement and quality gate)")
     if not w and s.get("best_measured"):
         b = s["best_measured"]
-        sp = f" = {b['speedup']:.2f}x the baseline's first measurement" if b.get("speedup") else ""
+        sp = f" = {b['speedup']:.2f}x the baseline" if b.get("speedup") else ""
         why = "" if s["confirmed"] else " (not confirmed: budget.confirm_top_k is 0)"
         console.print(f"best measured: trial #{b['trial']} ({b['short_config']}): {b['qps']:,.0f} qps{sp}{why}")
     where = s["run_dir"] or s["storage"]

@@ -29,9 +29,10 @@ from harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
 from harness.sharding.comm import Groups, make_groups
 from harness.sharding.plan import ShardingPlan
 from harness.timers import BACKGROUND, TIMERS
+from kernels.base import DTYPES
 
 PHASES = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")
-COMPRESS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+COMPRESS = {k: v for k, v in DTYPES.items() if k != "fp32"}  # all-reduce hooks: the 16-bit wire formats
 
 
 def compress_hook(dtype: torch.dtype):

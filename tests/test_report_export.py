@@ -127,6 +127,31 @@ def test_export_json_has_metrics_spread_speedup_provenance(run_dir: Path) -> Non
     assert prov["machine"]["hostname"] and prov["machine"]["world_size"] == d["config"]["world_size"]
 
 
+def test_one_speed_up_everywhere_the_winner_is_shown(run_dir: Path) -> None:
+    """The banner, the top table (HTML and terminal), the breakdown's label, the frame the notebook reads and
+    the export all give the winner the same speed-up: its re-measured median over the baseline's."""
+    from cubic import plots, report
+
+    df = analysis.load_study(run_dir)
+    s = analysis.summary(df)
+    assert s["confirmed"] and df.attrs["baseline_remeasured"]  # tiny.yaml confirms: both were re-measured
+    base = analysis.baseline_rows(df).iloc[0]
+    assert df.attrs["baseline_qps"] == pytest.approx(base["confirm_qps_median"])
+    shown = f"{s['speedup']:.2f}x"
+    row = df[df["is_winner"]].iloc[0]
+    assert row["speedup_remeasured"] and row["speedup"] == pytest.approx(s["speedup"])
+    assert row["speedup"] == pytest.approx(row["confirm_qps_median"] / base["confirm_qps_median"])
+    heads, _, rows = report.top_cells(df, 5, list(report.HEADS))
+    cells = dict(rows)[int(row["number"])]
+    assert cells[heads.index("speed-up")] == shown and "in-run NE (est.)" in heads
+    html = report.render_html(df)
+    assert f"<b>{shown}</b> the baseline" in html and f"<td>{shown}</td>" in html
+    labels = [t.get_text() for t in plots.breakdown(df).axes[0].get_yticklabels()]
+    assert any(lbl.startswith(f"#{int(row['number'])} ") and lbl.endswith(f"x{s['speedup']:.2f}") for lbl in labels)
+    r = cubic_cli("export", str(run_dir), "--format", "json")
+    assert f"{json.loads(r.stdout)['speedup']:.2f}x" == shown
+
+
 def test_export_torchrec_from_the_tune(run_dir: Path, tmp_path: Path) -> None:
     f = tmp_path / "tr.json"
     r = cubic_cli("export", str(run_dir), "--format", "torchrec", "-o", str(f))
@@ -216,7 +241,7 @@ def test_torchrec_export_matches_the_plan(knobs: dict) -> None:
 @pytest.mark.parametrize("knobs", TORCHREC_CASES, ids=_id)
 def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     """Feed the export to TorchRec itself: ParameterConstraints, its planner, construct_module_sharding_plan,
-    QCommsConfig and the named train pipeline (skipped without torchrec, failed under CI; see README for its env)."""
+    QCommsConfig and the named train pipeline (skipped without torchrec, failed under CI; docs/torchrec.md: its env)."""
     require("torchrec")
     import torch
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -272,7 +297,7 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     q = d["qcomms_config"]
     QCommsConfig(forward_precision=CommType[q["forward_precision"]],
                  backward_precision=CommType[q["backward_precision"]])
-    ar = d["ddp"]["allreduce_comm_precision"]  # as the README's loader passes it
+    ar = d["ddp"]["allreduce_comm_precision"]  # as docs/torchrec.md's loader passes it
     DefaultDataParallelWrapper(allreduce_comm_precision=None if ar == "fp32" else ar)
     assert hasattr(train_pipeline, d["train_pipeline"]["class"])
 

@@ -246,6 +246,21 @@ def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatc
     assert rank_env(over) == {}
 
 
+def test_a_setting_taken_from_the_environment_is_recorded_in_the_result(monkeypatch) -> None:
+    """A variable that changes a measurement without being a config field (a benchmark's forced replica
+    transport or thread pool) is in the result's env, so no stored number hides it; unset, nothing is."""
+    from harness.trial import MEASUREMENT_ENV
+
+    for k in MEASUREMENT_ENV:
+        monkeypatch.delenv(k, raising=False)
+    assert run_trial(tiny_cfg()).env["env_overrides"] == {}
+    monkeypatch.setenv("CUBIC_NATIVE_THREADS", "pool")
+    monkeypatch.setenv("CUBIC_REPLICA_SYNC", "dense")
+    res = run_trial(tiny_cfg(kernel="native"))
+    assert res.status == "ok", res.error
+    assert res.env["env_overrides"] == {"CUBIC_NATIVE_THREADS": "pool", "CUBIC_REPLICA_SYNC": "dense"}
+
+
 def test_peak_memory_is_the_ranks_own_not_the_launching_process() -> None:
     """Linux carries ru_maxrss across exec: a rank spawned by a process that once held 1.5 GB (a
     notebook, a Ray worker) reported that peak, and a mem_cap below it failed every trial as oom."""

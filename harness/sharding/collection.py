@@ -54,11 +54,12 @@ import torch.distributed as dist
 
 from harness.config import TrialConfig
 from harness.model import init_table
-from harness.sharding.comm import COMM_DTYPES, Groups, PooledAllToAll, all_gather_varlen, all_to_all, grad_scale
+from harness.sharding.comm import Groups, PooledAllToAll, all_gather_varlen, all_to_all, grad_scale
 from harness.sharding.plan import ShardingPlan
 from harness.sharding.replica_sync import ReplicaSync
 from harness.timers import TIMERS
 from kernels import OptimSpec, make_kernel
+from kernels.base import DTYPES
 
 
 @dataclass
@@ -88,7 +89,7 @@ class ShardedEmbeddingCollection:
         self.per_pos = [plan.shards_on(q) for q in range(self.G)]
         self.local = self.per_pos[groups.pos]
         self.has_mp = any(self.per_pos)
-        self.comm_dtype = COMM_DTYPES[cfg.comm_precision]
+        self.comm_dtype = DTYPES[cfg.comm_precision]
         self.grad_scale = 1.0 / self.W
         kind = "sgd" if cfg.emb_optimizer == "sgd" else "rowwise_adagrad"
         self.optim = OptimSpec(kind, cfg.emb_lr)

@@ -18,8 +18,6 @@ from torch.distributed import ProcessGroup
 from harness.sharding.plan import group_ranks
 from harness.timers import TIMERS
 
-COMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 @dataclass
 class Groups:
