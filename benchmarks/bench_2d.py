@@ -17,9 +17,9 @@ import json
 import os
 from pathlib import Path
 
-from harness.config import TrialConfig
-from harness.trial import run_trial
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import Workload
 
 GLOBAL_BATCH = 2048
 

@@ -87,7 +87,7 @@ def make_batch(T: int, B: int, pooling: int, rows: int, skew: float, gen: torch.
 
 
 def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
-    from kernels import OptimSpec, make_kernel
+    from cubic_kernels import OptimSpec, make_kernel
 
     T, R, D, B = args.tables, args.rows, args.dim, args.batch
     wb = ELEM[args.dtype]
@@ -170,7 +170,7 @@ def mlp_dims(spec: str, d_in: int) -> list[tuple[int, int]]:
 def bench_fp8(args: argparse.Namespace) -> list[dict]:
     import torch.nn as nn
 
-    from harness.fp8 import fp8_supported, probe_mlp
+    from cubic_harness.fp8 import fp8_supported, probe_mlp
 
     ok, why = fp8_supported("cuda")
     dims = mlp_dims(args.mlp, args.mlp_in)
@@ -203,7 +203,7 @@ def profile_fp8_layer(shape: tuple[int, int], batch: int) -> None:
     import torch.nn as nn
     from torch.profiler import ProfilerActivity, profile
 
-    from harness.fp8 import Fp8Linear
+    from cubic_harness.fp8 import Fp8Linear
 
     lin = nn.Linear(*shape).cuda()
     x = torch.randn(batch, shape[0], device="cuda", dtype=torch.bfloat16)
@@ -226,7 +226,8 @@ def profile_fp8_layer(shape: tuple[int, int], batch: int) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backends", default="torch,triton",
-                    help="comma list of kernels.BACKENDS names; triton:RxW = R rows per backward program, W warps; "
+                    help="comma list of cubic_kernels.BACKENDS names; triton:RxW = R rows per backward program, "
+                         "W warps; "
                          "add :pN (N backward programs striding over the tiles), :noevict (no L2 eviction hints) or "
                          ":singles (rows hit once skip the sort)")
     ap.add_argument("--tables", type=int, default=8)

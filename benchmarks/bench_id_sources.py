@@ -24,12 +24,12 @@ from rich.console import Console
 from rich.table import Table
 from scipy.stats import kendalltau
 
-from harness.config import TrialConfig
-from harness.profile import profile_data
-from harness.sim.backend import simulate
-from harness.sim.cluster import local_cluster
-from harness.trial import run_trial
-from harness.workload import TableSpec, Workload
+from cubic_harness.config import TrialConfig
+from cubic_harness.profile import profile_data
+from cubic_harness.sim.backend import simulate
+from cubic_harness.sim.cluster import local_cluster
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import TableSpec, Workload
 
 OUT = Path(__file__).parent / "data" / "id_sources.json"
 CONFIGS = [dict(sharding=s, batch_size=b) for s in ("table_wise", "row_wise", "column_wise", "data_parallel",

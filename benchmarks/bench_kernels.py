@@ -21,9 +21,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from harness.data import make_batch
-from harness.workload import Workload
-from kernels import OptimSpec, make_kernel
+from cubic_harness.data import make_batch
+from cubic_harness.workload import Workload
+from cubic_kernels import OptimSpec, make_kernel
 
 
 def copy_bandwidth(threads: int, nbytes: int = 512 << 20, allocations: int = 3, repeats: int = 5) -> float:

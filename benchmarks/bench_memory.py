@@ -1,14 +1,14 @@
 """Predicted vs measured peak memory per rank (issue 35 item 9): is the performance model's memory right?
 
-Each configuration runs as a real trial (`harness.trial.run_trial`: gloo ranks on this CPU, a few steps)
+Each configuration runs as a real trial (`cubic_harness.trial.run_trial`: gloo ranks on this CPU, a few steps)
 and its measured peak - the highest VmHWM (peak RSS) over its ranks - is set beside the model's: the
-highest `harness.sim.perf.estimate(...).mem_mb` over the group positions, priced on this machine's
+highest `cubic_harness.sim.perf.estimate(...).mem_mb` over the group positions, priced on this machine's
 calibrated cluster exactly as the tuner prices a real trial before launching it (`cubic.memory_check`).
 Nothing is fitted here: the model's only measured memory constant is the calibration's `process_mb`
 (a bare one-rank trial's peak RSS, `cubic calibrate`).
 
 Three sets of configurations (nothing is fitted on any of them; the model's terms are what the harness
-allocates, buffer by buffer, see `harness.sim.perf._memory`):
+allocates, buffer by buffer, see `cubic_harness.sim.perf._memory`):
 
   dev: 10 configurations the model's terms were checked on while they were written (the criteo-mlperf-mini
       and small-zipf workloads, batch sizes 1536-6144);
@@ -50,9 +50,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # 
 from rich.table import Table  # noqa: E402
 
 from cubic.memory_check import predict  # noqa: E402
-from harness.config import TrialConfig  # noqa: E402
-from harness.sim.cluster import local_cluster, local_cluster_path  # noqa: E402
-from harness.workload import Workload  # noqa: E402
+from cubic_harness.config import TrialConfig  # noqa: E402
+from cubic_harness.sim.cluster import local_cluster, local_cluster_path  # noqa: E402
+from cubic_harness.workload import Workload  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 OUT = {"val": DATA / "memory.json", "dev": DATA / "memory_dev.json", "val1": DATA / "memory_val1.json"}
@@ -230,7 +230,7 @@ def show(rows: list[dict], title: str, console: Console) -> dict:
 
 
 def measure(which: str, console: Console) -> None:
-    from harness.trial import run_trial
+    from cubic_harness.trial import run_trial
 
     specs = SETS[which]
     rows = []
@@ -259,8 +259,8 @@ def measure(which: str, console: Console) -> None:
             "seconds": round(time.time() - t0), "host": platform.node(), "cpus": os.cpu_count(),
             "cluster": str(local_cluster_path()), "steps": STEPS,
             "measured": "max over ranks of VmHWM (peak RSS) of a real CPU trial (gloo ranks)",
-            "predicted": "max over group positions of harness.sim.perf.estimate(cfg, plan_for(cfg), local cluster)"
-                         ".mem_mb (cubic.memory_check.predict)"}
+            "predicted": "max over group positions of cubic_harness.sim.perf.estimate(cfg, plan_for(cfg), "
+                         "local cluster).mem_mb (cubic.memory_check.predict)"}
     OUT[which].parent.mkdir(parents=True, exist_ok=True)
     OUT[which].write_text(json.dumps({"meta": meta, "summary": s, "rows": rows}, indent=1) + "\n")
     console.print(f"wrote {OUT[which]}")

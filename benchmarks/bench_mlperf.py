@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from harness.config import TrialConfig  # noqa: E402
-from harness.sim.backend import simulate  # noqa: E402
-from harness.sim.cluster import Cluster, load_cluster, shipped_cluster  # noqa: E402
-from harness.workload import Workload  # noqa: E402
+from cubic_harness.config import TrialConfig  # noqa: E402
+from cubic_harness.sim.backend import simulate  # noqa: E402
+from cubic_harness.sim.cluster import Cluster, load_cluster, shipped_cluster  # noqa: E402
+from cubic_harness.workload import Workload  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 ROUNDS = ("v3.0", "v3.1", "v4.0", "v4.1")

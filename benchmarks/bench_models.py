@@ -15,10 +15,10 @@ import json
 import statistics
 from pathlib import Path
 
-from harness.config import TrialConfig
-from harness.dense_cost import dense_cost
-from harness.trial import run_trial
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig
+from cubic_harness.dense_cost import dense_cost
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import Workload
 
 
 def workloads() -> dict[str, Workload]:

@@ -33,8 +33,8 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     from cubic.runner import RayRunner
-    from harness.config import TrialConfig
-    from harness.workload import Workload
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.workload import Workload
 
     con = Console()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,

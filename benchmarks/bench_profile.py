@@ -1,4 +1,4 @@
-"""How fast `harness.profile.profile_data` profiles 1M rows x 26 features, and whether its counts on DeepCTR's
+"""How fast `cubic_harness.profile.profile_data` profiles 1M rows x 26 features, and whether its counts on DeepCTR's
 sample data equal pandas' own.
 
 1. Speed: 1M rows x 26 categorical features (Zipf-skewed integer ids, 4 of them multi-hot list columns, a few
@@ -34,8 +34,8 @@ import pyarrow.parquet as pq  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from harness.profile import profile_data  # noqa: E402
-from harness.workload import TableSpec, Workload  # noqa: E402
+from cubic_harness.profile import profile_data  # noqa: E402
+from cubic_harness.workload import TableSpec, Workload  # noqa: E402
 
 FEATURES = 26
 MULTI_HOT = {20: 3, 21: 8, 22: 20, 23: 5}  # feature -> mean bag length

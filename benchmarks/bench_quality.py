@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from cubic.lr_scaling import apply  # noqa: E402
 from cubic.space import load_space  # noqa: E402
-from harness.config import TrialConfig  # noqa: E402
-from harness.trial import run_trial  # noqa: E402
-from harness.workload import Workload  # noqa: E402
+from cubic_harness.config import TrialConfig  # noqa: E402
+from cubic_harness.trial import run_trial  # noqa: E402
+from cubic_harness.workload import Workload  # noqa: E402
 
 VARIANTS: dict[str, tuple[dict, str]] = {  # name -> (knobs, lr scaling rule)
     "baseline": ({}, "none"),

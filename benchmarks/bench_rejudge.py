@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from cubic import analysis  # noqa: E402
 from cubic.quality import NOT_RESOLVED, QualityRuns, judge, paired_mean, sequential  # noqa: E402
-from harness.config import TrialConfig  # noqa: E402
-from harness.trial import run_trial  # noqa: E402
+from cubic_harness.config import TrialConfig  # noqa: E402
+from cubic_harness.trial import run_trial  # noqa: E402
 
 
 def agrees(tune: str, fresh: dict) -> bool:

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from harness.config import TrialConfig, TrialResult  # noqa: E402
-from harness.sim.backend import simulate  # noqa: E402
-from harness.sim.cluster import load_cluster, shipped_cluster  # noqa: E402
-from harness.workload import Workload  # noqa: E402
+from cubic_harness.config import TrialConfig, TrialResult  # noqa: E402
+from cubic_harness.sim.backend import simulate  # noqa: E402
+from cubic_harness.sim.cluster import load_cluster, shipped_cluster  # noqa: E402
+from cubic_harness.workload import Workload  # noqa: E402
 
 WORLDS = (64, 128, 256, 512, 1024, 2048, 4096)
 GROUPS = (0, 64, 256, 1024)  # 0: full model parallelism

@@ -5,7 +5,7 @@ reach 98% of the best):
   (a) cpu:   a real tabular landscape measured once on this machine (`measure`): every configuration
              of the reduced space benchmarks/data/landscape_cpu_space.yaml, 2 repeats each, stored
              as benchmarks/data/landscape_cpu.parquet. A trial draws one of the repeats (real noise).
-  (b) model: the simulator (harness.sim, priced on clusters/local.yaml) over a larger space
+  (b) model: the simulator (cubic_harness.sim, priced on clusters/local.yaml) over a larger space
              (benchmarks/data/landscape_model_space.yaml), distorted by hidden per-knob effects and
              pairwise interactions (seeded), so the model the proxy sees as features is informative but
              not the truth - as on real hardware - with 3% log-normal measurement noise and the most
@@ -50,7 +50,7 @@ CHECKPOINTS = (10, 20, 30)
 # ====================================================================== (a) measure the real landscape
 def measure(repeats: int, out: Path) -> None:
     """Run every configuration of the reduced space `repeats` times (real trials, sequential)."""
-    from harness.trial import run_trial
+    from cubic_harness.trial import run_trial
 
     space = load_space(CPU_SPACE)
     rows = []
@@ -147,7 +147,7 @@ def model_landscape(seed: int = 1234) -> Landscape:
 
 
 def _features(space: SearchSpace) -> dict[tuple, dict[str, float]]:
-    from harness.sim.backend import features
+    from cubic_harness.sim.backend import features
 
     return {t: features(space.config(space.params_of(t))) for t in space.all_tuples or []}
 

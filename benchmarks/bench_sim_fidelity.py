@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from harness.config import TrialConfig  # noqa: E402
-from harness.sim.backend import simulate  # noqa: E402
-from harness.sim.cluster import local_cluster  # noqa: E402
-from harness.workload import Workload  # noqa: E402
+from cubic_harness.config import TrialConfig  # noqa: E402
+from cubic_harness.sim.backend import simulate  # noqa: E402
+from cubic_harness.sim.cluster import local_cluster  # noqa: E402
+from cubic_harness.workload import Workload  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 OUT = DATA / "sim_fidelity_cpu.json"  # set A
@@ -122,7 +122,7 @@ def fresh_config(knobs: dict) -> TrialConfig:
 
 
 def measure(which: str) -> None:
-    from harness.trial import run_trial
+    from cubic_harness.trial import run_trial
 
     console = Console()
     rows = []

@@ -1,6 +1,6 @@
 """How many configurations the simulator prices per second, on one core, at world sizes 2, 64 and 4,096.
 
-Each configuration is a whole simulated trial (`harness.sim.backend.simulate`: plan with the harness's
+Each configuration is a whole simulated trial (`cubic_harness.sim.backend.simulate`: plan with the harness's
 planner priced on the cluster, the per-position model, memory, the TrialResult), drawn at random from
 the knobs that matter at scale (sharding and planners, 2D group size, sync, placement, batch,
 precisions, pipelining). World 2 runs on clusters/local.yaml; 64 and 4,096 on a cluster of 8-device
@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-from harness.config import TrialConfig  # noqa: E402
-from harness.sim.backend import simulate  # noqa: E402
-from harness.sim.cluster import cluster_from_dict, shipped_cluster  # noqa: E402
-from harness.workload import Workload  # noqa: E402
+from cubic_harness.config import TrialConfig  # noqa: E402
+from cubic_harness.sim.backend import simulate  # noqa: E402
+from cubic_harness.sim.cluster import cluster_from_dict, shipped_cluster  # noqa: E402
+from cubic_harness.workload import Workload  # noqa: E402
 
 
 def scaled(nodes: int) -> object:

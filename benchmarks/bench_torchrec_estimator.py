@@ -2,7 +2,7 @@
 
 TorchRec 1.8's own `EmbeddingEnumerator` + `EmbeddingPerfEstimator` (run here on a meta-device
 EmbeddingBagCollection, nothing allocated) price every table of MLPerf's DLRM-DCNv2 table-wise on
-8 GPUs at 6,912 samples per GPU (MLPerf's one-node batch); `harness.sim.perf.TableCosts` prices the
+8 GPUs at 6,912 samples per GPU (MLPerf's one-node batch); `cubic_harness.sim.perf.TableCosts` prices the
 same tables on clusters/h100-8.yaml. Per table and in total: forward and backward compute, and the
 pooled all-to-all (forward + backward). Needs TorchRec (`make torchrec`, or the anchors' setup script).
 
@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from harness.config import TrialConfig  # noqa: E402
-from harness.sim.cluster import load_cluster, shipped_cluster  # noqa: E402
-from harness.sim.perf import TableCosts  # noqa: E402
-from harness.workload import Workload  # noqa: E402
+from cubic_harness.config import TrialConfig  # noqa: E402
+from cubic_harness.sim.cluster import load_cluster, shipped_cluster  # noqa: E402
+from cubic_harness.sim.perf import TableCosts  # noqa: E402
+from cubic_harness.workload import Workload  # noqa: E402
 
 WORLD, BATCH = 8, 6912
 

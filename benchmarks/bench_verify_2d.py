@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cubic import export  # noqa: E402
-from harness.config import TrialConfig, TrialResult  # noqa: E402
-from harness.planning import plan_for  # noqa: E402
-from harness.torchrec_trial import run_torchrec_trial  # noqa: E402
-from harness.trial import run_trial  # noqa: E402
-from harness.workload import Workload  # noqa: E402
+from cubic_harness.config import TrialConfig, TrialResult  # noqa: E402
+from cubic_harness.planning import plan_for  # noqa: E402
+from cubic_harness.torchrec_trial import run_torchrec_trial  # noqa: E402
+from cubic_harness.trial import run_trial  # noqa: E402
+from cubic_harness.workload import Workload  # noqa: E402
 
 CONFIGS = {
     "baseline (table-wise)": {},

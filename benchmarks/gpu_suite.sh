@@ -14,8 +14,11 @@
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+# this checkout's packages install under cubic's own names (cubic_harness, cubic_kernels, the shipped spaces and
+# clusters): install it, without dependencies or the network, beside the repository on the path
+"$PY" -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/cubic-self . >/dev/null
+export PYTHONPATH=/tmp/cubic-self:$PWD PYTHONUNBUFFERED=1
 STEPS=${*:-env tests bench trials}
 LOG=$OUT/suite.log
 : >"$LOG"  # this run's log only: the trials table and test summary are read back from it
@@ -70,7 +73,7 @@ for s in $STEPS; do
   tune)
     if [ -d .whl ]; then
       run wheels 180 "$PY" -m pip install -q --no-index --no-deps --upgrade --target /tmp/cubic-site .whl/*.whl
-      export PYTHONPATH=/tmp/cubic-site:$PWD
+      export PYTHONPATH=/tmp/cubic-site:/tmp/cubic-self:$PWD
     fi
     run tune "${TUNE_LIMIT:-560}" "$PY" -m cubic.cli tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
       --trials "${TUNE_TRIALS:-8}"

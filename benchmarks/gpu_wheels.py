@@ -10,7 +10,8 @@ version pinned here, repacks Ray without those parts, and checks the total fits.
 
 Then on the GPU machine (carry `.whl`):
 
-    pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+    pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/*.whl .
+    export PYTHONPATH=/tmp/site    # cubic itself too: its harness and kernels install as cubic_harness, cubic_kernels
     bash benchmarks/gpu_suite.sh tune
 """
 

@@ -19,7 +19,7 @@ import sqlalchemy
 from cubic.quality import paired_mean
 from cubic.screen import Screened
 from cubic.store import NOT_RUN, rdb_storage, redact, safe_url
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 STUDY_FILE = "study.db"
 BREAKDOWN_KEYS = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")

@@ -21,8 +21,8 @@ def calibrate(
     import yaml
     from rich.console import Console
 
-    from harness.sim.calibrate import calibrate as measure
-    from harness.sim.cluster import calibrated_cluster_path, cluster_from_dict
+    from cubic_harness.sim.calibrate import calibrate as measure
+    from cubic_harness.sim.cluster import calibrated_cluster_path, cluster_from_dict
 
     console = Console(stderr=True)
     output = output or calibrated_cluster_path()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 
 def export(

@@ -14,8 +14,8 @@ from pathlib import Path
 import typer
 import yaml
 
-from harness.config import CHOICES, TrialConfig, TrialResult
-from harness.errors import ConfigError, read_text
+from cubic_harness.config import CHOICES, TrialConfig, TrialResult
+from cubic_harness.errors import ConfigError, read_text
 
 
 def _fail(msg: str) -> None:
@@ -31,7 +31,7 @@ def sim_cluster_of(backend: str, cluster: str | None):
         raise ConfigError("--cluster FILE goes with --backend sim (and --backend sim needs one)")
     if cluster is None:
         return None
-    from harness.sim.cluster import resolve
+    from cubic_harness.sim.cluster import resolve
 
     return resolve(cluster)
 
@@ -49,7 +49,7 @@ def base_config(space: Path | None) -> TrialConfig:
 
 def apply_workload_file(cfg: TrialConfig, path: Path) -> TrialConfig:
     """The anchor JSON format (tables: N, rows, pooling, local_batch, world, ...) or a full workload."""
-    from harness.workload import Workload
+    from cubic_harness.workload import Workload
 
     wl, knobs = Workload.from_json_file(path)
     return cfg.replace(str(path), workload=wl, **knobs)
@@ -111,13 +111,13 @@ def trial(
         sources = [str(p) for p in (space, config, workload) if p] + (["--set"] if set_ else [])
         cfg.validate(" + ".join(sources) or "config")
         if sim_cluster is None:
-            from harness.trial import check_config
+            from cubic_harness.trial import check_config
 
             check_config(cfg)
     except ConfigError as e:
         _fail(str(e))
     if sim_cluster is not None:
-        from harness.sim.backend import simulate
+        from cubic_harness.sim.backend import simulate
 
         res = simulate(cfg, sim_cluster)
         if as_json:
@@ -133,7 +133,7 @@ def trial(
         if torch.cuda.device_count() < cfg.world_size:
             typer.echo(f"warning: {cfg.world_size} ranks on {torch.cuda.device_count()} GPU(s): NCCL refuses two "
                        "ranks on one device, falling back to gloo", err=True)
-    from harness.trial import run_trial
+    from cubic_harness.trial import run_trial
 
     if not as_json:
         typer.echo(f"running {cfg.world_size} ranks x batch {cfg.batch_size}, {cfg.sharding}, kernel={cfg.kernel}, "
@@ -177,7 +177,7 @@ def print_result(res: TrialResult) -> None:
         t.add_row(k, v)
     con.print(t)
     if res.plan:
-        from harness.sharding.plan import ShardingPlan
+        from cubic_harness.sharding.plan import ShardingPlan
 
         c = res.config
         g = c["sharding_group_size"] or c["world_size"]

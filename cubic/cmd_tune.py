@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 
 def default_space() -> Path:
@@ -96,7 +96,9 @@ def tune(
             except OSError as e:
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
         qurl = None
-        if quality_store is not None and sim_cluster is None:
+        if quality_store is not None and sim_cluster is not None:
+            raise ConfigError("--quality-store: a simulated tune runs no quality runs; leave it out")
+        if quality_store is not None:
             from cubic.analysis import storage_url as existing_url
 
             try:

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 
 def verify(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Make a workload file from your TorchRec model and a sample of your data.")
@@ -67,7 +67,7 @@ def from_torchrec(
     """Build the model on the meta device and write its tables, features and dense part as a workload."""
     import logging
 
-    from harness.torchrec_import import import_workload
+    from cubic_harness.torchrec_import import import_workload
 
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     try:
@@ -99,8 +99,8 @@ def profile(
 ) -> None:
     """Profile each table's ids in the data (bag lengths, skew, in-batch reuse) into the workload, and save the
     sample's own rows as a trace beside it (id_source profile, or trace to replay them)."""
-    from harness.profile import profile_data
-    from harness.workload import Workload
+    from cubic_harness.profile import profile_data
+    from cubic_harness.workload import Workload
 
     out = output or workload
     try:

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from cubic import analysis
-from harness.config import TrialConfig, json_safe
-from harness.errors import ConfigError, write_text
+from cubic_harness.config import TrialConfig, json_safe
+from cubic_harness.errors import ConfigError, write_text
 
 FORMATS = ("yaml", "json", "torchrec")
 METRICS = ("qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne")

@@ -38,7 +38,7 @@ import sqlalchemy
 from optuna.storages import RDBStorage
 from optuna.storages._rdb import models
 
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 KEY = "cubic:tuner"
 HEARTBEAT_S = 5.0

@@ -13,8 +13,8 @@ import dataclasses
 import math
 from typing import Any
 
-from harness.config import TrialConfig
-from harness.errors import ConfigError
+from cubic_harness.config import TrialConfig
+from cubic_harness.errors import ConfigError
 
 RULES = ("none", "linear", "sqrt")
 LRS = ("emb_lr", "dense_lr")

@@ -2,8 +2,8 @@
 would not fit (issue 35 item 9).
 
 The tuner asks `refusal(cfg)` before it starts a real trial: the configuration is planned as the trial
-would plan it (`harness.planning.plan_for`, priced on the machine's calibrated cluster) and
-`harness.sim.perf.estimate` predicts each group position's peak memory (a CPU rank's RSS, a GPU's
+would plan it (`cubic_harness.planning.plan_for`, priced on the machine's calibrated cluster) and
+`cubic_harness.sim.perf.estimate` predicts each group position's peak memory (a CPU rank's RSS, a GPU's
 allocated bytes). Over the limit - `mem_cap_mb` if the space sets one, else what one rank has on that
 cluster (its GPU's memory, or its share of the node's host memory) - the trial is not launched: it
 would only run until the memory ran out. benchmarks/bench_memory.py measures how far the prediction is
@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.config import TrialConfig
-from harness.errors import ConfigError
-from harness.sim.cluster import Cluster, local_cluster
-from harness.sim.perf import ModelError, estimate
+from cubic_harness.config import TrialConfig
+from cubic_harness.errors import ConfigError
+from cubic_harness.sim.cluster import Cluster, local_cluster
+from cubic_harness.sim.perf import ModelError, estimate
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def trial_cluster(cfg: TrialConfig) -> Cluster | None:
 def predict(cfg: TrialConfig, cluster: Cluster | None = None) -> MemoryPrediction | None:
     """Each group position's predicted peak for a real trial of `cfg` on `cluster` (default: the one it
     runs on, `trial_cluster`); None where the model cannot say (see the module docstring)."""
-    from harness.planning import plan_for
+    from cubic_harness.planning import plan_for
 
     c = cluster or trial_cluster(cfg)
     if c is None:

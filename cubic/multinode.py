@@ -8,7 +8,7 @@ per node holding that node's ranks' CPUs (or all of the node's under `isolation:
 strictly over distinct nodes, is the placement the config describes. Ray Train's TorchTrainer was the
 alternative: it owns a worker group with the same placement group underneath, but it runs a training
 loop of its own (checkpoints, reports, its own process-group setup and restarts), while a trial is the
-harness's rank entry (`harness.trial.train_one_rank`), run unchanged as on one node; so cubic drives the
+harness's rank entry (`cubic_harness.trial.train_one_rank`), run unchanged as on one node; so cubic drives the
 placement group and actors itself, the way Ray Train's worker group does.
 
 Rank 0's actor hosts the rendezvous (a TCPStore on its node's IP and an OS-chosen port: no fixed ports);
@@ -27,7 +27,7 @@ import select
 import time
 from typing import Any
 
-from harness.config import TrialConfig, TrialResult
+from cubic_harness.config import TrialConfig, TrialResult
 
 PLACEMENT_WAIT_S = 60.0  # a feasible placement the cluster is busy with: how long to queue for it
 SETTLE_S = 1.5  # after a rank failed, how long to hear the others (the first report is often a peer's)
@@ -60,7 +60,7 @@ class RankActor:
 
     def train(self, cfg_dict: dict, rank: int, host: str, port: int) -> tuple[str, str, dict | None]:
         """(status, one line, output): as a spawned rank reports it on one node."""
-        from harness.trial import rank_failure, train_one_rank
+        from cubic_harness.trial import rank_failure, train_one_rank
 
         cfg = TrialConfig.from_dict(cfg_dict)
         try:
@@ -104,8 +104,8 @@ def run_on_nodes(cfg: TrialConfig, node_cpus: float | None = None) -> TrialResul
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from harness.errors import ConfigError
-    from harness.trial import check_config, env_info, rank_env, summarize
+    from cubic_harness.errors import ConfigError
+    from cubic_harness.trial import check_config, env_info, rank_env, summarize
 
     env = env_info(cfg)
     env["placement"] = "nodes"
@@ -228,7 +228,7 @@ def _wait_ranks(refs: dict[Any, int], where: list[dict], deadline: float) -> tup
     if lost:
         return "error", lost[min(lost)], outs
     if reported:
-        from harness.trial import first_cause
+        from cubic_harness.trial import first_cause
 
         return (*first_cause(reported), outs)
     return "ok", "", outs

@@ -2,7 +2,7 @@
 
 An ensemble of XGBoost rankers (`rank:pairwise`, as CubicML/AutoTVM: the searcher needs the
 order, not the value) on log throughput. Inputs are the knobs (one-hot and ordinal) plus the
-simulator's prediction for this machine (`harness.sim.backend.features`, the one performance model
+simulator's prediction for this machine (`cubic_harness.sim.backend.features`, the one performance model
 priced on clusters/local.yaml: bytes looked up per rank, all-to-all / all-reduce bytes, MLP FLOPs,
 memory per rank, load imbalance, predicted step time per phase and qps), which carry what the knobs
 mean physically, so few trials suffice; the predicted qps is also the prior that orders the
@@ -23,7 +23,7 @@ import numpy as np
 import xgboost as xgb
 
 from cubic.space import SearchSpace
-from harness.config import TrialConfig
+from cubic_harness.config import TrialConfig
 
 FeatureFn = Callable[[TrialConfig], dict[str, float]]
 RANK_PARAMS = {
@@ -37,7 +37,7 @@ CLS_PARAMS = {"objective": "binary:logistic", "max_depth": 2, "eta": 0.3, "min_c
 
 def sim_features(cfg: TrialConfig) -> dict[str, float]:
     """The simulator's prediction for the local cluster (imported lazily: the harness owns it)."""
-    from harness.sim.backend import features
+    from cubic_harness.sim.backend import features
 
     return features(cfg)
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.config import TrialConfig
+from cubic_harness.config import TrialConfig
 
 
 def matched_steps(cfg: TrialConfig, base: TrialConfig) -> tuple[int, int]:

@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from cubic.runner import Pending
-from harness.config import TrialConfig, TrialResult, json_safe
+from cubic_harness.config import TrialConfig, TrialResult, json_safe
 
 SCHEMA = 1
 _META = sa.MetaData()
@@ -47,11 +47,11 @@ RUNS = sa.Table(
 @functools.cache
 def code_digest() -> str:
     """sha256 over the sources that train a model (harness/ and kernels/, every .py, by relative path)."""
-    import harness
-    import kernels
+    import cubic_harness
+    import cubic_kernels
 
     h = hashlib.sha256()
-    for pkg in (harness, kernels):
+    for pkg in (cubic_harness, cubic_kernels):
         root = Path(pkg.__file__).parent
         for p in sorted(root.rglob("*.py")):
             h.update(f"{pkg.__name__}/{p.relative_to(root).as_posix()}\0".encode())

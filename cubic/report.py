@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from cubic import analysis, plots
-from harness.errors import write_text
+from cubic_harness.errors import write_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;

@@ -9,7 +9,7 @@ Each trial is one task. What it asks Ray for depends on the space's `budget.isol
 Either way CPUs are capped at the largest node's (a 4-rank trial still runs on a 2-core machine), and
 a cuda trial gets one GPU per rank (capped likewise: several ranks then share a GPU), so that Ray pins
 it to its own GPUs (CUDA_VISIBLE_DEVICES) and never runs two trials at once on one GPU.
-The task calls `harness.trial.run_trial` in a Ray worker, which starts the rank processes. On a
+The task calls `cubic_harness.trial.run_trial` in a Ray worker, which starts the rank processes. On a
 cluster of several nodes, a trial with world_size > ranks_per_node spans world_size / ranks_per_node
 nodes instead: its task only coordinates, and a placement group holds one Ray actor per rank
 (cubic/multinode.py). Whatever
@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.config import TrialConfig, TrialResult
-from harness.errors import ConfigError
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.errors import ConfigError
 
 OBJECT_STORE_MB = 200  # results are a few KB; without a cap Ray reserves 30% of RAM
 HARD_TIMEOUT_SLACK_S = 60.0  # run_trial enforces timeout_s itself; this only catches a stuck worker
@@ -47,7 +47,7 @@ def _run(cfg_dict: dict[str, Any], span: dict[str, Any] | None = None) -> Iterat
 
         yield run_on_nodes(cfg, span.get("node_cpus")).to_dict()
         return
-    from harness.trial import run_trial
+    from cubic_harness.trial import run_trial
 
     yield run_trial(cfg).to_dict()
 

@@ -1,7 +1,7 @@
 """Runs trials on the simulator (`cubic tune --backend sim`): the RayRunner's interface, no Ray.
 
 A simulated trial takes milliseconds, so a Ray task per trial would cost more than the trial: the
-runner prices each submitted configuration in this process (harness.sim.backend.simulate) and hands
+runner prices each submitted configuration in this process (cubic_harness.sim.backend.simulate) and hands
 the results back at the next `wait`. `has_room` lets the tuner keep BATCH proposals in flight, as it
 would with BATCH free workers, so the searcher proposes in batches. The tuner asks `simulated` to
 leave out what a simulation cannot judge (the quality gate) and to re-measure nothing (it is
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from cubic.runner import Pending
-from harness.config import TrialConfig, TrialResult
-from harness.sim.backend import simulate
-from harness.sim.cluster import Cluster
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.sim.backend import simulate
+from cubic_harness.sim.cluster import Cluster
 
 BATCH = 8
 

@@ -6,7 +6,7 @@ carry a condition (`when`); where it does not hold the knob takes its default
 (the baseline's value), so configurations that differ only in meaningless knobs
 are one configuration ("canonical" params) and are never run twice.
 
-Errors are `harness.errors.ConfigError` with one line: `FILE:LINE: key: what is allowed`.
+Errors are `cubic_harness.errors.ConfigError` with one line: `FILE:LINE: key: what is allowed`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from harness.config import CHOICES, TrialConfig
-from harness.errors import ConfigError, read_text
-from harness.workload import Workload
+from cubic_harness.config import CHOICES, TrialConfig
+from cubic_harness.errors import ConfigError, read_text
+from cubic_harness.workload import Workload
 
 TOP_KEYS = ("name", "description", "target", "workload", "baseline", "knobs", "objective", "constraints", "trial",
             "budget", "lr_scaling", "quality")
@@ -406,11 +406,13 @@ class _Loader:
 
 
 def shipped_space(name: str) -> Path:
-    """`search_spaces/NAME` of the working directory, else the one next to this package (a source
-    checkout installed with `pip install -e`), so the defaults work from any directory."""
+    """`search_spaces/NAME` of the working directory, else the one cubic ships (package data
+    `cubic_search_spaces`, editable or not), so the defaults work from any directory."""
+    from importlib.resources import files
+
     here = Path("search_spaces") / name
-    repo = Path(__file__).resolve().parent.parent / "search_spaces" / name
-    return here if here.exists() or not repo.exists() else repo
+    shipped = Path(str(files("cubic_search_spaces") / name))
+    return here if here.exists() or not shipped.exists() else shipped
 
 
 TWO_D_ONLY = ("sparse_sync", "sparse_sync_interval", "group_placement")
@@ -420,7 +422,7 @@ def _restrict_to_torchrec(ld: _Loader, knobs: dict[str, Knob], baseline: TrialCo
                           base_raw: dict[str, Any]) -> tuple[dict[str, Knob], dict[str, list]]:
     """Knob values TorchRec runs as measured on the baseline's device; the baseline must be one of them.
     Where no 2D value is left (CPU), the knobs that only matter in 2D leave the space."""
-    from harness.torchrec_trial import torchrec_unsupported
+    from cubic_harness.torchrec_trial import torchrec_unsupported
 
     if baseline.workload.interaction == "wukong":
         raise ld.err("target", "torchrec: interaction 'wukong' has no TorchRec model")

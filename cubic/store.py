@@ -59,8 +59,8 @@ from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 
 from cubic.space import SearchSpace, fingerprint, first_difference
-from harness.config import TrialResult, json_safe
-from harness.errors import ConfigError
+from cubic_harness.config import TrialResult, json_safe
+from cubic_harness.errors import ConfigError
 
 FLAT_KEYS = ("status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne")
 INTERRUPTED = "interrupted"

@@ -53,8 +53,8 @@ from cubic.screen import load as load_screen
 from cubic.space import SearchSpace
 from cubic.store import NOT_RUN, Store, safe_url
 from cubic.view import TuneView, short_config
-from harness.config import TrialConfig, TrialResult, json_safe
-from harness.errors import ConfigError
+from cubic_harness.config import TrialConfig, TrialResult, json_safe
+from cubic_harness.errors import ConfigError
 
 if TYPE_CHECKING:  # the simulator's runner is imported only by a --backend sim tune
     from cubic.sim_runner import SimRunner

@@ -23,12 +23,12 @@ import pandas as pd
 
 from cubic import analysis, export
 from cubic.store import safe_url
-from harness.config import TrialConfig, json_safe
-from harness.errors import ConfigError
+from cubic_harness.config import TrialConfig, json_safe
+from cubic_harness.errors import ConfigError
 
 
 def _require_torchrec() -> None:
-    from harness.torchrec_trial import torchrec_available
+    from cubic_harness.torchrec_trial import torchrec_available
 
     if not torchrec_available():
         raise ConfigError("cubic verify needs TorchRec: `make` installs it (.[cpu,dev,torchrec], then "
@@ -37,7 +37,7 @@ def _require_torchrec() -> None:
 
 def _candidate(df: pd.DataFrame, row: pd.Series, label: str, study: str) -> dict[str, Any]:
     """A study row as verify needs it: its config, plan and TorchRec export (ConfigError if it has none)."""
-    from harness.torchrec_trial import UnsupportedConfig, plan_for_torchrec
+    from cubic_harness.torchrec_trial import UnsupportedConfig, plan_for_torchrec
 
     where = f"{study} trial #{int(row['number'])}"
     if not row["config"]:
@@ -62,8 +62,8 @@ def _median(xs: list[float]) -> float:
 def verify(run_dir_or_storage_url: str | Path, top: int = 1, repeats: int = 3, study: str | None = None,
            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Baseline + winner (+ the next top-1 fastest), each in cubic and TorchRec, alternating `repeats` times."""
-    from harness.torchrec_trial import run_torchrec_trial
-    from harness.trial import run_trial
+    from cubic_harness.torchrec_trial import run_torchrec_trial
+    from cubic_harness.trial import run_trial
 
     if top < 1 or repeats < 1:
         raise ConfigError(f"--top {top} and --repeats {repeats} must be >= 1")
@@ -115,7 +115,7 @@ def fidelity(run_dir_or_storage_url: str | Path, n: int, study: str | None = Non
     between cubic's measured qps and TorchRec's."""
     from scipy.stats import kendalltau
 
-    from harness.torchrec_trial import run_torchrec_trial
+    from cubic_harness.torchrec_trial import run_torchrec_trial
 
     if n < 3:
         raise ConfigError(f"--fidelity {n}: a rank correlation needs at least 3 configurations")

@@ -16,7 +16,7 @@ from rich.text import Text
 from cubic.proxy import kendall_tau
 from cubic.quality import NOT_RESOLVED
 from cubic.space import SearchSpace
-from harness.config import TrialResult
+from cubic_harness.config import TrialResult
 
 SHORT = {"sharding": "", "sharding_group_size": "G", "sparse_sync": "sync", "emb_optimizer": "opt",
          "batch_size": "bs", "kernel": "k", "emb_precision": "emb", "dense_precision": "dense",
@@ -191,11 +191,15 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
                       NOT_RESOLVED else ("ok" if c["quality_ok"] else "REJECTED") + f": {c['quality_reason']}")
         console.print(t)
     w = s["winner"]
-    for c in s["confirmed"]:  # faster than the winner, not crowned: say so where the winner is read
-        if c.get("quality_verdict") == NOT_RESOLVED and (not w or _median(c["confirm_qps"]) > w["qps"]):
-            console.print(f"[bold yellow]not resolved[/]: trial #{c['trial']} ({c['short_config']}) re-measured "
-                          f"{_median(c['confirm_qps']):,.0f} qps, but its quality verdict is not resolved "
-                          "(more seeds: quality.max_seeds; a looser call: quality.confidence): not crowned")
+    # faster than the winner, not crowned: say so where the winner is read (the fastest; the others by count)
+    left = sorted((c for c in s["confirmed"] if c.get("quality_verdict") == NOT_RESOLVED and c["confirm_qps"]
+                   and (not w or _median(c["confirm_qps"]) > w["qps"])), key=lambda c: -_median(c["confirm_qps"]))
+    if left:
+        c = left[0]
+        more = f" ({len(left) - 1} more faster than the winner are not resolved either)" if len(left) > 1 else ""
+        console.print(f"[bold yellow]not resolved[/]: trial #{c['trial']} ({c['short_config']}) re-measured "
+                      f"{_median(c['confirm_qps']):,.0f} qps, but its quality verdict is not resolved "
+                      f"(more seeds: quality.max_seeds; a looser call: quality.confidence): not crowned{more}")
     if w:
         sp = ""
         if w.get("speedup"):

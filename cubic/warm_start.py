@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from cubic.space import SearchSpace, fingerprint
 from cubic.store import NOT_RUN, safe_url
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 
 def load_warm_start(source: str, space: SearchSpace) -> list[tuple[dict[str, Any], float | None, str]]:

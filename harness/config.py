@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.errors import ConfigError
-from harness.workload import Workload
+from cubic_harness.errors import ConfigError
+from cubic_harness.workload import Workload
 
 
 def json_safe(x: Any) -> Any:

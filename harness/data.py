@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.ids import draw_lengths, draw_ranks, rows_of_ranks
-from harness.workload import TableSpec, Workload
+from cubic_harness.ids import draw_lengths, draw_ranks, rows_of_ranks
+from cubic_harness.workload import TableSpec, Workload
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -103,7 +103,7 @@ _TRACES: dict[tuple[str, str], list[_TraceTable]] = {}
 
 def _trace(wl: Workload) -> list[_TraceTable]:
     """The workload's trace, loaded once per process (every batch of every step reads it)."""
-    from harness.profile import load_trace
+    from cubic_harness.profile import load_trace
 
     key = (wl.data.trace, wl.data.trace_sha256)
     if key not in _TRACES:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.workload import Workload
+from cubic_harness.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class _Count:
 
 
 def dense_cost(wl: Workload) -> DenseCost:
-    """Exact GEMM FLOPs and parameters of `harness.model.DenseArch(wl)` per sample."""
+    """Exact GEMM FLOPs and parameters of `cubic_harness.model.DenseArch(wl)` per sample."""
     c = _Count()
     n, d = wl.num_features, wl.dim
     c.mlp(list(wl.bottom_mlp), wl.dense_features, first_input_grad=False)

@@ -30,7 +30,7 @@ import math
 import numpy as np
 from scipy.stats import poisson
 
-from harness.ids import RANK_KNOTS, IdProfile
+from cubic_harness.ids import RANK_KNOTS, IdProfile
 
 BIN_LO = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 LOCALITY = {

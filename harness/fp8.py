@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn as nn
 
-from harness.config import json_safe
+from cubic_harness.config import json_safe
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -88,7 +88,7 @@ def _quant_pair(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
 
     On CUDA one fused pass (kernels/fp8_quant.py); elsewhere torch ops, the same values."""
     if t.is_cuda and os.environ.get("CUBIC_FP8_QUANT", "fused") == "fused":  # =torch: the op path, to compare
-        from kernels.fp8_quant import quantize
+        from cubic_kernels.fp8_quant import quantize
 
         return quantize(t, dtype, scale, scale_t)
     return _quant(t, dtype, scale), _quant(t, dtype, scale_t).t().contiguous()

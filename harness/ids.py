@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 #: Knots of the rank curve, hot rows kept by name, and contiguous row blocks: enough to reproduce a
 #: 40M-row table's skew and placement within a few percent, few enough to read in the workload file.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.workload import Workload
+from cubic_harness.workload import Workload
 
 
 def mlp(sizes: list[int], in_features: int, final_relu: bool) -> nn.Sequential:

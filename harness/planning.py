@@ -8,11 +8,11 @@ simulation of this machine prices exactly the plan a real trial runs.
 
 from __future__ import annotations
 
-from harness.config import TrialConfig
-from harness.sharding.plan import ShardingPlan
-from harness.sharding.planner import make_plan
-from harness.sim.cluster import Cluster, local_cluster
-from harness.sim.perf import TableCosts
+from cubic_harness.config import TrialConfig
+from cubic_harness.sharding.plan import ShardingPlan
+from cubic_harness.sharding.planner import make_plan
+from cubic_harness.sim.cluster import Cluster, local_cluster
+from cubic_harness.sim.perf import TableCosts
 
 
 def plan_for(cfg: TrialConfig, cluster: Cluster | None = None, check_memory: bool = True) -> ShardingPlan:

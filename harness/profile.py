@@ -44,9 +44,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pv
 import pyarrow.parquet as pq
 
-from harness.errors import ConfigError
-from harness.ids import profile_ids
-from harness.workload import DataSample, Workload
+from cubic_harness.errors import ConfigError
+from cubic_harness.ids import profile_ids
+from cubic_harness.workload import DataSample, Workload
 
 FORMATS = ("auto", "parquet", "csv", "tsv", "criteo", "kjt")
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".tsv": "tsv", ".csv": "csv", ".txt": "csv",
@@ -140,7 +140,7 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
     1. Read every table's features (`read_features`).
     2. Hash each feature's ids into its table's rows; a table of several features gets one bag per
        (sample, feature), in that order.
-    3. Profile each table (harness.ids.profile_ids), reuse measured at `batch_sizes`.
+    3. Profile each table (cubic_harness.ids.profile_ids), reuse measured at `batch_sizes`.
     4. Only once the profiled workload validates, write the trace: bad input leaves nothing written.
     """
     path = Path(path)

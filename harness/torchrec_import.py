@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.dense_cost import dense_cost
-from harness.errors import ConfigError
-from harness.workload import DenseModel, TableSpec, Workload
+from cubic_harness.dense_cost import dense_cost
+from cubic_harness.errors import ConfigError
+from cubic_harness.workload import DenseModel, TableSpec, Workload
 
 #: TorchRec's data types and pooling modes in the workload's words.
 DATA_TYPES = {"FP32": "fp32", "FP16": "fp16", "BF16": "bf16", "INT8": "int8", "INT4": "int4", "INT2": "int2"}

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from harness.config import TrialConfig
-from harness.trial import _environ, rank_env
+from cubic_harness.config import TrialConfig
+from cubic_harness.trial import _environ, rank_env
 
 
 class UnsupportedConfig(ValueError):
@@ -198,7 +198,7 @@ def _train(cfg: TrialConfig, export: dict, placements: dict, rank: int, port: in
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
     from torchrec.types import DataType
 
-    from harness.data import rank_batches
+    from cubic_harness.data import rank_batches
 
     W, B, wl = cfg.world_size, cfg.batch_size, cfg.workload
     torch.set_num_threads(cfg.threads_per_rank)

@@ -22,14 +22,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.config import TrialConfig
-from harness.data import Batch, eval_batches, rank_batches
-from harness.model import DenseArch, build_dense_arch
-from harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
-from harness.sharding.comm import Groups, make_groups
-from harness.sharding.plan import ShardingPlan
-from harness.timers import BACKGROUND, TIMERS
-from kernels.base import DTYPES
+from cubic_harness.config import TrialConfig
+from cubic_harness.data import Batch, eval_batches, rank_batches
+from cubic_harness.model import DenseArch, build_dense_arch
+from cubic_harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
+from cubic_harness.sharding.comm import Groups, make_groups
+from cubic_harness.sharding.plan import ShardingPlan
+from cubic_harness.timers import BACKGROUND, TIMERS
+from cubic_kernels.base import DTYPES
 
 PHASES = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")
 COMPRESS = {k: v for k, v in DTYPES.items() if k != "fp32"}  # all-reduce hooks: the 16-bit wire formats
@@ -203,7 +203,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
 @torch.no_grad()
 def evaluate(cfg: TrialConfig, coll: ShardedEmbeddingCollection, dense: torch.nn.Module, rank: int, groups,
              device: torch.device) -> dict | None:
-    """NE and AUC of the trained model on held-out samples (harness.data.eval_batches: never trained on),
+    """NE and AUC of the trained model on held-out samples (cubic_harness.data.eval_batches: never trained on),
     as MLPerf's DLRM evaluation does: every rank scores its share, rank 0 gathers the scores."""
     W, B = cfg.world_size, cfg.batch_size
     TIMERS.enabled = False  # evaluation is not part of the measured step
@@ -257,7 +257,7 @@ def apply_fp8_dense(dense: DenseArch, coll: ShardedEmbeddingCollection, batches:
     enough and faster than bf16 (on CPU never: fp8 is only emulated there). Ranks agree
     on the choice (a layer is fp8 only if every rank's probe says so).
     """
-    from harness.fp8 import apply_fp8, probe_mlp, probes_to_json
+    from cubic_harness.fp8 import apply_fp8, probe_mlp, probes_to_json
 
     with torch.no_grad():  # every rank runs the same input collectives, so they pair up
         inputs = [(b.dense, coll.forward(coll.input_dist(b.ids, b.offsets, b.batch_size))) for b in batches[:2]]

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from harness.config import TrialConfig, TrialResult
-from harness.errors import ConfigError
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.errors import ConfigError
 
 
 def _is_oom(msg: str) -> bool:
@@ -70,8 +70,8 @@ def train_one_rank(cfg: TrialConfig, rank: int, host: str, port: int, collect_ta
         store = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=cfg.timeout_s))
     dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size,
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
-    from harness.planning import plan_for
-    from harness.train import train_rank
+    from cubic_harness.planning import plan_for
+    from cubic_harness.train import train_rank
 
     out = train_rank(cfg, plan_for(cfg), rank, device, collect_tables)
     dist.destroy_process_group()
@@ -101,7 +101,7 @@ def _nccl_ok(cfg: TrialConfig) -> bool:
 def check_config(cfg: TrialConfig) -> None:
     """Everything that makes a config bad input (raises ConfigError with one line)."""
     cfg.validate()
-    from harness.workload import SIMULATED_ONLY
+    from cubic_harness.workload import SIMULATED_ONLY
 
     if cfg.workload.name in SIMULATED_ONLY:
         raise ConfigError(f"workload {cfg.workload.name} is for the simulator (--backend sim --cluster ...): "
@@ -110,7 +110,7 @@ def check_config(cfg: TrialConfig) -> None:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda: no CUDA device is available here; use device=cpu")
     if cfg.kernel == "fbgemm":
-        from kernels.fbgemm_backend import available
+        from cubic_kernels.fbgemm_backend import available
 
         try:
             present = available()
@@ -121,7 +121,7 @@ def check_config(cfg: TrialConfig) -> None:
             raise ConfigError("kernel=fbgemm needs fbgemm_gpu (pip extra 'cpu' or 'cuda'); or use kernel=torch")
     if cfg.kernel == "triton" and cfg.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
         raise ConfigError("kernel=triton needs device=cuda (or TRITON_INTERPRET=1 for tests)")
-    from harness.planning import plan_for
+    from cubic_harness.planning import plan_for
 
     plan_for(cfg)
 
@@ -270,7 +270,7 @@ def run_trial(cfg: TrialConfig) -> TrialResult:
     try:
         check_config(cfg)
     except ConfigError as e:
-        from harness.sharding.planner import PlanError
+        from cubic_harness.sharding.planner import PlanError
 
         return TrialResult.failed("oom" if isinstance(e, PlanError) and "mem_cap" in str(e) else "error", str(e),
                                   cfg, env=env)

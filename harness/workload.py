@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError, read_text
-from harness.ids import IdProfile
+from cubic_harness.errors import ConfigError, read_text
+from cubic_harness.ids import IdProfile
 
 ID_DISTRIBUTIONS = ("uniform", "zipf")
 #: Where a trial's ids come from: each table's `id_dist` and fixed `pooling` (synthetic), the tables'
@@ -259,7 +259,7 @@ class Workload:
         """Meta's published embedding traces (facebookresearch/dlrm_datasets, 856 tables at batch 65,536 in
         2021, 788 at 131,072 in 2022): every table's ids repeat within a batch as the published reuse
         histograms say (harness/dlrm_datasets.py). Simulated only."""
-        from harness.dlrm_datasets import workload_dict
+        from cubic_harness.dlrm_datasets import workload_dict
 
         return cls.from_dict(workload_dict(year), where=f"preset dlrm-datasets-{year}")
 

@@ -1,4 +1,4 @@
-"""Embedding-bag kernels behind one interface (`kernels.base.EmbeddingBagKernel`).
+"""Embedding-bag kernels behind one interface (`cubic_kernels.base.EmbeddingBagKernel`).
 
 Backends: `fbgemm` (FBGEMM TBE), `torch` (reference), `native` (CPU, our own),
 `triton` (GPU; CPU under TRITON_INTERPRET=1). Knows no model.
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib
 
-from kernels.base import EmbeddingBagKernel, OptimSpec
+from cubic_kernels.base import EmbeddingBagKernel, OptimSpec
 
 BACKENDS = {
-    "torch": ("kernels.torch_backend", "TorchEmbeddingBags"),
-    "fbgemm": ("kernels.fbgemm_backend", "FbgemmEmbeddingBags"),
-    "native": ("kernels.native_backend", "NativeEmbeddingBags"),
-    "triton": ("kernels.triton_backend", "TritonEmbeddingBags"),
+    "torch": ("cubic_kernels.torch_backend", "TorchEmbeddingBags"),
+    "fbgemm": ("cubic_kernels.fbgemm_backend", "FbgemmEmbeddingBags"),
+    "native": ("cubic_kernels.native_backend", "NativeEmbeddingBags"),
+    "triton": ("cubic_kernels.triton_backend", "TritonEmbeddingBags"),
 }
 
 

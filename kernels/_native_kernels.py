@@ -1,4 +1,4 @@
-"""Numba kernels of the `native` backend (see `kernels.native_backend`).
+"""Numba kernels of the `native` backend (see `cubic_kernels.native_backend`).
 
 Why numba and not a C++ extension: numba is already a dependency, needs no compiler on the
 machine, and `cache=True` makes every process after the first load machine code in well under a
@@ -169,7 +169,7 @@ _PF_IDS = 48  # forward: rows prefetched this many ids ahead (tuned: 16 -> 48 wa
 _PF_PAIRS = 24  # backward: rows (and their state) prefetched this many sorted pairs ahead
 
 # Every kernel below is serial over a range of work items and releases the GIL (nogil=True);
-# `kernels._native_omp` runs them on torch's OpenMP team (`kernels.native_backend` falls back to
+# `cubic_kernels._native_omp` runs them on torch's OpenMP team (`cubic_kernels.native_backend` falls back to
 # a few Python threads). (numba's own prange runtime was
 # tried first: its OpenMP layer next to torch's OpenMP took milliseconds per launch here, and
 # parallel=True triples the compile time of a fresh machine's first trial.)
@@ -382,7 +382,7 @@ def update(keys, grad, B, w, state, w_off, s_off, dims, d_off, chunks, k0, k1, l
                     _st(wr, c, _ld(wr, c) - lr32 * g[c])
 
 
-# == trampolines for torch's OpenMP team (driven by `kernels._native_omp`) ==========================
+# == trampolines for torch's OpenMP team (driven by `cubic_kernels._native_omp`) ==========================
 # They live in this file so that numba's cache, which only watches a function's own source file,
 # recompiles them whenever a kernel they inline changes.
 

@@ -22,7 +22,7 @@ import functools
 
 import numpy as np
 
-from kernels import _native_kernels as nk
+from cubic_kernels import _native_kernels as nk
 
 # -- the driver ----------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.base import EmbeddingBagKernel
+from cubic_kernels.base import EmbeddingBagKernel
 
 
 def available() -> bool:

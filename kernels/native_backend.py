@@ -9,7 +9,7 @@ Why it exists: the embedding step is memory-bound row gathers/scatters, and FBGE
   place (or SGD); no gradient tensor is materialised.
 
 Threads follow `torch.get_num_threads()` (the harness sets it per rank); with more than one the
-kernels run on torch's own OpenMP team (`kernels._native_omp`), falling back to a Python thread
+kernels run on torch's own OpenMP team (`cubic_kernels._native_omp`), falling back to a Python thread
 pool where torch has no GNU OpenMP. CPU tensors only.
 Weights fp32 / fp16 / bf16 (reduced precision stored round-to-nearest-even, math in fp32).
 """
@@ -26,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from kernels import _native_kernels as nk
-from kernels import _native_omp as omp
-from kernels.base import DTYPES, EmbeddingBagKernel, OptimSpec
+from cubic_kernels import _native_kernels as nk
+from cubic_kernels import _native_omp as omp
+from cubic_kernels.base import DTYPES, EmbeddingBagKernel, OptimSpec
 
 _ITEMS_PER_THREAD = 4  # work items per thread: balance (pooling differs by table) at low overhead
 
@@ -38,7 +38,7 @@ _pool_lock = threading.Lock()
 
 
 def _team(nthreads: int) -> bool:
-    """Run on torch's OpenMP team (see `kernels._native_omp`) rather than Python threads?
+    """Run on torch's OpenMP team (see `cubic_kernels._native_omp`) rather than Python threads?
     CUBIC_NATIVE_THREADS=pool forces the thread pool (for comparison)."""
     return nthreads > 1 and os.environ.get("CUBIC_NATIVE_THREADS", "omp") != "pool" and omp.gomp() is not None
 

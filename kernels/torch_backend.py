@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.base import DTYPES, EmbeddingBagKernel, bag_ids
+from cubic_kernels.base import DTYPES, EmbeddingBagKernel, bag_ids
 
 
 class TorchEmbeddingBags(EmbeddingBagKernel):

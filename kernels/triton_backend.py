@@ -47,7 +47,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from kernels.base import DTYPES, EmbeddingBagKernel  # noqa: E402
+from cubic_kernels.base import DTYPES, EmbeddingBagKernel  # noqa: E402
 
 #: True when Triton's stdlib (and so our kernels) run under the interpreter in this process.
 INTERPRETED: bool = isinstance(tl.sum, InterpretedFunction)

@@ -13,10 +13,10 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from harness.config import TrialConfig
-from harness.sim.cluster import Cluster, load_cluster, local_cluster
-from harness.trial import run_ranks
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig
+from cubic_harness.sim.cluster import Cluster, load_cluster, local_cluster
+from cubic_harness.trial import run_ranks
+from cubic_harness.workload import Workload
 
 
 def tiny_cfg(**kw) -> TrialConfig:

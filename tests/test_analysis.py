@@ -14,7 +14,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from cubic import analysis, plots
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 from tests.helpers import require
 
 ROOT = Path(__file__).resolve().parents[1]

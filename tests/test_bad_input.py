@@ -45,7 +45,7 @@ def test_space_type_errors_are_one_line(tmp_path: Path, text: str, says: str) ->
 def test_cluster_file_with_numeric_unknown_keys_is_one_line(tmp_path: Path) -> None:
     import yaml
 
-    from harness.sim.cluster import shipped_cluster
+    from cubic_harness.sim.cluster import shipped_cluster
 
     d = yaml.safe_load(shipped_cluster("h100-8.yaml").read_text())
     d[7] = "x"  # a number beside the string keys: sorting them for the message raised TypeError

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.data import make_batch, rank_batches
-from harness.errors import ConfigError
-from harness.workload import SAMPLE_CYCLE, Workload
+from cubic_harness.data import make_batch, rank_batches
+from cubic_harness.errors import ConfigError
+from cubic_harness.workload import SAMPLE_CYCLE, Workload
 
 
 def _bags(b, T):

@@ -12,11 +12,11 @@ import torch
 
 from cubic.lr_scaling import apply, parse
 from cubic.space import load_space
-from harness.data import eval_batches, make_batch, rank_batches
-from harness.errors import ConfigError
-from harness.train import eval_metrics
-from harness.trial import run_trial
-from harness.workload import Workload
+from cubic_harness.data import eval_batches, make_batch, rank_batches
+from cubic_harness.errors import ConfigError
+from cubic_harness.train import eval_metrics
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import Workload
 from tests.helpers import tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -341,7 +341,7 @@ def test_the_default_task_draws_skewed_ids_per_table_and_labels_by_embeddings_an
 
     import numpy as np
 
-    from harness.data import make_batch
+    from cubic_harness.data import make_batch
 
     wl = Workload.preset("small-zipf")
     b = make_batch(wl, seed=0, first_sample=0, batch_size=8192)

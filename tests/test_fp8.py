@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from harness.fp8 import (
+from cubic_harness.fp8 import (
     DEFAULT_THRESHOLD,
     Fp8Linear,
     apply_fp8,

@@ -77,11 +77,11 @@ CASES = {
 def test_every_broken_file_is_a_result_or_one_line(tmp_path: Path, kind: str) -> None:
     src, name, argv = CASES[kind]
     if kind == "workload":
-        from harness.workload import Workload
+        from cubic_harness.workload import Workload
 
         text, load, dump = json.dumps(Workload.tiny().to_dict()), json.loads, json.dumps
     elif kind == "config":
-        from harness.config import TrialConfig
+        from cubic_harness.config import TrialConfig
 
         cfg = TrialConfig(device="cuda", kernel="triton", world_size=2).to_dict()
         text, load, dump = yaml.safe_dump(cfg), yaml.safe_load, yaml.safe_dump

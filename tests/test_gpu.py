@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.trial import run_trial
+from cubic_harness.trial import run_trial
 from tests.helpers import tiny_cfg, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -61,8 +61,8 @@ def test_fp8_auto_trial_records_a_timed_probe_per_layer() -> None:
 @pytest.mark.parametrize("rowwise", [False, True])
 def test_fused_fp8_quantisation_equals_torch_ops_bit_for_bit(dtype: torch.dtype, rowwise: bool) -> None:
     """kernels/fp8_quant.py: one pass gives exactly what the torch-op quantisation gives (CPU path)."""
-    from harness.fp8 import _quant, _scale
-    from kernels.fp8_quant import quantize
+    from cubic_harness.fp8 import _quant, _scale
+    from cubic_kernels.fp8_quant import quantize
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(300, 200, device="cuda", generator=gen) * 3).bfloat16()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import OptimSpec, make_kernel
-from kernels.fbgemm_backend import available as fbgemm_available
+from cubic_kernels import OptimSpec, make_kernel
+from cubic_kernels.fbgemm_backend import available as fbgemm_available
 from tests.helpers import require
 
 ROWS = [50, 7, 300, 1000]

@@ -26,8 +26,8 @@ from tests.helpers import require  # noqa: E402
 
 require("triton")
 
-from kernels import OptimSpec, make_kernel  # noqa: E402
-from kernels import triton_backend as tb  # noqa: E402
+from cubic_kernels import OptimSpec, make_kernel  # noqa: E402
+from cubic_kernels import triton_backend as tb  # noqa: E402
 
 DEVICES = (["cpu"] if tb.INTERPRETED else []) + (["cuda"] if torch.cuda.is_available() else [])
 ROWS, DIMS = [40, 6, 25, 12], [8, 4, 12, 16]  # non-power-of-two dim 12: exercises the column mask
@@ -241,7 +241,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels import triton_backend as tb
+from cubic_kernels import triton_backend as tb
 
 def ptx(fn, sig, consts, nw):
     sig = {**sig, **{k: "constexpr" for k in consts}}

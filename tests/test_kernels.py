@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import OptimSpec, make_kernel
+from cubic_kernels import OptimSpec, make_kernel
 from tests.helpers import require
 
 require("fbgemm_gpu")

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from cubic import lease as lease_mod
 from cubic.lease import KEY, LeaseLost, TunerLease, models
 from cubic.store import open_storage
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
 
 TABLE = models.StudySystemAttributeModel.__table__

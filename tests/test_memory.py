@@ -16,9 +16,9 @@ from cubic.runner import Pending
 from cubic.space import load_space
 from cubic.store import Store, open_storage, storage_url
 from cubic.tune import Tuner
-from harness.config import TrialConfig, TrialResult
-from harness.trial import run_trial
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import Workload
 from tests.helpers import fixture_cluster, fixture_cluster_as_local
 
 # benchmarks/bench_memory.py's held-out set (benchmarks/data/memory.json): median |error| 3.9%, worst 15.6% (n=34)

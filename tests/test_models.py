@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.config import TrialConfig
-from harness.dense_cost import dense_cost
-from harness.errors import ConfigError
-from harness.model import CrossNet, WukongLayer, build_dense_arch
-from harness.sim.backend import simulate
-from harness.trial import run_trial
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig
+from cubic_harness.dense_cost import dense_cost
+from cubic_harness.errors import ConfigError
+from cubic_harness.model import CrossNet, WukongLayer, build_dense_arch
+from cubic_harness.sim.backend import simulate
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import Workload
 from tests.helpers import fixture_cluster, reference, tiny_cfg, train
 
 DCN = {"preset": "tiny", "interaction": "dcn", "dcn_layers": 2, "dcn_rank": 12}

@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.config import TrialConfig, TrialResult
-from harness.trial import run_trial
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 2**20

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 from cubic.analysis import load_study, open_study
 from cubic.lease import TunerLease
 from cubic.store import open_storage
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 from tests.test_analysis import cubic_cli
 from tests.test_tune import FAST, cubic_tune, space_file
 

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.errors import ConfigError
-from harness.profile import FORMATS, hash_to_rows, load_trace, profile_data, read_features, write_trace
-from harness.workload import TableSpec, Workload
+from cubic_harness.errors import ConfigError
+from cubic_harness.profile import FORMATS, hash_to_rows, load_trace, profile_data, read_features, write_trace
+from cubic_harness.workload import TableSpec, Workload
 
 
 def workload(*tables: tuple[str, int, list[str]]) -> Workload:

@@ -90,9 +90,9 @@ def test_proxy_features_include_the_simulator(data) -> None:
     assert np.isfinite(rows).all()
     # a plan the simulator cannot price has the same feature names (NaN), so a first batch of
     # infeasible configurations cannot drop features for the rest of the study
-    from harness.config import TrialConfig
-    from harness.sim.backend import features
-    from harness.sim.perf import FEATURE_NAMES
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.sim.backend import features
+    from cubic_harness.sim.perf import FEATURE_NAMES
 
     bad = features(TrialConfig(sharding="column_wise", column_shard_dim=6))
     assert set(bad) == set(features(TrialConfig())) == set(FEATURE_NAMES)

@@ -4,8 +4,8 @@ is recorded alongside so the difference is visible."""
 
 from __future__ import annotations
 
-from harness.trial import run_trial
-from harness.workload import TableSpec, Workload
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import TableSpec, Workload
 from tests.helpers import tiny_cfg
 
 
@@ -40,7 +40,7 @@ def test_search_trial_ne_over_the_baselines_samples_equals_a_sample_matched_reru
     a sample-matched re-run does, so its NE over the baseline's samples comes free with the trial.
     Checked against a real re-run; and a smaller-batch trial, which cannot cover them, gives None."""
     from cubic.quality import covering, matched_ne, matched_steps
-    from harness.trial import run_trial
+    from cubic_harness.trial import run_trial
     from tests.helpers import tiny_cfg
 
     base = tiny_cfg(world_size=1, batch_size=32, warmup_steps=4, measure_steps=8, windows=1, emb_lr=0.05)

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 
 from cubic.quality import QualityRuns
 from cubic.quality_store import RUNS, SCHEMA, QualityStore, is_quality_run, run_key
-from harness.config import TrialConfig, TrialResult
-from harness.trial import run_trial
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import Workload
 
 QR = QualityRuns(samples=4096, eval_samples=2048, seeds=2)
 

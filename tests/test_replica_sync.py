@@ -13,13 +13,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cubic.space import load_space
-from harness.config import TrialConfig
-from harness.errors import ConfigError
-from harness.sharding.comm import group_ranks
-from harness.sharding.replica_sync import ReplicaSync
-from harness.trial import run_ranks, run_trial
-from harness.workload import TableSpec, Workload
-from kernels import OptimSpec, make_kernel
+from cubic_harness.config import TrialConfig
+from cubic_harness.errors import ConfigError
+from cubic_harness.sharding.comm import group_ranks
+from cubic_harness.sharding.replica_sync import ReplicaSync
+from cubic_harness.trial import run_ranks, run_trial
+from cubic_harness.workload import TableSpec, Workload
+from cubic_kernels import OptimSpec, make_kernel
 from tests.helpers import max_diff, reference, tiny_cfg, train
 
 TWO_D_MS = dict(sharding_group_size=1, sparse_sync="weight_avg", emb_optimizer="momentum_scaled_rowwise_adagrad")

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from cubic import analysis, export
-from harness.config import SHARDING_TYPES, TrialConfig, TrialResult
-from harness.planning import plan_for
-from harness.workload import Workload
+from cubic_harness.config import SHARDING_TYPES, TrialConfig, TrialResult
+from cubic_harness.planning import plan_for
+from cubic_harness.workload import Workload
 from tests.helpers import fixture_cluster, require
 from tests.test_analysis import cubic_cli, tiny_tune
 
@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def failed_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store in the tuner's schema whose trials all failed (real harness failures: a plan over the
     memory cap is refused before any process starts)."""
-    from harness.trial import run_trial
+    from cubic_harness.trial import run_trial
 
     run = tmp_path_factory.mktemp("failed_only")
     study = optuna.create_study(study_name="tiny", storage=f"sqlite:///{run / 'study.db'}",
@@ -336,7 +336,7 @@ def test_dcn_export_builds_torchrec_dlrm_dcn_with_the_harness_parameters() -> No
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.models import dlrm
 
-    from harness.dense_cost import dense_cost
+    from cubic_harness.dense_cost import dense_cost
 
     wl = Workload.from_dict(FAMILY_WORKLOADS["dcn"])
     d = export.to_torchrec_dict(_rec(TrialConfig(workload=wl, kernel="torch").validate()))

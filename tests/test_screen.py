@@ -60,7 +60,7 @@ def test_no_screen_without_quality_runs_where_it_is_off_or_for_a_batch_beside_le
     labels = [s.label for s in single_changes(load_space(tmp_path / "d.yaml"))]
     assert "allreduce_comm_precision=bf16" in labels  # the dense gradients' wire precision is a numerics change
     (tmp_path / "c.yaml").write_text(SCREEN.replace("quality: {", "quality: {screen: 2, "))
-    from harness.errors import ConfigError
+    from cubic_harness.errors import ConfigError
     with pytest.raises(ConfigError, match="quality.screen"):
         load_space(tmp_path / "c.yaml")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.planning import plan_for
+from cubic_harness.planning import plan_for
 from tests.helpers import fixture_cluster, max_diff, reference, tiny_cfg, train
 
 LOSS_TOL = 2e-6
@@ -83,7 +83,7 @@ def test_fp16_comm_keeps_small_gradients_at_batch_1024():
     """Pooled gradients of a loss averaged over B are ~1/B: in fp16 many fall below its normal range
     and lose their digits (or flush to zero). Scaled by ~B on the wire, fp16 (10 mantissa bits) must
     beat bf16 (7 bits) on the embedding update, as it did not before. SGD: the update is the gradient."""
-    from harness.model import init_table
+    from cubic_harness.model import init_table
 
     cfg = tiny_cfg(world_size=2, sharding="table_wise", batch_size=1024, warmup_steps=1, measure_steps=1,
                    emb_optimizer="sgd", emb_lr=0.5)
@@ -101,7 +101,7 @@ def test_fp16_comm_keeps_small_gradients_at_batch_1024():
 def test_default_column_width_is_the_widest_legal_one():
     """0 picks the widest multiple of 4 dividing dim within dim / group: dim 64 on 3 ranks splits
     into 16-wide shards (dim // 3 rounded to 20 used to be rejected, blaming an unset knob)."""
-    from harness.config import TrialConfig
+    from cubic_harness.config import TrialConfig
 
     cases = {(2, 64): 32, (3, 64): 16, (8, 64): 8, (2, 20): 4, (16, 64): 4, (1, 128): 128}
     assert {k: TrialConfig(world_size=k[0]).column_width(k[1]) for k in cases} == cases
@@ -110,9 +110,9 @@ def test_default_column_width_is_the_widest_legal_one():
 def test_auto_falls_back_to_whole_tables_when_its_plan_misses_the_memory_cap():
     """`auto` chooses kinds by speed; its row-wise pick for criteo-mlperf-mini on 4 ranks needs more
     than 227 MB on some rank, while whole tables packed by the cap fit: the trial must run, not oom."""
-    from harness.config import TrialConfig
-    from harness.sharding.planner import PlanError
-    from harness.workload import Workload
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.sharding.planner import PlanError
+    from cubic_harness.workload import Workload
 
     cfg = TrialConfig(workload=Workload.criteo_mlperf_mini(), world_size=4, sharding="auto", mem_cap_mb=227)
     c = fixture_cluster()  # the tests' calibrated machine: auto's choice is priced on it

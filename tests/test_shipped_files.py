@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from cubic.space import load_space
-from harness.config import TrialConfig
-from harness.sim.backend import simulate
-from harness.sim.cluster import load_cluster, resolve
-from harness.trial import run_trial
-from harness.workload import SIMULATED_ONLY
+from cubic_harness.config import TrialConfig
+from cubic_harness.sim.backend import simulate
+from cubic_harness.sim.cluster import load_cluster, resolve
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import SIMULATED_ONLY
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))

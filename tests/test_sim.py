@@ -12,11 +12,11 @@ import yaml
 from typer.testing import CliRunner
 
 from cubic.cli import app
-from harness.config import TrialConfig, TrialResult
-from harness.sim.backend import NO_QUALITY, simulate
-from harness.sim.cluster import cluster_from_dict, load_cluster, local_cluster, shipped_cluster
-from harness.trial import env_info
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.sim.backend import NO_QUALITY, simulate
+from cubic_harness.sim.cluster import cluster_from_dict, load_cluster, local_cluster, shipped_cluster
+from cubic_harness.trial import env_info
+from cubic_harness.workload import Workload
 from tests.helpers import FIXTURE_CLUSTER, fixture_cluster, fixture_cluster_as_local
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,8 +106,8 @@ def test_the_planner_and_the_model_do_not_import_each_other() -> None:
 
     planner = imports(ROOT / "harness/sharding/planner.py")
     model = imports(ROOT / "harness/sim/perf.py") | imports(ROOT / "harness/sim/collectives.py")
-    assert not any(m.startswith("harness.sim") for m in planner)
-    assert "harness.sharding.planner" not in model
+    assert not any(m.startswith("cubic_harness.sim") for m in planner)
+    assert "cubic_harness.sharding.planner" not in model
     assert not (ROOT / "harness/cost_model.py").exists()  # one performance model, not two
     # and the simulator never imports the tuner
     for f in (ROOT / "harness/sim").glob("*.py"):
@@ -115,7 +115,7 @@ def test_the_planner_and_the_model_do_not_import_each_other() -> None:
 
 
 def test_real_trials_and_the_simulator_run_the_same_plan() -> None:
-    from harness.planning import plan_for
+    from cubic_harness.planning import plan_for
 
     cfg = TrialConfig(world_size=4, sharding="auto")
     with fixture_cluster_as_local() as local:  # what a real trial plans with: this machine's cluster
@@ -167,7 +167,7 @@ def test_cubic_calibrate_short_writes_a_cluster_file_that_loads(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """By default calibrate writes $XDG_CONFIG_HOME/cubic/local.yaml, never a shipped file, and this machine's
     cluster (what real trials plan with, and `--cluster local`) is then that file, before the shipped one."""
-    from harness.sim.cluster import resolve
+    from cubic_harness.sim.cluster import resolve
 
     shipped = shipped_cluster("local.yaml")
     before = shipped.read_bytes() if shipped.exists() else None
@@ -255,7 +255,7 @@ def test_traffic_that_leaves_a_pod_pays_the_oversubscription() -> None:
     """h100-4096: pods of 384 nodes, 7:1 above. An all-to-all over 4,096 ranks sends 1/4 of its bytes out
     of the pod; inside one pod (3,072 ranks) none. Oversubscription is an aggregate ratio: rings pay it
     only when more of them leave a pod at once than its uplinks carry."""
-    from harness.sim import collectives as coll
+    from cubic_harness.sim import collectives as coll
 
     c = load_cluster(shipped_cluster("h100-4096.yaml"))
     flat = cluster_from_dict({**yaml.safe_load(shipped_cluster("h100-4096.yaml").read_text()),
@@ -279,7 +279,7 @@ def test_collective_formulas_match_hand_computed_cases() -> None:
     inside a node, 7/8 of the buffer on NVLink; over 2 nodes, 8/16 through each GPU's own NIC while
     7/16 goes over NVLink at the same time; over 3,072 ranks (one pod) 3064/3072 through the NIC; over
     4,096 ranks the 1/4 that leaves the pod counts 7 times."""
-    from harness.sim import collectives as coll
+    from cubic_harness.sim import collectives as coll
 
     c = load_cluster(shipped_cluster("h100-4096.yaml"))
     mb = 64 * 2**20
@@ -303,8 +303,8 @@ def test_collective_formulas_match_hand_computed_cases() -> None:
 
 
 def test_the_full_size_mlperf_model_is_for_the_simulator_only() -> None:
-    from harness.errors import ConfigError
-    from harness.trial import check_config
+    from cubic_harness.errors import ConfigError
+    from cubic_harness.trial import check_config
 
     with pytest.raises(ConfigError, match="for the simulator"):
         check_config(TrialConfig(workload=Workload.preset("mlperf-dcnv2")))
@@ -316,8 +316,8 @@ def test_tables_that_do_not_fit_live_in_host_memory_behind_a_cache() -> None:
     step pays the misses over PCIe, and without a host link the same config is out of memory."""
     import dataclasses
 
-    from harness.sim.perf import hit_rate
-    from harness.workload import TableSpec
+    from cubic_harness.sim.perf import hit_rate
+    from cubic_harness.workload import TableSpec
 
     c = load_cluster(shipped_cluster("a100-zionex-128.yaml"))
     cfg = TrialConfig(workload=Workload.preset("mlperf-dcnv2"), world_size=2, batch_size=4096, device="cuda",
@@ -337,8 +337,8 @@ def test_tables_that_do_not_fit_live_in_host_memory_behind_a_cache() -> None:
 def test_the_cache_model_at_hit_rates_0_and_1() -> None:
     """No cache: every lookup of a host-resident shard is a miss, priced at its row bytes over the host
     link, forward and backward alike; a cache as large as the shard serves every lookup (Zipf or not)."""
-    from harness.sim.perf import _offload, _ShardLoad, hit_rate
-    from harness.workload import TableSpec
+    from cubic_harness.sim.perf import _offload, _ShardLoad, hit_rate
+    from cubic_harness.workload import TableSpec
 
     c = load_cluster(shipped_cluster("a100-zionex-128.yaml"))
     for t in (TableSpec("u", 10_000, 64), TableSpec("z", 10_000, 64, 1, "zipf", 1.05)):
@@ -424,7 +424,7 @@ def test_a_16_bit_gradient_all_reduce_moves_half_the_bytes() -> None:
     ar32, ar16 = r32.extra["sim"]["comm_ms"]["ddp_allreduce"], r16.extra["sim"]["comm_ms"]["ddp_allreduce"]
     assert 0.45 < ar16 / ar32 < 0.6, (ar16, ar32)  # latency terms do not halve
     assert r16.qps > r32.qps and r16.breakdown_ms["optim"] > r32.breakdown_ms["optim"]
-    from harness.sim.backend import features
+    from cubic_harness.sim.backend import features
 
     f32, f16 = features(base, c), features(base.replace(allreduce_comm_precision="bf16"), c)
     assert f16["allreduce_bytes"] == f32["allreduce_bytes"] / 2

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cubic.space import fingerprint, load_space
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = """\

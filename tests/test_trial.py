@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.config import TrialConfig
-from harness.trial import run_trial
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig
+from cubic_harness.trial import run_trial
+from cubic_harness.workload import Workload
 from tests.helpers import tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,7 +230,7 @@ def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatc
     user's own setting, is left alone. Checked in real spawned children, and in the result's env."""
     import multiprocessing as mp
 
-    from harness.trial import _environ, rank_env
+    from cubic_harness.trial import _environ, rank_env
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     cores = len(os.sched_getaffinity(0))
@@ -249,7 +249,7 @@ def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatc
 def test_a_setting_taken_from_the_environment_is_recorded_in_the_result(monkeypatch) -> None:
     """A variable that changes a measurement without being a config field (a benchmark's forced replica
     transport or thread pool) is in the result's env, so no stored number hides it; unset, nothing is."""
-    from harness.trial import MEASUREMENT_ENV
+    from cubic_harness.trial import MEASUREMENT_ENV
 
     for k in MEASUREMENT_ENV:
         monkeypatch.delenv(k, raising=False)

@@ -21,7 +21,7 @@ from cubic.runner import STARTED
 from cubic.samplers import SEARCHERS, distributions, make_sampler
 from cubic.space import load_space
 from cubic.store import FLAT_KEYS, Store, open_storage, storage_url
-from harness.config import TrialResult
+from cubic_harness.config import TrialResult
 
 ROOT = Path(__file__).resolve().parent.parent
 # One-rank trials of the tiny workload: ~4 s each, two at a time on a 2-core machine (isolation: cores).
@@ -229,6 +229,8 @@ BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
     ("address", "Ray cluster unreachable"),
     ("empty_address", "--address '': empty"),
     ("searcher", "--searcher 'annealing'"),
+    ("quality_store", "--quality-store /nonexistent/run: no such run directory or storage URL"),
+    ("quality_store_sim", "--quality-store: a simulated tune runs no quality runs"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: str) -> None:
     from cubic.cli import app
@@ -243,7 +245,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: st
     args = ["tune", "--space", str(space_file(tmp_path, text)), "--run-dir", str(tmp_path / "run")]
     args += {"storage": ["--storage", "sqlite:////nonexistent/dir/study.db"],
              "address": ["--address", "127.0.0.1:1"], "empty_address": ["--address", ""],
-             "searcher": ["--searcher", "annealing"]}.get(case, [])
+             "searcher": ["--searcher", "annealing"], "quality_store": ["--quality-store", "/nonexistent/run"],
+             "quality_store_sim": ["--quality-store", str(tmp_path), "--backend", "sim", "--cluster", "h100-8"]
+             }.get(case, [])
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2, res.output
     lines = [x for x in res.output.splitlines() if x.strip()]
@@ -320,7 +324,7 @@ def test_ray_task_failures_become_failed_results_not_a_dead_tuner() -> None:
     import ray
 
     from cubic.runner import RayRunner
-    from harness.config import TrialConfig
+    from cubic_harness.config import TrialConfig
 
     def die(cfg: dict) -> Iterator[Any]:
         yield STARTED
@@ -352,7 +356,7 @@ def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
     import ray
 
     from cubic.runner import RayRunner
-    from harness.config import TrialConfig
+    from cubic_harness.config import TrialConfig
 
     def visible(cfg: dict) -> Iterator[Any]:  # what the trial saw, carried in its result's error field
         yield STARTED
@@ -386,7 +390,7 @@ def test_node_isolation_runs_one_cpu_trial_per_node_and_cores_packs_them() -> No
     import ray
 
     from cubic.runner import RayRunner
-    from harness.config import TrialConfig
+    from cubic_harness.config import TrialConfig
 
     @ray.remote(max_concurrency=4, num_cpus=0)
     class Meeting:
@@ -457,7 +461,7 @@ def test_a_trial_queued_for_resources_is_not_timed_out_but_a_hung_one_is(monkeyp
 
     import cubic.runner as runner_mod
     from cubic.runner import RayRunner
-    from harness.config import TrialConfig
+    from cubic_harness.config import TrialConfig
 
     def trial(cfg: dict) -> Iterator[Any]:
         yield STARTED

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.config import TrialConfig
-from harness.data import make_batch
-from harness.errors import ConfigError
-from harness.ids import draw_ranks, expected_distinct, hit_rate, profile_ids, rows_of_ranks
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig
+from cubic_harness.data import make_batch
+from cubic_harness.errors import ConfigError
+from cubic_harness.ids import draw_ranks, expected_distinct, hit_rate, profile_ids, rows_of_ranks
+from cubic_harness.workload import Workload
 
 CUBIC = [sys.executable, "-m", "cubic.cli"]
 
@@ -88,7 +88,7 @@ def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_import_dlrm_dcn_reads_tables_and_dense_arch(models: str) -> None:
-    from harness.torchrec_import import import_workload
+    from cubic_harness.torchrec_import import import_workload
 
     wl = import_workload(f"{models}:dcn")  # a 4e9-row table: built on meta, it costs nothing
     assert [(t.name, t.rows, t.dim, t.features, t.data_type) for t in wl.tables] == [
@@ -101,8 +101,8 @@ def test_import_dlrm_dcn_reads_tables_and_dense_arch(models: str) -> None:
 def test_import_custom_module_measures_its_dense_part(models: str) -> None:
     import torch
 
-    from harness.dense_cost import dense_cost
-    from harness.torchrec_import import import_workload
+    from cubic_harness.dense_cost import dense_cost
+    from cubic_harness.torchrec_import import import_workload
 
     wl = import_workload(f"{models}:ranker")
     assert [(t.name, t.rows, t.dim, t.features, t.pooling_type) for t in wl.tables] == [
@@ -172,8 +172,8 @@ def test_profiled_ids_behave_like_the_sample() -> None:
 def test_simulator_prices_the_shard_holding_the_hot_rows() -> None:
     """Row-wise on 2 ranks: each rank's lookups are the sample's share of lookups on its half of the rows
     (hot ids on the first rows: rank 0 is the busy one); synthetic ids of the same table spread evenly."""
-    from harness.sim.backend import simulate
-    from harness.sim.cluster import resolve
+    from cubic_harness.sim.backend import simulate
+    from cubic_harness.sim.cluster import resolve
 
     rows = 50_000
     for hot_low in (True, False):
@@ -211,7 +211,7 @@ def _sample_csv(path: Path, n: int = 3000) -> pd.DataFrame:
 def test_from_model_and_data_to_a_trial_on_profiled_and_replayed_ids(models: str, tmp_path: Path) -> None:
     """docs/workloads.md's path: import the model, profile a sample, then real trials on ids drawn like the sample
     and on the sample replayed; each trial's result says which ids it trained on."""
-    from harness.trial import run_trial
+    from cubic_harness.trial import run_trial
 
     wl_file = tmp_path / "ranker.json"
     assert subprocess.run([*CUBIC, "workload", "from-torchrec", f"{models}:ranker", "-o", str(wl_file)],
@@ -277,7 +277,7 @@ def test_space_reads_a_workload_file_with_overrides(models: str, tmp_path: Path)
 def test_dlrm_datasets_preset_reproduces_the_published_reuse(year: int, rows_tv: float, lookups_tv: float) -> None:
     """The preset's drawn batches against Meta's published reuse histograms (total variation distance), and a
     real draw of one table's batch against the analytic expectation the distance is computed on."""
-    from harness.dlrm_datasets import BIN_LO, LOCALITY, batch_histograms, fitted_profile, histogram_distance
+    from cubic_harness.dlrm_datasets import BIN_LO, LOCALITY, batch_histograms, fitted_profile, histogram_distance
 
     p, raw, fitted = fitted_profile(year)
     assert fitted["rows_tv"] <= rows_tv and fitted["lookups_tv"] <= lookups_tv
@@ -298,8 +298,8 @@ def test_dlrm_datasets_preset_reproduces_the_published_reuse(year: int, rows_tv:
 def test_input_buffers_grow_with_the_tables_a_rank_holds() -> None:
     """A rank receives the group's ids for the tables it holds, not for every table: 856 tables on 256 H100s
     fit, and the rank holding more tables needs more memory."""
-    from harness.sim.backend import simulate
-    from harness.sim.cluster import resolve
+    from cubic_harness.sim.backend import simulate
+    from cubic_harness.sim.cluster import resolve
 
     wl = Workload.preset("dlrm-datasets-2021")
     res = simulate(TrialConfig(workload=wl, world_size=256, batch_size=4096, sharding="table_wise", device="cuda",

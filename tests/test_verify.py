@@ -11,16 +11,16 @@ import pytest
 
 from cubic import analysis, export
 from cubic.space import load_space
-from harness.config import TrialConfig, TrialResult
-from harness.errors import ConfigError
-from harness.planning import plan_for
-from harness.workload import Workload
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.errors import ConfigError
+from cubic_harness.planning import plan_for
+from cubic_harness.workload import Workload
 from tests.helpers import fixture_cluster, require
 from tests.test_analysis import ROOT, cubic_cli, tiny_tune
 
 require("torchrec")
 
-from harness.torchrec_trial import UnsupportedConfig, plan_for_torchrec, run_torchrec_trial  # noqa: E402
+from cubic_harness.torchrec_trial import UnsupportedConfig, plan_for_torchrec, run_torchrec_trial  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_a_2d_export_trains_in_torchrecs_dmpcollection_and_its_replicas_merge() 
     r = run_torchrec_trial(cfg, exp)
     assert r["status"] == "ok", r["error"]
     assert r["model_parallel"] == "CpuDMPCollection" and r["substitutions"] == []
-    assert r["sharding_group"] == [0, 2]  # cubic's cross_node group 0 (harness.sharding.comm.group_ranks)
+    assert r["sharding_group"] == [0, 2]  # cubic's cross_node group 0 (cubic_harness.sharding.comm.group_ranks)
     assert r["syncs"] == 3  # 5 steps: after steps 2, 4 and the last
     for name, p in exp["placements"].items():
         assert r["placements"][name] == {"sharding_type": "column_wise", "ranks": p["ranks"],
@@ -109,7 +109,7 @@ def test_torchrec_ranks_start_in_the_harness_rank_environment() -> None:
     OpenMP workers spin on each other's cores and the verify compared a 4x-slowed TorchRec with cubic."""
     import os
 
-    from harness.trial import rank_env
+    from cubic_harness.trial import rank_env
 
     cfg = _cfg(threads_per_rank=2)
     r = run_torchrec_trial(cfg, _export(cfg))

@@ -11,7 +11,7 @@ from cubic.samplers.dsxgb import DSXGBSearch
 from cubic.samplers.simple import GridSearch, RandomSearch
 from cubic.samplers.tpe import TPESearch
 from cubic.space import SearchSpace
-from harness.errors import ConfigError
+from cubic_harness.errors import ConfigError
 
 SEARCHERS: dict[str, type[SpaceSampler]] = {
     "cubic": CubicSampler, "random": RandomSearch, "grid": GridSearch, "tpe": TPESearch, "ds-xgb": DSXGBSearch,

@@ -52,14 +52,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from harness.config import TrialConfig
-from harness.model import init_table
-from harness.sharding.comm import Groups, PooledAllToAll, all_gather_varlen, all_to_all, grad_scale
-from harness.sharding.plan import ShardingPlan
-from harness.sharding.replica_sync import ReplicaSync
-from harness.timers import TIMERS
-from kernels import OptimSpec, make_kernel
-from kernels.base import DTYPES
+from cubic_harness.config import TrialConfig
+from cubic_harness.model import init_table
+from cubic_harness.sharding.comm import Groups, PooledAllToAll, all_gather_varlen, all_to_all, grad_scale
+from cubic_harness.sharding.plan import ShardingPlan
+from cubic_harness.sharding.replica_sync import ReplicaSync
+from cubic_harness.timers import TIMERS
+from cubic_kernels import OptimSpec, make_kernel
+from cubic_kernels.base import DTYPES
 
 
 @dataclass

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from harness.sharding.plan import group_ranks
-from harness.timers import TIMERS
+from cubic_harness.sharding.plan import group_ranks
+from cubic_harness.timers import TIMERS
 
 
 @dataclass

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from harness.config import DTYPE_BYTES, TrialConfig
-from harness.errors import ConfigError
-from harness.sharding.plan import Shard, ShardingPlan, TablePlan
+from cubic_harness.config import DTYPE_BYTES, TrialConfig
+from cubic_harness.errors import ConfigError
+from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
 
 
 class TableCost(Protocol):

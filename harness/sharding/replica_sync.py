@@ -60,8 +60,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from harness.sharding.comm import all_gather_varlen
-from kernels.base import EmbeddingBagKernel
+from cubic_harness.sharding.comm import all_gather_varlen
+from cubic_kernels.base import EmbeddingBagKernel
 
 # A sparse merge costs about twice a dense one per byte moved (the all-gather's padding, the union's
 # sort, indexed reads and writes): measured 254 ms at 9.7% of rows touched vs 680 ms dense on the small

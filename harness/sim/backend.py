@@ -13,11 +13,11 @@ from __future__ import annotations
 import datetime
 import math
 
-from harness.config import TrialConfig, TrialResult
-from harness.errors import ConfigError
-from harness.sharding.planner import PlanError, make_plan
-from harness.sim.cluster import Cluster
-from harness.sim.perf import ModelError, TableCosts, estimate
+from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.errors import ConfigError
+from cubic_harness.sharding.planner import PlanError, make_plan
+from cubic_harness.sim.cluster import Cluster
+from cubic_harness.sim.perf import ModelError, TableCosts, estimate
 
 NO_QUALITY = "not measured: a simulated trial predicts speed and memory, never model quality"
 
@@ -66,8 +66,8 @@ def simulate(cfg: TrialConfig, c: Cluster) -> TrialResult:
 def features(cfg: TrialConfig, c: Cluster | None = None) -> dict[str, float]:
     """The simulator's prediction as the proxy's features (the local cluster by default); NaNs where
     it has none (no calibration, an illegal plan), under the same names, so columns never shift."""
-    from harness.sim.cluster import local_cluster
-    from harness.sim.perf import FEATURE_NAMES
+    from cubic_harness.sim.cluster import local_cluster
+    from cubic_harness.sim.perf import FEATURE_NAMES
 
     c = c or local_cluster()
     try:

@@ -6,7 +6,7 @@ built"):
 
 - copy bandwidth: a large tensor copy, one thread (read + write bytes / time);
 - embedding kernels: each backend's forward and backward+optimizer over a few row widths and table
-  precisions, as the fraction of the copy bandwidth its bytes (harness.sim.perf.lookup_bytes /
+  precisions, as the fraction of the copy bandwidth its bytes (cubic_harness.sim.perf.lookup_bytes /
   update_bytes, the model's own formulas) achieve; a second thread's speed-up as an exponent;
 - dense GEMMs: fp32 and bf16 at the workloads' layer sizes, fitted as time = MFLOP / peak + a fixed
   cost per GEMM (the model's `gemm_half_mflop` is that cost x peak);
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.sim.perf import lookup_bytes, update_bytes
+from cubic_harness.sim.perf import lookup_bytes, update_bytes
 
 Progress = Callable[[str], None]
 
@@ -83,7 +83,7 @@ def gemm_fit(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, i
 def embedding_eff(backend: str, precision: str, dim: int, device: torch.device, copy_gbs: float, reps: int,
                   tables: int = 4, rows: int = 200_000, bags: int = 2048, pooling: int = 20) -> dict[str, float]:
     """Achieved fraction of the copy bandwidth of one backend's forward and backward+optimizer."""
-    from kernels import OptimSpec, make_kernel
+    from cubic_kernels import OptimSpec, make_kernel
 
     k = make_kernel(backend, [rows] * tables, [dim] * tables, weight_dtype=precision,
                     optim=OptimSpec("rowwise_adagrad", lr=0.01), device=device)
@@ -132,7 +132,7 @@ def _pair_rank(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
 
     import torch.distributed as dist
 
-    from kernels import OptimSpec, make_kernel
+    from cubic_kernels import OptimSpec, make_kernel
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, dt.timedelta(seconds=120))
@@ -219,14 +219,14 @@ def _collection_glue(rank: int, reps: int) -> dict[str, float]:
     optimizer, no DDP), less the time its phase timers give the kernels and the all-to-alls. That is
     the input routing (per-shard id selection, concatenation, offsets), the pooled output's assembly
     and autograd, per looked-up id of the rank's own bags."""
-    from harness.config import TrialConfig
-    from harness.data import rank_batches
-    from harness.sharding.collection import ShardedEmbeddingCollection
-    from harness.sharding.comm import make_groups
-    from harness.sharding.planner import make_plan
-    from harness.sim.perf import TableCosts
-    from harness.timers import TIMERS
-    from harness.workload import Workload
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.data import rank_batches
+    from cubic_harness.sharding.collection import ShardedEmbeddingCollection
+    from cubic_harness.sharding.comm import make_groups
+    from cubic_harness.sharding.planner import make_plan
+    from cubic_harness.sim.perf import TableCosts
+    from cubic_harness.timers import TIMERS
+    from cubic_harness.workload import Workload
 
     cfg = TrialConfig(workload=Workload.small(), world_size=2, batch_size=1024)
     plan = make_plan(cfg, TableCosts(None))
@@ -253,7 +253,7 @@ def _collection_glue(rank: int, reps: int) -> dict[str, float]:
 def _replica_merge(k, reps: int) -> dict[str, list[float]]:
     """The 2D weight_avg merge (harness/sharding/replica_sync.py) of two replicas, after one step's
     touched rows (sparse transport) and after eight steps' (dense): [payload bytes, ms] per transport."""
-    from harness.sharding.replica_sync import ReplicaSync
+    from cubic_harness.sharding.replica_sync import ReplicaSync
 
     out = {}
     g = torch.Generator().manual_seed(1)
@@ -323,10 +323,10 @@ def dense_other(device: torch.device, gemm: dict, reps: int, batches: tuple[int,
     loss), per dense precision and batch size, as GB/s of activation bytes: the small workload's
     DenseArch forward + backward, minus the model's GEMM time for it. Its rate falls with the batch as
     the activations leave the caches, so it is a curve, interpolated in log batch."""
-    from harness.dense_cost import dense_cost
-    from harness.model import build_dense_arch
-    from harness.sim.perf import gemm_ms
-    from harness.workload import Workload
+    from cubic_harness.dense_cost import dense_cost
+    from cubic_harness.model import build_dense_arch
+    from cubic_harness.sim.perf import gemm_ms
+    from cubic_harness.workload import Workload
 
     wl = Workload.small()
     arch = build_dense_arch(wl, 0).to(device)
@@ -352,9 +352,9 @@ def dense_other(device: torch.device, gemm: dict, reps: int, batches: tuple[int,
 
 def framework_step() -> dict:
     """The harness's own step where there is nothing to compute: its fixed cost and a rank's memory."""
-    from harness.config import TrialConfig
-    from harness.trial import run_trial
-    from harness.workload import Workload
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.trial import run_trial
+    from cubic_harness.workload import Workload
 
     cfg = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, warmup_steps=5, measure_steps=30,
                       windows=3, kernel="native")
@@ -374,7 +374,7 @@ def framework_step() -> dict:
 
 # ---------------------------------------------------------------------- the whole calibration
 def _backends(device: torch.device) -> list[str]:
-    from kernels.fbgemm_backend import available
+    from cubic_kernels.fbgemm_backend import available
 
     if device.type == "cuda":
         return ["torch", "triton"]

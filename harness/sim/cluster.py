@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from harness.errors import ConfigError, read_text
+from cubic_harness.errors import ConfigError, read_text
 
 KERNELS = ("fbgemm", "torch", "native", "triton")
 EMB_PRECISIONS = ("fp32", "fp16", "bf16")
@@ -283,10 +283,12 @@ def load_cluster(path: str | Path) -> Cluster:
 
 
 def shipped_cluster(name: str) -> Path:
-    """`clusters/NAME` of the working directory, else the one of this source checkout."""
+    """`clusters/NAME` of the working directory, else the one cubic ships (package data `cubic_clusters`)."""
+    from importlib.resources import files
+
     here = Path("clusters") / name
-    repo = Path(__file__).resolve().parents[2] / "clusters" / name
-    return here if here.exists() or not repo.exists() else repo
+    shipped = Path(str(files("cubic_clusters") / name))
+    return here if here.exists() or not shipped.exists() else shipped
 
 
 def resolve(name_or_path: str | Path) -> Cluster:

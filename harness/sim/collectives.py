@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.sim.cluster import Cluster
+from cubic_harness.sim.cluster import Cluster
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from harness import ids as idstats
-from harness.config import DTYPE_BYTES, TrialConfig
-from harness.dense_cost import DenseCost, dense_cost
-from harness.sharding.plan import ShardingPlan, group_ranks
-from harness.sim import collectives as coll
-from harness.sim.cluster import Cluster, KernelEff, log_interp
-from harness.workload import TableSpec
+from cubic_harness import ids as idstats
+from cubic_harness.config import DTYPE_BYTES, TrialConfig
+from cubic_harness.dense_cost import DenseCost, dense_cost
+from cubic_harness.sharding.plan import ShardingPlan, group_ranks
+from cubic_harness.sim import collectives as coll
+from cubic_harness.sim.cluster import Cluster, KernelEff, log_interp
+from cubic_harness.workload import TableSpec
 
 STATE_BYTES = {"rowwise_adagrad": 4, "momentum_scaled_rowwise_adagrad": 4, "sgd": 0}
 ID_BYTES = 8

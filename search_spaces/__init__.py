@@ -1,0 +1,1 @@
+"""The shipped search spaces (installed as package data: `cubic tune` finds them from any directory)."""
