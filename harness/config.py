@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +225,17 @@ def _coerce(key: str, val: Any, where: str) -> Any:
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{where}: {key}={val!r} is not a valid {typ}") from None
     return val
+
+
+#: Environment variables that change a measurement without being a TrialConfig field: a benchmark's forced
+#: transport or thread pool (to compare against the default), fp8's op path, the cluster file the planners
+#: price with. Each set one is recorded in `TrialResult.env["env_overrides"]` (real and simulated trials
+#: alike), so no number hides it.
+MEASUREMENT_ENV = ("CUBIC_REPLICA_SYNC", "CUBIC_NATIVE_THREADS", "CUBIC_FP8_QUANT", "CUBIC_LOCAL_CLUSTER")
+
+
+def env_overrides() -> dict[str, str]:
+    return {k: os.environ[k] for k in MEASUREMENT_ENV if k in os.environ}
 
 
 @dataclass

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.config import TrialConfig, TrialResult, env_overrides
 from cubic_harness.errors import ConfigError
 
 
@@ -126,12 +126,6 @@ def check_config(cfg: TrialConfig) -> None:
     plan_for(cfg)
 
 
-#: Environment variables that change a measurement without being a TrialConfig field: a benchmark's forced
-#: transport or thread pool (to compare against the default), fp8's op path, the cluster file the planners
-#: price with. Each set one is recorded in `TrialResult.env["env_overrides"]`, so no number hides it.
-MEASUREMENT_ENV = ("CUBIC_REPLICA_SYNC", "CUBIC_NATIVE_THREADS", "CUBIC_FP8_QUANT", "CUBIC_LOCAL_CLUSTER")
-
-
 def env_info(cfg: TrialConfig) -> dict[str, Any]:
     try:
         import fbgemm_gpu
@@ -145,7 +139,7 @@ def env_info(cfg: TrialConfig) -> dict[str, Any]:
             "world_size": cfg.world_size, "hostname": platform.node(), "cpus": os.cpu_count(),
             "omp_wait_policy": rank_env(cfg).get("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "default")),
             "ids": cfg.workload.ids_record(),
-            "env_overrides": {k: os.environ[k] for k in MEASUREMENT_ENV if k in os.environ},
+            "env_overrides": env_overrides(),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 

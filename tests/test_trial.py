@@ -249,7 +249,7 @@ def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatc
 def test_a_setting_taken_from_the_environment_is_recorded_in_the_result(monkeypatch) -> None:
     """A variable that changes a measurement without being a config field (a benchmark's forced replica
     transport or thread pool) is in the result's env, so no stored number hides it; unset, nothing is."""
-    from cubic_harness.trial import MEASUREMENT_ENV
+    from cubic_harness.config import MEASUREMENT_ENV
 
     for k in MEASUREMENT_ENV:
         monkeypatch.delenv(k, raising=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import math
 
-from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.config import TrialConfig, TrialResult, env_overrides
 from cubic_harness.errors import ConfigError
 from cubic_harness.sharding.planner import PlanError, make_plan
 from cubic_harness.sim.cluster import Cluster
@@ -28,7 +28,7 @@ def sim_env(cfg: TrialConfig, c: Cluster) -> dict:
     return {"backend": "sim", "cluster": c.name, "torch": None, "fbgemm": None, "device": c.device.type,
             "device_name": f"simulated {c.device.type} ({c.name})", "world_size": cfg.world_size,
             "hostname": "", "cpus": c.device.cores or c.devices, "omp_wait_policy": "n/a",
-            "ids": cfg.workload.ids_record(),
+            "ids": cfg.workload.ids_record(), "env_overrides": env_overrides(),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "placement": "simulated",
             "nodes": nodes, "rank_nodes": [f"{c.name}-node{c.node_of(r)}" for r in range(cfg.world_size)],
             "wall_s": 0.0, "startup_s": 0.0}
