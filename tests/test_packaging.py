@@ -40,8 +40,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(installed: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m cubic.cli ARGS` from a directory outside the checkout, the installed copy first on the path."""
     cwd = installed / "elsewhere"
-    cwd.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(installed / "site")}
+    (cwd / "config").mkdir(parents=True, exist_ok=True)
+    # no calibration of this machine in the user's config: `--cluster local` is the shipped clusters/local.yaml
+    env = {**{k: v for k, v in os.environ.items() if k != "CUBIC_LOCAL_CLUSTER"},
+           "PYTHONPATH": str(installed / "site"), "XDG_CONFIG_HOME": str(cwd / "config")}
     return subprocess.run([sys.executable, "-m", "cubic.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -61,10 +63,11 @@ def test_the_installed_copy_runs_a_trial_and_a_tune_from_another_directory(insta
                            cwd=installed, env={**os.environ, "PYTHONPATH": str(installed / "site")},
                            capture_output=True, text=True, check=True).stdout
     assert where.count(str(installed / "site")) == 2, where  # not the checkout
-    r = _run(installed, "trial", "--backend", "sim", "--cluster", "h100-8", "--json")
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1])["status"] == "ok"
-    r = _run(installed, "tune", "--backend", "sim", "--cluster", "h100-8", "--trials", "4", "--no-live",
+    r = _run(installed, "trial", "--backend", "sim", "--cluster", "local", "--json")  # the shipped space, too
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and res["status"] == "ok", (res["error"], r.stderr[-2000:])
+    assert res["env"]["cluster"] == "local" and res["config"]["workload"]["name"] == "small-zipf"
+    r = _run(installed, "tune", "--backend", "sim", "--cluster", "local", "--trials", "4", "--no-live",
              "--run-dir", "run")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (installed / "elsewhere" / "run" / "study.db").is_file() and "winner" in r.stdout
