@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 
 SEED ?= 0
 RUN_DIR ?= runs/dlrm_cpu
+QUALITY_STORE ?= runs/quality.db
 tune: $(STAMP)  # make tune [SEED=1 RUN_DIR=runs/seed1]: another searcher seed, in its own study
-	$(BIN)/cubic tune --space search_spaces/dlrm_cpu.yaml --run-dir $(RUN_DIR) --seed $(SEED)
+	mkdir -p $(dir $(QUALITY_STORE))
+	$(BIN)/cubic tune --space search_spaces/dlrm_cpu.yaml --run-dir $(RUN_DIR) --seed $(SEED) \
+		--quality-store $(QUALITY_STORE)  # quality runs paid once, shared by every make tune
 
 test: $(STAMP)
 	$(BIN)/ruff check .

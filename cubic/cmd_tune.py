@@ -45,9 +45,9 @@ def tune(
     warm_start: list[str] = typer.Option([], "--warm-start", help="Run dir or storage URL of a study of the same "
                                          "space (typically a simulated one) whose trials the searcher learns from "
                                          "first; repeatable (searcher cubic)."),
-    quality_store: str | None = typer.Option(None, "--quality-store", help="Run dir or storage URL whose kept "
-                                             "quality runs this tune reuses and adds to (table "
-                                             "cubic_quality_runs) [default: this tune's own store]."),
+    quality_store: str | None = typer.Option(None, "--quality-store", help="Where quality runs are kept, reused "
+                                             "and added to (table cubic_quality_runs): a run dir, a storage URL, "
+                                             "or a .db file (created) [default: this tune's own store]."),
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
     import optuna
@@ -99,12 +99,9 @@ def tune(
         if quality_store is not None and sim_cluster is not None:
             raise ConfigError("--quality-store: a simulated tune runs no quality runs; leave it out")
         if quality_store is not None:
-            from cubic.analysis import storage_url as existing_url
+            from cubic.quality_store import quality_store_url
 
-            try:
-                qurl = existing_url(quality_store)
-            except ConfigError as e:
-                raise ConfigError(f"--quality-store {e}") from None
+            qurl = quality_store_url(quality_store)
         rdb = open_storage(storage_url(run_dir, storage), None if storage else f"--run-dir {run_dir}")
         store = Store(sp, rdb, run_dir, backend="real" if sim_cluster is None else f"sim:{sim_cluster.name}")
         if sim_cluster is not None:

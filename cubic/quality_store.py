@@ -67,6 +67,23 @@ def run_key(cfg: TrialConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def quality_store_url(where: str) -> str:
+    """`--quality-store`: a storage URL as given, a run directory's store (which must exist), or a SQLite `.db`
+    file, created if missing (so several run directories can share one: `make tune` keeps runs/quality.db)."""
+    from cubic.analysis import storage_url
+    from cubic_harness.errors import ConfigError
+
+    p = Path(where).expanduser()
+    if "://" not in where and p.suffix == ".db" and not p.exists():
+        if not p.parent.is_dir():
+            raise ConfigError(f"--quality-store {where}: no such directory {p.parent}")
+        return f"sqlite:///{p.resolve()}"
+    try:
+        return storage_url(where)
+    except ConfigError as e:
+        raise ConfigError(f"--quality-store {e}") from None
+
+
 def is_quality_run(cfg: TrialConfig) -> bool:
     """A run that trains to a held-out evaluation (what `QualityRuns.config` makes); speed runs never are."""
     return cfg.eval_samples > 0

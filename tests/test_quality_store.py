@@ -64,3 +64,20 @@ def test_the_store_keeps_finished_runs_beside_optunas_tables_and_ignores_other_s
     with qs.engine.connect() as c:
         stored = json.loads(c.execute(sa.select(RUNS.c.config)).scalar_one())
     assert stored["eval_samples"] == QR.eval_samples and stored["seed"] == 0
+
+
+def test_the_quality_store_option_takes_a_run_dir_a_url_or_a_new_db_file(tmp_path: Path) -> None:
+    """`make tune` passes `--quality-store runs/quality.db` so every run directory shares one."""
+    import pytest
+
+    from cubic.quality_store import quality_store_url
+    from cubic_harness.errors import ConfigError
+
+    url = quality_store_url(str(tmp_path / "quality.db"))
+    assert url == f"sqlite:///{tmp_path / 'quality.db'}" and not (tmp_path / "quality.db").exists()
+    QualityStore(url)  # created on first use, beside nothing else
+    assert (tmp_path / "quality.db").is_file() and quality_store_url(str(tmp_path / "quality.db")) == url
+    with pytest.raises(ConfigError, match=r"^--quality-store /nonexistent/q.db: no such directory /nonexistent$"):
+        quality_store_url("/nonexistent/q.db")
+    with pytest.raises(ConfigError, match=r"^--quality-store .*/run: no such run directory or storage URL$"):
+        quality_store_url(str(tmp_path / "run"))
