@@ -87,6 +87,13 @@ def tune(
                 raise ConfigError(f"--warm-start: only the cubic searcher learns from other studies, not {searcher}")
             for src in warm_start:
                 warm += load_warm_start(src, sp)
+        qstore = None
+        if quality_store is not None and sim_cluster is not None:
+            raise ConfigError("--quality-store: a simulated tune runs no quality runs; leave it out")
+        if quality_store is not None:  # opened before the study's store: a bad one writes nothing
+            from cubic.quality_store import open_quality_store
+
+            qstore = open_quality_store(quality_store)
         if run_dir is None and storage is None:
             run_dir = Path("runs") / (sp.name if sim_cluster is None else f"{sp.name}-sim-{sim_cluster.name}")
         if run_dir is not None:
@@ -95,13 +102,6 @@ def tune(
                 run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
-        qurl = None
-        if quality_store is not None and sim_cluster is not None:
-            raise ConfigError("--quality-store: a simulated tune runs no quality runs; leave it out")
-        if quality_store is not None:
-            from cubic.quality_store import quality_store_url
-
-            qurl = quality_store_url(quality_store)
         rdb = open_storage(storage_url(run_dir, storage), None if storage else f"--run-dir {run_dir}")
         store = Store(sp, rdb, run_dir, backend="real" if sim_cluster is None else f"sim:{sim_cluster.name}")
         if sim_cluster is not None:
@@ -110,11 +110,10 @@ def tune(
             runner = SimRunner(sim_cluster)
         else:
             runner = RayRunner(address, sp.isolation).check()
-        qstore = None
-        if sim_cluster is None and sp.quality_runs is not None:
+        if qstore is None and sim_cluster is None and sp.quality_runs is not None:
             from cubic.quality_store import QualityStore
 
-            qstore = QualityStore(qurl or rdb.url)
+            qstore = QualityStore(rdb.url)
         tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live,
                       warm_start=warm, quality_store=qstore)
         summary = tuner.run()

@@ -84,6 +84,20 @@ def quality_store_url(where: str) -> str:
         raise ConfigError(f"--quality-store {e}") from None
 
 
+def open_quality_store(where: str) -> QualityStore:
+    """`--quality-store WHERE` opened, or one line (ConfigError) naming it and why it cannot be."""
+    from cubic.store import redact, safe_url
+    from cubic_harness.errors import ConfigError
+
+    url = quality_store_url(where)
+    try:
+        return QualityStore(url)
+    except sa.exc.SQLAlchemyError as e:
+        why = redact(" ".join(str(getattr(e, "orig", None) or e).split()), where)[:160]
+        raise ConfigError(f"--quality-store {safe_url(where)}: cannot open it as a store "
+                          f"({type(e).__name__}: {why})") from None
+
+
 def is_quality_run(cfg: TrialConfig) -> bool:
     """A run that trains to a held-out evaluation (what `QualityRuns.config` makes); speed runs never are."""
     return cfg.eval_samples > 0

@@ -231,6 +231,7 @@ BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
     ("searcher", "--searcher 'annealing'"),
     ("quality_store", "--quality-store /nonexistent/run: no such run directory or storage URL"),
     ("quality_store_sim", "--quality-store: a simulated tune runs no quality runs"),
+    ("quality_store_corrupt", "q.db: cannot open it as a store (DatabaseError: "),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: str) -> None:
     from cubic.cli import app
@@ -246,12 +247,15 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: st
     args += {"storage": ["--storage", "sqlite:////nonexistent/dir/study.db"],
              "address": ["--address", "127.0.0.1:1"], "empty_address": ["--address", ""],
              "searcher": ["--searcher", "annealing"], "quality_store": ["--quality-store", "/nonexistent/run"],
-             "quality_store_sim": ["--quality-store", str(tmp_path), "--backend", "sim", "--cluster", "h100-8"]
-             }.get(case, [])
+             "quality_store_sim": ["--quality-store", str(tmp_path), "--backend", "sim", "--cluster", "h100-8"],
+             "quality_store_corrupt": ["--quality-store", str(tmp_path / "q.db")]}.get(case, [])
+    (tmp_path / "q.db").write_bytes(b"not a database, not empty either" * 64)
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2, res.output
     lines = [x for x in res.output.splitlines() if x.strip()]
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in res.output, res.output
+    if case.startswith("quality_store"):  # judged before the study's store is made: nothing written
+        assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------------- searchers and warm start (no trials)
