@@ -124,7 +124,7 @@ knobs:
 objective: {metric: qps}
 constraints: {quality_tolerance: 0.5}   # the searcher's in-run estimate lets everything through to confirm
 quality: {samples: 16384, eval_samples: 8192, seeds: 2, tolerance: 0.002, screen: false}  # the confirm judges
-trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
+trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}
 budget: {trials: 5, confirm_top_k: 4}
 """
 
@@ -298,7 +298,7 @@ SEARCH_CHECK = LARGE_BATCH.replace("name: lb", "name: lbcheck").replace(
     "tolerance: 0.002}", "tolerance: 0.002, screen: false}").replace("  batch_size: [64, 256]\n", """\
   batch_size: [64, 256]
   pipeline_depth: [0, 1]
-""") + """trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
+""") + """trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}
 budget: {trials: 4, confirm_top_k: 2}
 """
 

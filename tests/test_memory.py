@@ -64,7 +64,7 @@ baseline: {world_size: 1, sharding: table_wise, batch_size: 32, kernel: torch}
 knobs:
   batch_size: [32, 65536, 64]
 constraints: {mem_cap_mb: 700}
-trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 60, repeats: 1}
+trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 300, repeats: 1}
 budget: {trials: 3, confirm_top_k: 0}
 """
 

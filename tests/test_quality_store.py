@@ -21,7 +21,7 @@ QR = QualityRuns(samples=4096, eval_samples=2048, seeds=2)
 
 def _cfg(**kw) -> TrialConfig:
     base = TrialConfig(workload=Workload.tiny(), kernel="torch", world_size=2, batch_size=64, warmup_steps=1,
-                       measure_steps=3, windows=1, timeout_s=60).replace(**kw)
+                       measure_steps=3, windows=1, timeout_s=300).replace(**kw)
     return QR.config(base, 0)
 
 

@@ -25,7 +25,7 @@ SCREEN = LARGE_BATCH.replace("name: lb", "name: screen").replace("  batch_size: 
   pipeline_depth: [0, 1]           # layout only: never screened
   batch_size: [64, 256]            # 4x the batch at the baseline's rates: fails alone
 """).replace("tolerance: 0.002}", "tolerance: 0.002, max_seeds: 3}") + """trial: {warmup_steps: 1, \
-measure_steps: 3, windows: 1, timeout_s: 60, repeats: 1}
+measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}
 budget: {trials: 4, confirm_top_k: 2}
 """
 

@@ -34,7 +34,7 @@ knobs:
   pipeline_depth: [0, 1]
   emb_precision: [fp32, fp16]
 constraints: {mem_cap_mb: 3000, quality_tolerance: 0.5}
-trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 60, repeats: 1}
+trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 300, repeats: 1}
 budget: {trials: 5, confirm_top_k: 1, isolation: cores}
 """
 # Rank 1 crashes / allocates past the cap / hangs: grid search visits each once after the baseline.
@@ -45,7 +45,7 @@ baseline: {world_size: 2, sharding: table_wise, batch_size: 32, kernel: torch, i
 knobs:
   inject_fault: [none, crash, oom, hang]
 constraints: {mem_cap_mb: 1500}
-trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 15, repeats: 1}
+trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 45, repeats: 1}
 budget: {trials: 4, confirm_top_k: 0}
 """
 
@@ -170,7 +170,7 @@ knobs:
   batch_size: [32, 256]
   pipeline_depth: [0, 1]
 constraints: {mem_cap_mb: 3000, quality_tolerance: 0.0}
-trial: {warmup_steps: 1, measure_steps: 4, windows: 1, timeout_s: 60, repeats: 2}
+trial: {warmup_steps: 1, measure_steps: 4, windows: 1, timeout_s: 300, repeats: 2}
 budget: {trials: 4, confirm_top_k: 1, isolation: cores}
 """
 
