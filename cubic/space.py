@@ -406,13 +406,9 @@ class _Loader:
 
 
 def shipped_space(name: str) -> Path:
-    """`search_spaces/NAME` of the working directory, else the one cubic ships (package data
-    `cubic_search_spaces`, editable or not), so the defaults work from any directory."""
-    from importlib.resources import files
+    from cubic_harness.sim.cluster import shipped_file
 
-    here = Path("search_spaces") / name
-    shipped = Path(str(files("cubic_search_spaces") / name))
-    return here if here.exists() or not shipped.exists() else shipped
+    return shipped_file("search_spaces", "cubic_search_spaces", name)
 
 
 TWO_D_ONLY = ("sparse_sync", "sparse_sync_interval", "group_placement")

@@ -282,13 +282,18 @@ def load_cluster(path: str | Path) -> Cluster:
     return cluster_from_dict(raw, str(path))
 
 
-def shipped_cluster(name: str) -> Path:
-    """`clusters/NAME` of the working directory, else the one cubic ships (package data `cubic_clusters`)."""
+def shipped_file(folder: str, package: str, name: str) -> Path:
+    """`FOLDER/NAME` of the working directory, else the one cubic ships as package data (`package`), so the
+    shipped spaces and clusters work from any directory, installed editable or not."""
     from importlib.resources import files
 
-    here = Path("clusters") / name
-    shipped = Path(str(files("cubic_clusters") / name))
+    here = Path(folder) / name
+    shipped = Path(str(files(package) / name))
     return here if here.exists() or not shipped.exists() else shipped
+
+
+def shipped_cluster(name: str) -> Path:
+    return shipped_file("clusters", "cubic_clusters", name)
 
 
 def resolve(name_or_path: str | Path) -> Cluster:
