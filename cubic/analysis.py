@@ -16,7 +16,9 @@ import optuna
 import pandas as pd
 import sqlalchemy
 
+from cubic import record
 from cubic.quality import paired_mean
+from cubic.record import TrialRecord
 from cubic.screen import Screened
 from cubic.store import NOT_RUN, rdb_storage, redact, safe_url
 from cubic_harness.errors import ConfigError
@@ -80,6 +82,11 @@ def existing_storage(url: str, where: str) -> tuple[Any, list]:
 
 def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> optuna.Study:
     """Open an existing study; with study=None the storage's only study (the name is the space's name)."""
+    return open_store(run_dir_or_storage_url, study)[0]
+
+
+def open_store(run_dir_or_storage_url: str | Path, study: str | None = None) -> tuple[optuna.Study, Any]:
+    """(the study, its storage): `open_study`, and the storage that also holds cubic's records of it."""
     url = storage_url(run_dir_or_storage_url)
     where = safe_url(url)
     storage, studies = existing_storage(url, where)
@@ -93,7 +100,13 @@ def open_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
         study = names[0]
     elif study not in names:
         raise ConfigError(f"{where}: no study named {study!r}; the store has {names}")
-    return optuna.load_study(study_name=study, storage=storage)
+    return optuna.load_study(study_name=study, storage=storage), storage
+
+
+def records(run_dir_or_storage_url: str | Path, study: str | None = None) -> list[TrialRecord]:
+    """Every trial of a stored study as its `TrialRecord` (Optuna's trial and cubic's findings)."""
+    st, storage = open_store(run_dir_or_storage_url, study)
+    return record.load(storage.engine, st.study_name, st.get_trials(deepcopy=False))
 
 
 # ---------------------------------------------------------------------------------------------- frame
@@ -126,8 +139,8 @@ def _status(t: optuna.trial.FrozenTrial, res: dict[str, Any]) -> str:
             "PRUNED": "pruned"}.get(t.state.name, t.state.name.lower())
 
 
-def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
-    ua = t.user_attrs
+def _row(r: TrialRecord, knobs: list[str]) -> dict[str, Any]:
+    t, ua = r.trial, r.run
     res = ua.get("result") or {}
     cfg = ua.get("config") or res.get("config") or {}
     row: dict[str, Any] = {
@@ -163,27 +176,26 @@ def _row(t: optuna.trial.FrozenTrial, knobs: list[str]) -> dict[str, Any]:
     for k, v in (res.get("extra") or {}).items():
         if isinstance(v, str | int | float):
             row[f"extra_{k}"] = v
-    confirm = [_num(x) for x in ua.get("confirm_qps") or []]
+    confirm = [_num(x) for x in r.confirm_qps]
     row["confirm_qps"] = confirm
     row["confirm_qps_median"] = float(np.median(confirm)) if confirm else math.nan
-    cne = ua.get("confirm_ne")  # a list (one NE per re-measurement); older stores kept one number
-    cne = [_num(x) for x in cne] if isinstance(cne, list) else ([] if cne is None else [_num(cne)])
+    cne = [_num(x) for x in r.confirm_ne]
     row["confirm_ne"] = cne
     row["confirm_ne_median"] = float(np.median(cne)) if cne else math.nan
-    row["quality_ok"] = ua.get("quality_ok")
-    row["quality_reason"] = ua.get("quality_reason", "")
-    row["quality_verdict"] = ua.get("quality_verdict")  # passed | failed | not resolved (cubic.quality.sequential)
-    row["quality_ci"] = ua.get("quality_ci")
-    row["ne_matched"] = _num(ua.get("ne_matched"))  # NE over the baseline's samples (cubic.quality)
-    row["quality_est_ok"] = ua.get("quality_est_ok")
-    row["quality_heldout_ok"] = ua.get("quality_heldout_ok")  # a held-out check while searching (cubic.tune)
-    row["quality_runs_of"] = ua.get("quality_runs_of")  # whose quality runs it shares (the same model)
-    row["quality_screened_out"] = ua.get("quality_screened_out")  # its changes the quality screen failed
+    row["quality_ok"] = r.quality_ok
+    row["quality_reason"] = r.quality_reason or ""
+    row["quality_verdict"] = r.quality_verdict  # passed | failed | not resolved (cubic.quality.sequential)
+    row["quality_ci"] = r.quality_ci
+    row["ne_matched"] = _num(r.ne_matched)  # NE over the baseline's samples (cubic.quality)
+    row["quality_est_ok"] = r.quality_est_ok
+    row["quality_heldout_ok"] = r.quality_heldout_ok  # a held-out check while searching (cubic.tune)
+    row["quality_runs_of"] = r.quality_runs_of  # whose quality runs it shares (the same model)
+    row["quality_screened_out"] = r.quality_screened_out  # its changes the quality screen failed
     # quality runs (a space's `quality:` section): held-out eval NE/AUC per seed, and the gate's numbers
-    row["quality_eval_ne"] = [_num(x) for x in ua.get("quality_eval_ne") or []]
-    row["quality_eval_auc"] = [_num(x) for x in ua.get("quality_eval_auc") or []]
+    row["quality_eval_ne"] = [_num(x) for x in r.quality_eval_ne]
+    row["quality_eval_auc"] = [_num(x) for x in r.quality_eval_auc]
     for k in ("quality_eval_diff", "quality_se", "quality_noise"):
-        row[k] = _num(ua.get(k))
+        row[k] = _num(getattr(r, k))
     row["config"] = cfg
     row["plan"] = res.get("plan") or []
     return row
@@ -199,24 +211,25 @@ def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     `df.attrs` carries
     study, storage, knobs, baseline_qps, winner (the confirmed one, or the best ok trial) and space.
     """
-    st = open_study(run_dir_or_storage_url, study)
-    return study_frame(st, safe_url(storage_url(run_dir_or_storage_url)))
+    st, storage = open_store(run_dir_or_storage_url, study)
+    return study_frame(st, storage, safe_url(storage_url(run_dir_or_storage_url)))
 
 
-def study_frame(st: optuna.Study, storage: str = "") -> pd.DataFrame:
-    """load_study for an already opened study (so export reads the store once)."""
+def study_frame(st: optuna.Study, storage: Any, label: str = "") -> pd.DataFrame:
+    """load_study for an already opened study and its storage (so export reads the store once); `label`:
+    the storage as it may be shown."""
     trials = st.get_trials(deepcopy=False)
     knobs = _knob_names(st, trials)
-    df = pd.DataFrame([_row(t, knobs) for t in trials])
+    df = pd.DataFrame([_row(r, knobs) for r in record.load(storage.engine, st.study_name, trials)])
     if df.empty:  # a study with no trial yet: every column a row has (the summaries below read them)
-        blank = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL)
+        blank = record.build(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
         df = pd.DataFrame(columns=list(_row(blank, knobs)))
     df = df.sort_values("number", kind="stable").reset_index(drop=True)
     df["datetime_start"] = pd.to_datetime(df["datetime_start"])
     df["datetime_complete"] = pd.to_datetime(df["datetime_complete"])
     df["duration_s"] = (df["datetime_complete"] - df["datetime_start"]).dt.total_seconds()
     df["ok"] = (df["state"] == "COMPLETE") & (df["status"] == "ok") & (df["qps"] > 0)
-    df.attrs.update(study=st.study_name, storage=safe_url(storage), knobs=knobs, space=st.user_attrs.get("space") or {})
+    df.attrs.update(study=st.study_name, storage=safe_url(label), knobs=knobs, space=st.user_attrs.get("space") or {})
     # One speed-up everywhere (banner, tables, plots, notebook, export): over the baseline's re-measured
     # median when the confirm re-measured it, since its first measurement may have run on a busy machine;
     # a re-measured configuration by its own median, any other by its one search measurement.

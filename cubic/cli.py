@@ -1,4 +1,4 @@
-"""The `cubic` command: trial, tune, report, export, verify, calibrate, workload.
+"""The `cubic` command: trial, tune, report, export, verify, calibrate, workload, schema.
 
 Each command lives in its own module (cubic/cmd_*.py); this file only wires them.
 Bad input anywhere is one line on stderr and exit code 2.
@@ -21,6 +21,7 @@ COMMANDS = {
     "export": ("cubic.cmd_export", "export"),
     "verify": ("cubic.cmd_verify", "verify"),
     "calibrate": ("cubic.cmd_calibrate", "calibrate"),
+    "schema": ("cubic.cmd_schema", "schema"),
 }
 
 # command groups (a typer app of subcommands each): name -> module holding `app`

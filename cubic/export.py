@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from cubic import analysis
+from cubic import analysis, record
 from cubic_harness.config import TrialConfig, json_safe
 from cubic_harness.errors import ConfigError, write_text
 
@@ -38,12 +38,14 @@ EMB_OPTIMIZERS = {"rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
 
 def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) -> dict[str, Any]:
     """Everything an export needs about the winner: its trial's attrs, the winner summary and the study."""
-    st = analysis.open_study(run_dir_or_storage_url, study)
-    df = analysis.study_frame(st, analysis.safe_url(analysis.storage_url(run_dir_or_storage_url)))
+    st, storage = analysis.open_store(run_dir_or_storage_url, study)
+    df = analysis.study_frame(st, storage, analysis.safe_url(analysis.storage_url(run_dir_or_storage_url)))
     analysis.require_completed(df, str(run_dir_or_storage_url))
     win = df.attrs["winner"]
-    trial = next(t for t in st.get_trials(deepcopy=False) if t.number == win["trial"])
-    ua = dict(trial.user_attrs)
+    rec = next(r for r in record.load(storage.engine, st.study_name, st.get_trials(deepcopy=False))
+               if r.number == win["trial"])
+    trial = rec.trial
+    ua = dict(trial.user_attrs) | rec.findings()
     result = dict(ua.get("result") or {})
     cfg = win.get("config") or ua.get("config") or result.get("config")
     if not cfg:

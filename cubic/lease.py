@@ -6,9 +6,9 @@ FAIL(interrupted) and queues its configuration again). Were another tuner still 
 one would lose the results of its running trials and crash on its next write. So the tuner holds a
 lease while it runs, and a second one refuses to start (one line, exit 2) until the first stops.
 
-The lease is one row of Optuna's own `study_system_attributes` table (key `cubic:tuner`), taken and
-renewed by compare-and-set in SQL, so it is atomic on SQLite and PostgreSQL alike:
-- taking a free lease is an INSERT (the table's unique (study, key) lets only one of two racing
+The lease is one row of cubic's own table `cubic_leases` (`cubic.tables`; one row per study, by its
+name), taken and renewed by compare-and-set in SQL, so it is atomic on SQLite and PostgreSQL alike:
+- taking a free lease is an INSERT (the table's primary key, the study, lets only one of two racing
   tuners in); taking over a dead holder's lease and every heartbeat are an UPDATE ... WHERE value
   is what this process last read or wrote (0 rows changed = someone else holds it now);
 - the holder renews it every `HEARTBEAT_S` seconds from a daemon thread;
@@ -36,11 +36,10 @@ from typing import Any
 
 import sqlalchemy
 from optuna.storages import RDBStorage
-from optuna.storages._rdb import models
 
+from cubic import tables
 from cubic_harness.errors import ConfigError
 
-KEY = "cubic:tuner"
 HEARTBEAT_S = 5.0
 GRACE_S = 30.0
 
@@ -96,10 +95,12 @@ def _holder(value: str | None) -> dict[str, Any]:
 class TunerLease:
     """`acquire()` or ConfigError; `check()` in the tuner's loop; `release()` when it stops."""
 
-    def __init__(self, rdb: RDBStorage, study_id: int, label: str) -> None:
+    def __init__(self, rdb: RDBStorage, study: str, label: str) -> None:
+        """`study`: the study's name (unique in its store)."""
         self.engine = rdb.engine
-        self.study_id, self.label = study_id, label
-        self.table = models.StudySystemAttributeModel.__table__
+        self.study, self.label = study, label
+        self.table = tables.LEASES
+        tables.ensure(self.engine)
         self.me = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "node": node_id(), "pid": os.getpid(),
                    "started": time.time(), "heartbeat": time.time()}
         self._renewed = time.monotonic()  # the last heartbeat that reached the store
@@ -112,7 +113,7 @@ class TunerLease:
     # ------------------------------------------------------------------ SQL
     def _where(self) -> Any:
         t = self.table
-        return (t.c.study_id == self.study_id) & (t.c.key == KEY)
+        return t.c.study == self.study
 
     def _read(self) -> str | None:
         with self.engine.connect() as conn:
@@ -123,7 +124,7 @@ class TunerLease:
         try:
             with self.engine.begin() as conn:
                 if old is None:
-                    conn.execute(self.table.insert().values(study_id=self.study_id, key=KEY, value_json=new))
+                    conn.execute(self.table.insert().values(study=self.study, schema=tables.SCHEMA, value_json=new))
                     return True
                 res = conn.execute(self.table.update().where(self._where() & (self.table.c.value_json == old))
                                    .values(value_json=new))
@@ -211,3 +212,13 @@ class TunerLease:
             except sqlalchemy.exc.SQLAlchemyError:
                 pass  # the store is gone: the lease expires on its own
             self._value = None
+
+
+def holder(rdb: RDBStorage, study: str) -> dict[str, Any] | None:
+    """Who holds `study`'s lease now (None: no tuner runs on it)."""
+    if not tables.exists(rdb.engine, tables.LEASES):
+        return None
+    t = tables.LEASES
+    with rdb.engine.connect() as conn:
+        value = conn.execute(sqlalchemy.select(t.c.value_json).where(t.c.study == study)).scalar_one_or_none()
+    return _holder(value) or None

@@ -27,25 +27,15 @@ from typing import Any
 import numpy as np
 import yaml
 
+from cubic.space_file import ISOLATIONS, NOT_KNOBS, OBJECTIVES, TARGETS, SpaceFile
 from cubic_harness.config import CHOICES, TrialConfig
 from cubic_harness.errors import ConfigError, read_text
+from cubic_harness.schema import validate
 from cubic_harness.workload import Workload
 
-TOP_KEYS = ("name", "description", "target", "workload", "baseline", "knobs", "objective", "constraints", "trial",
-            "budget", "lr_scaling", "quality")
-QUALITY_KEYS = ("samples", "eval_samples", "seeds", "tolerance", "screen", "confidence", "max_seeds")
-# `target: torchrec` keeps only knob values TorchRec runs as the harness measures them (harness/torchrec_trial.py)
-TARGETS = ("harness", "torchrec")
-KNOB_KEYS = ("choices", "type", "low", "high", "step", "log", "when", "default")
-TRIAL_KEYS = ("warmup_steps", "measure_steps", "windows", "timeout_s", "seed", "repeats")
-BUDGET_KEYS = ("trials", "confirm_top_k", "max_concurrent", "isolation")
-ISOLATIONS = ("node", "cores")  # how search trials share a Ray node: see cubic.runner
 #: Knobs that change where and when the same math runs (placement, overlap, threads), not what is trained,
 #: unless `numerics_key` says otherwise for a value (column-wise shards keep their own optimizer state).
 MODEL_NEUTRAL = ("pipeline_depth", "threads_per_rank", "sharding")
-CONSTRAINT_KEYS = ("mem_cap_mb", "quality_tolerance", "quality_knobs")
-OBJECTIVES = {"qps": "maximize"}
-NOT_KNOBS = ("workload", "mem_cap_mb")
 # Knobs whose change alters the training numerics: a config that changes one must pass the
 # quality gate (NE at most the tolerance above the baseline's). 2D (group < world) counts too.
 # batch_size and world_size count through the global batch they make (per-rank batch x ranks).
@@ -393,15 +383,12 @@ class _Loader:
         loc = f"{self.path}:{line}" if line else str(self.path)
         return ConfigError(f"{loc}: {key}: {msg}" if key else f"{loc}: {msg}")
 
-    def mapping(self, d: Any, key: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
+    def mapping(self, d: Any, key: str) -> dict[str, Any]:
+        """A section as a dict ({} where absent); its keys were checked by the file's model (`SpaceFile`)."""
         if d is None:
             return {}
         if not isinstance(d, dict):
             raise self.err(key, f"must be a mapping, got {type(d).__name__}")
-        if allowed is not None:
-            for k in d:
-                if k not in allowed:
-                    raise self.err(f"{key}.{k}" if key else str(k), f"unknown key; allowed: {list(allowed)}")
         return d
 
 
@@ -459,9 +446,10 @@ def load_space(path: str | Path) -> SearchSpace:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}{line}: malformed YAML: {problem}") from None
     ld = _Loader(path, text)
-    raw = ld.mapping(raw, "", TOP_KEYS)
+    raw = ld.mapping(raw, "")
     if not raw:
         raise ld.err("", "empty search space; needs at least 'knobs'")
+    validate(SpaceFile, raw, str(path), ld.lines.at)  # every key and type (cubic.space_file); then what relates them
     return _build(ld, raw)
 
 
@@ -491,10 +479,10 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     except ConfigError as e:
         raise ld.err("workload", str(e).removeprefix("workload: ")) from None
 
-    trial = ld.mapping(raw.get("trial"), "trial", TRIAL_KEYS)
-    budget = ld.mapping(raw.get("budget"), "budget", BUDGET_KEYS)
-    cons = ld.mapping(raw.get("constraints"), "constraints", CONSTRAINT_KEYS)
-    obj = ld.mapping(raw.get("objective"), "objective", ("metric", "direction"))
+    trial = ld.mapping(raw.get("trial"), "trial")
+    budget = ld.mapping(raw.get("budget"), "budget")
+    cons = ld.mapping(raw.get("constraints"), "constraints")
+    obj = ld.mapping(raw.get("objective"), "objective")
     metric = obj.get("metric", "qps")
     if not isinstance(metric, str) or metric not in OBJECTIVES:
         raise ld.err("objective.metric", f"{metric!r} is not supported; allowed: {list(OBJECTIVES)}")
@@ -502,7 +490,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     if not isinstance(direction, str) or direction not in ("maximize", "max"):
         raise ld.err("objective.direction", f"{direction!r}: {metric} is maximized; allowed: ['maximize']")
 
-    base_raw = ld.mapping(raw.get("baseline"), "baseline", None)
+    base_raw = ld.mapping(raw.get("baseline"), "baseline")
     for k in base_raw:
         if k not in _FIELDS or k in NOT_KNOBS:
             raise ld.err(f"baseline.{k}", f"unknown key; allowed: {sorted(_FIELDS - set(NOT_KNOBS))}")
@@ -515,7 +503,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         key = next((f"baseline.{k}" for k in base_raw if f"{k}=" in str(e) or repr(k) in str(e)), "baseline")
         raise ld.err(key, str(e).removeprefix("baseline: ")) from None
 
-    knobs_raw = ld.mapping(raw.get("knobs"), "knobs", None)
+    knobs_raw = ld.mapping(raw.get("knobs"), "knobs")
     if not knobs_raw:
         raise ld.err("knobs", "needs at least one knob")
     knobs: dict[str, Knob] = {}
@@ -561,7 +549,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     if raw.get("quality") is not None:
         from cubic.quality import QualityRuns
 
-        q = ld.mapping(raw["quality"], "quality", QUALITY_KEYS)
+        q = ld.mapping(raw["quality"], "quality")
         d = QualityRuns()
         seeds = _num(ld, q, "seeds", d.seeds, int, 1, "quality")
         quality_runs = QualityRuns(samples=_num(ld, q, "samples", d.samples, int, 1, "quality"),
@@ -632,7 +620,7 @@ def _knob(ld: _Loader, name: str, spec: Any, baseline: TrialConfig) -> Knob:
         raise ld.err(key, f"unknown knob {name!r}; allowed: {sorted(_FIELDS - set(NOT_KNOBS))}")
     if isinstance(spec, list):
         spec = {"choices": spec}
-    spec = ld.mapping(spec, key, KNOB_KEYS)
+    spec = ld.mapping(spec, key)
     if "choices" in spec:
         raw_choices = spec["choices"]
         if not isinstance(raw_choices, list):

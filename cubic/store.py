@@ -13,20 +13,19 @@ Schema (analysis and export read exactly this):
     min / baseline's max .. winner's max / baseline's min), "baseline_qps": median baseline confirm
     qps, "config": TrialConfig dict, "config_key", "confirm_qps", "quality_reason", "searcher",
     "short_config" (knobs that differ from the baseline)}.
-- Study system attr "cubic:tuner": the lease of the running tuner ({"owner", "host", "node", "pid",
-  "started", "heartbeat"}; absent when none runs), see `cubic.lease`.
+- The lease of the running tuner ({"owner", "host", "node", "pid", "started", "heartbeat"}; absent when
+  none runs): a row of cubic's table `cubic_leases`, see `cubic.lease`.
 - Trial params = the knob values (categorical distributions, canonical: a knob whose condition
   does not hold carries its default).
-- Trial user_attrs: "result" (the whole `TrialResult.to_dict()`, NaN/inf as null), flat copies
-  "status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne", plus "searcher" (name),
-  "phase" ("baseline" | "warmup" | "proxy" | "random" | "grid" | "tpe" | "ds-xgb"; a re-run of an
-  interrupted trial keeps its phase and adds "resumed_from": the interrupted trial's number),
-  "predicted_qps" and "predicted_std" (the proxy's prediction at proposal time, null if none),
-  "config_key" (`TrialConfig.key()`), "config" (TrialConfig dict). Trials that change numerics also
-  get "ne_matched" (their NE over the baseline's measured samples, from their own per-step losses;
-  null where their steps do not cover those samples, see `cubic.quality`) and "quality_est_ok"
-  (that NE at most the quality tolerance above the baseline's; absent where ne_matched is null),
-  with "quality_est_tol" (the tolerance it was judged with: a resume with another one re-judges).
+- Trial user_attrs (written while it runs, through Optuna): "result" (the whole `TrialResult.to_dict()`,
+  NaN/inf as null), flat copies "status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne",
+  plus "searcher" (name), "phase" ("baseline" | "warmup" | "proxy" | "random" | "grid" | "tpe" | "ds-xgb";
+  a re-run of an interrupted trial keeps its phase and adds "resumed_from": the interrupted trial's
+  number), "predicted_qps" and "predicted_std" (the proxy's prediction at proposal time, null if none),
+  "config_key" (`TrialConfig.key()`), "config" (TrialConfig dict).
+- What cubic learns after a trial finished (quality estimates, held-out quality runs, confirm
+  re-measurements, the gate's verdict) is `cubic.record.TrialRecord`, kept in cubic's own table
+  `cubic_trial_attrs` (`cubic.tables`), never in Optuna's tables: `Store.records`, `Store.update`.
 - State: COMPLETE trials have value = qps. Failed trials are FAIL with "status"
   (oom | error | timeout) and a one-line "error". Trials found RUNNING when a tune resumes
   (the tuner died) become FAIL with status "interrupted" and error "interrupted"; their
@@ -35,10 +34,8 @@ Schema (analysis and export read exactly this):
   searcher with nothing left) are FAIL with status "skipped"; like "interrupted" they spend no budget.
 - Confirm walks down the ranking (skipping trials with quality_est_ok false) until confirm_top_k
   configurations pass the quality gate, screening at most 3 x confirm_top_k.
-- Confirm re-measurements are not new trials: they are stored on the original trial as user_attrs
-  "confirm_qps" (list of floats), "confirm_ne" (list: NE over the baseline's samples per
-  re-measurement, null where unavailable), "quality_ok" (bool),
-  "quality_reason" (str), and "confirm_failed" (list of "status: error" strings) if one failed.
+- Confirm re-measurements are not new trials: they are fields of the original trial's record
+  ("confirm_qps", "confirm_ne", "confirm_failed"), as are its verdict ("quality_ok", "quality_reason").
 """
 
 from __future__ import annotations
@@ -55,16 +52,18 @@ from urllib.parse import quote, unquote
 import optuna
 import sqlalchemy
 from optuna.storages import RDBStorage
-from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 
+from cubic import record, tables
+from cubic.record import FLAT_KEYS, INTERRUPTED, NOT_RUN, TrialRecord
 from cubic.space import SearchSpace, fingerprint, first_difference
 from cubic_harness.config import TrialResult, json_safe
 from cubic_harness.errors import ConfigError
 
-FLAT_KEYS = ("status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne")
-INTERRUPTED = "interrupted"
-NOT_RUN = (INTERRUPTED, "skipped")  # FAIL statuses that did not spend budget
+__all__ = ["FLAT_KEYS", "INTERRUPTED", "NOT_RUN", "Store", "TrialRecord", "open_storage", "safe_url", "storage_url"]
+# Optuna's tables, by name (a database holding one of them is an Optuna store)
+META_TABLES = tables.META.tables
+OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version", "trial_user_attributes"})
 
 
 
@@ -223,15 +222,15 @@ def check_run_dir(run_dir: Path, holds_store: bool = True) -> None:
     try:  # read-only: looking never writes
         con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
         try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:
             con.close()
     except sqlite3.Error:
         return
     # any of Optuna's tables: its store (maybe half made by a tuner starting beside this one)
-    if tables and not tables & {*models.BaseModel.metadata.tables, "alembic_version"}:
+    if names and not names & (OPTUNA_TABLES | set(META_TABLES)):
         raise ConfigError(f"--run-dir {run_dir}: {db.name} is not a cubic/Optuna trial store (tables "
-                          f"{sorted(tables)[:5]}); use another --run-dir")
+                          f"{sorted(names)[:5]}); use another --run-dir")
 
 
 def open_storage(url: str, label: str | None = None) -> RDBStorage:
@@ -248,7 +247,8 @@ def open_storage(url: str, label: str | None = None) -> RDBStorage:
 
 
 class Store:
-    """The study plus the few operations the tuner needs that Optuna does not offer directly."""
+    """The study and its records: the tuner's one door to the trial store (Optuna's public API for
+    Optuna's tables, `cubic.record` for cubic's)."""
 
     def __init__(self, space: SearchSpace, rdb: RDBStorage, run_dir: Path | None,
                  sampler: optuna.samplers.BaseSampler | None = None, backend: str = "real") -> None:
@@ -258,6 +258,9 @@ class Store:
         name = space.name if backend == "real" else f"{space.name}@{backend}"
         self.study = optuna.create_study(study_name=name, storage=rdb, sampler=sampler,
                                          direction="maximize", load_if_exists=True)
+        self.name = self.study.study_name
+        self.study_id = rdb.get_study_id_from_name(self.name)
+        tables.ensure(rdb.engine)
         old = self.study.user_attrs.get("space")
         new = space.to_dict()
         if old is not None and fingerprint(old) != fingerprint(new):
@@ -267,6 +270,9 @@ class Store:
                 f"--run-dir/--storage or another space name")
         if run_dir is not None:
             (run_dir / "trials").mkdir(parents=True, exist_ok=True)
+        # one object per finished trial, as Optuna's cache keeps one FrozenTrial: every holder of a record
+        # sees each `update` (only the tuner holding the lease writes cubic's fields of this study)
+        self._records: dict[int, TrialRecord] = {}
 
     def record_space(self) -> None:
         """Store the resolved space (with its constraints) as the study's "space" attr: only by the
@@ -277,6 +283,26 @@ class Store:
     # ------------------------------------------------------------------ reading
     def trials(self, *states: TrialState) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False, states=states or None)
+
+    def records(self, *states: TrialState) -> list[TrialRecord]:
+        """The trials in `states` (all by default) as records, cubic's table read once per new finished trial."""
+        out, found = [], None
+        for t in self.trials(*states):
+            rec = self._records.get(t.number)
+            if rec is None:
+                if not t.state.is_finished():
+                    out.append(record.build(t))
+                    continue
+                if found is None:
+                    found = record.read(self.rdb.engine, self.name)
+                rec = self._records[t.number] = record.build(t, found.get(t.number))
+            rec.trial = t
+            out.append(rec)
+        return out
+
+    def feasible(self) -> dict[int, bool | None]:
+        """Each finished trial's quality verdict (what the searchers learn from: `TrialRecord.feasible`)."""
+        return {r.number: r.feasible for r in self.records(TrialState.COMPLETE)}
 
     def budget_used(self) -> int:
         """Trials that ran (COMPLETE, or FAIL for a reason of their own)."""
@@ -292,14 +318,20 @@ class Store:
         fp = fingerprint(self.space.to_dict())
         out: list[FrozenTrial] = []
         for s in self.rdb.get_all_studies():
-            if (s.study_name == self.study.study_name or fingerprint(s.user_attrs.get("space") or {}) != fp
+            if (s.study_name == self.name or fingerprint(s.user_attrs.get("space") or {}) != fp
                     or s.user_attrs.get("backend", "real") != self.backend):  # measured and simulated apart
                 continue
-            out += [t for t in self.rdb.get_all_trials(s._study_id, deepcopy=False)
+            out += [t for t in self.rdb.get_all_trials(self.rdb.get_study_id_from_name(s.study_name),
+                                                       deepcopy=False)
                     if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
         return out
 
     # ------------------------------------------------------------------ writing
+    def _set_running_attr(self, number: int, key: str, value: Any) -> None:
+        """A user attr of a trial that has not finished (Optuna's public storage API)."""
+        tid = self.rdb.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        self.rdb.set_trial_user_attr(tid, key, value)
+
     def recover_interrupted(self) -> list[FrozenTrial]:
         """Mark trials left RUNNING by a dead tuner FAIL(interrupted) and enqueue their configs again
         (unless an equal config completed meanwhile). Returns the interrupted trials."""
@@ -313,9 +345,9 @@ class Store:
             key = t.user_attrs.get("config_key") or (self.space.config(t.params).key() if t.params else None)
             try:
                 if key and "config_key" not in t.user_attrs:
-                    self.study._storage.set_trial_user_attr(t._trial_id, "config_key", key)
-                self.study._storage.set_trial_user_attr(t._trial_id, "status", INTERRUPTED)
-                self.study._storage.set_trial_user_attr(t._trial_id, "error", INTERRUPTED)
+                    self._set_running_attr(t.number, "config_key", key)
+                self._set_running_attr(t.number, "status", INTERRUPTED)
+                self._set_running_attr(t.number, "error", INTERRUPTED)
                 self.study.tell(t.number, state=TrialState.FAIL)
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
                 continue  # its silent tuner finished it after all, just now: nothing to recover
@@ -333,7 +365,7 @@ class Store:
         for k, v in attrs.items():
             trial.set_user_attr(k, json_safe(v))
 
-    def finish(self, trial: optuna.Trial, result: TrialResult) -> FrozenTrial:
+    def finish(self, trial: optuna.Trial, result: TrialResult) -> TrialRecord:
         """Store the whole result, then COMPLETE (value = qps) or FAIL with status and reason."""
         rd = json_safe(result.to_dict())
         trial.set_user_attr("result", rd)
@@ -347,23 +379,17 @@ class Store:
         if self.run_dir is not None:
             log = {"trial": trial.number, "phase": trial.user_attrs.get("phase"), **rd}
             (self.run_dir / "trials" / f"{trial.number:04d}.json").write_text(json.dumps(log, indent=1))
-        return self.study._storage.get_trial(trial._trial_id)
+        return next(r for r in self.records(TrialState.COMPLETE, TrialState.FAIL) if r.number == trial.number)
 
     def skip(self, trial: optuna.Trial, reason: str) -> None:
         trial.set_user_attr("status", "skipped")
         trial.set_user_attr("error", reason)
         self.study.tell(trial, state=TrialState.FAIL)
 
-    def set_finished_attrs(self, trial: FrozenTrial, attrs: dict[str, Any]) -> None:
-        """Add user attrs to a finished trial (confirm results). Optuna forbids updating finished
-        trials through its API, so this upserts into its `trial_user_attributes` table directly."""
-        table = models.TrialUserAttributeModel.__table__
-        with self.rdb.engine.begin() as conn:
-            for k, v in attrs.items():
-                conn.execute(table.delete().where(table.c.trial_id == trial._trial_id, table.c.key == k))
-                conn.execute(table.insert().values(trial_id=trial._trial_id, key=k,
-                                                   value_json=json.dumps(json_safe(v))))
-        trial.user_attrs.update(json_safe(attrs))
+    def update(self, rec: TrialRecord, **changes: Any) -> None:
+        """Set cubic's fields of a finished trial (`TrialRecord`): in its table and on the object at once."""
+        for k, v in record.write(self.rdb.engine, self.name, rec.number, changes).items():
+            setattr(rec, k, record.coerce(k, v))
 
     def set_winner(self, winner: dict[str, Any] | None) -> None:
         self.study.set_user_attr("winner", json_safe(winner))

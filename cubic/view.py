@@ -7,7 +7,7 @@ import math
 import statistics
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -15,6 +15,7 @@ from rich.text import Text
 
 from cubic.proxy import kendall_tau
 from cubic.quality import NOT_RESOLVED
+from cubic.record import TrialRecord
 from cubic.space import SearchSpace
 from cubic_harness.config import TrialResult
 
@@ -71,14 +72,14 @@ class TuneView:
             self._live.__exit__(*exc)
             self._live = None
 
-    def seed(self, trials: list[FrozenTrial]) -> None:
+    def seed(self, trials: list[TrialRecord]) -> None:
         """Trials of an earlier run of this study (resume): counted, not printed."""
         for t in trials:
             self._account(t, None)
 
-    def add(self, t: FrozenTrial, seconds: float | None, confirm: TrialResult | None = None) -> None:
+    def add(self, t: TrialRecord, seconds: float | None, confirm: TrialResult | None = None) -> None:
         """A finished trial, or (confirm=result) one re-measurement of trial t."""
-        ua = t.user_attrs
+        ua = t.run
         if confirm is None:
             self._account(t, seconds)
             ok, status, error = t.state == TrialState.COMPLETE, ua.get("status", ""), ua.get("error") or ""
@@ -89,23 +90,23 @@ class TuneView:
             qps, phase, pred = (confirm.qps if ok else None), "confirm", None
         row = {"n": t.number, "phase": phase, "cfg": short_config(self.space, t.params), "status": status,
                "qps": qps, "pred": pred, "best": self.best[0] if self.best else None, "error": error,
-               "ne_fails": confirm is None and ua.get("quality_est_ok") is False}
+               "ne_fails": confirm is None and t.quality_est_ok is False}
         self.rows.append(row)
         if not self.live_on:
             self.console.print(self._line(row), highlight=False, soft_wrap=True)
         self.refresh()
 
-    def _account(self, t: FrozenTrial, seconds: float | None) -> None:
+    def _account(self, t: TrialRecord, seconds: float | None) -> None:
         if seconds is not None:
             self.durations.append(seconds)
         if t.state != TrialState.COMPLETE or not t.value:
             return
-        if t.user_attrs.get("phase") == "baseline" and self.baseline_qps is None:
+        if t.run.get("phase") == "baseline" and self.baseline_qps is None:
             self.baseline_qps = t.value
         if self.best is None or t.value > self.best[0]:
             self.best = (t.value, t.number)
-        if t.user_attrs.get("predicted_qps"):
-            self.pred.append((t.user_attrs["predicted_qps"], t.value))
+        if t.run.get("predicted_qps"):
+            self.pred.append((t.run["predicted_qps"], t.value))
 
     def note(self, msg: str) -> None:
         self.status = msg

@@ -37,7 +37,7 @@ def load_warm_start(source: str, space: SearchSpace) -> list[tuple[dict[str, Any
     out = []
     for s in same:
         kind = "sim" if str(s.user_attrs.get("backend", "real")).startswith("sim") else "real"
-        for t in storage.get_all_trials(s._study_id, deepcopy=False):
+        for t in storage.get_all_trials(storage.get_study_id_from_name(s.study_name), deepcopy=False):
             if t.state == TrialState.COMPLETE and t.value:
                 out.append((t.params, float(t.value), kind))
             elif t.state == TrialState.FAIL and t.params and t.user_attrs.get("status") not in NOT_RUN:

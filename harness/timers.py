@@ -1,4 +1,4 @@
-"""Per-phase accumulators for the time breakdown (emb_fwd, emb_bwd, comm, dense, optim).
+"""Per-phase accumulators for the time breakdown (`PHASES`: a real trial's and the simulator's alike).
 
 On CPU a phase is host wall-clock time. On CUDA it is the time between two CUDA events recorded on
 the stream around the phase, read once per step after the step's own device sync (`flush`): a
@@ -17,6 +17,10 @@ from typing import Any
 
 #: Threads whose names start with this run overlapped with the step (the input pipeline).
 BACKGROUND = "cubic-bg"
+#: The phases of a step, measured (`TrialResult.breakdown_ms`) and predicted (`harness/sim/perf.py`) alike:
+#: `comm` is the step's collectives (input and pooled all-to-alls, DDP's all-reduce, a 2D grad_allreduce's
+#: replica gather), `sync` the 2D weight_avg merge of the replicas (every k steps, its mean per step).
+PHASES = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")
 
 
 class Timers:

@@ -28,10 +28,9 @@ from cubic_harness.model import DenseArch, build_dense_arch
 from cubic_harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
 from cubic_harness.sharding.comm import Groups, make_groups
 from cubic_harness.sharding.plan import ShardingPlan
-from cubic_harness.timers import BACKGROUND, TIMERS
+from cubic_harness.timers import BACKGROUND, PHASES, TIMERS
 from cubic_kernels.base import DTYPES
 
-PHASES = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")
 COMPRESS = {k: v for k, v in DTYPES.items() if k != "fp32"}  # all-reduce hooks: the 16-bit wire formats
 
 

@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,13 +265,18 @@ class Workload:
         return cls.from_dict(workload_dict(year), where=f"preset dlrm-datasets-{year}")
 
     @classmethod
+    def presets(cls) -> dict[str, Callable[[], Workload]]:
+        """The named workloads (`workload: NAME` / `preset: NAME`), each made when asked for."""
+        return {"small": cls.small, "small-zipf": cls.small_zipf, "tiny": cls.tiny,
+                "criteo-mlperf-mini": cls.criteo_mlperf_mini,
+                "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini,
+                "mlperf-dcnv2": cls.mlperf_dcnv2, "mlperf-dcnv2-x16": cls.mlperf_dcnv2_x16,
+                "dlrm-datasets-2021": lambda: cls.dlrm_datasets(2021),
+                "dlrm-datasets-2022": lambda: cls.dlrm_datasets(2022)}
+
+    @classmethod
     def preset(cls, name: str, where: str = "workload") -> Workload:
-        presets = {"small": cls.small, "small-zipf": cls.small_zipf, "tiny": cls.tiny,
-                   "criteo-mlperf-mini": cls.criteo_mlperf_mini,
-                   "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini,
-                   "mlperf-dcnv2": cls.mlperf_dcnv2, "mlperf-dcnv2-x16": cls.mlperf_dcnv2_x16,
-                   "dlrm-datasets-2021": lambda: cls.dlrm_datasets(2021),
-                   "dlrm-datasets-2022": lambda: cls.dlrm_datasets(2022)}
+        presets = cls.presets()
         if not isinstance(name, str) or name not in presets:
             raise ConfigError(f"{where}: unknown preset {name!r}; choose one of {sorted(presets)}")
         return presets[name]()

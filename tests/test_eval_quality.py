@@ -81,10 +81,10 @@ def test_lr_scaling_rules() -> None:
 
 
 @pytest.mark.parametrize("value,msg", [
-    ("cubic", r"lr_scaling: 'cubic' is not a rule; allowed: \['none', 'linear', 'sqrt'\]"),
-    ({"x": {"emb_lr": 1}}, r"lr_scaling: key 'x' must be a global batch"),
-    ({4096: {"lr": 1}}, r"lr_scaling.4096: must map some of \['emb_lr', 'dense_lr'\]"),
-    ({4096: {"emb_lr": -1}}, r"lr_scaling.4096.emb_lr: -1 must be a finite number > 0"),
+    ("cubic", r"lr_scaling: 'cubic' is not allowed; choose one of \['none', 'linear', 'sqrt'\]"),
+    ({"x": {"emb_lr": 1}}, r"lr_scaling.x: 'x' is not an integer"),
+    ({4096: {"lr": 1}}, r"lr_scaling.4096.lr: 'lr' is not allowed; choose one of \['emb_lr', 'dense_lr'\]"),
+    ({4096: {"emb_lr": -1}}, r"lr_scaling.4096.emb_lr: -1 must be > 0"),
 ])
 def test_bad_lr_scaling_is_one_line_naming_the_key(tmp_path: Path, value, msg: str) -> None:
     import yaml
@@ -285,12 +285,12 @@ def test_a_candidate_far_past_the_tolerance_is_rejected_before_its_remaining_see
     from cubic.tune import early_reject
 
     qr = QualityRuns(seeds=3, tolerance=0.001)
-    base = SimpleNamespace(user_attrs={"quality_eval_ne": [0.80, 0.90, 0.85]})
-    far = SimpleNamespace(user_attrs={"quality_eval_ne": [0.81]})  # +1.25% after one seed
-    near = SimpleNamespace(user_attrs={"quality_eval_ne": [0.8016]})  # +0.2%: may still pass on average
+    base = SimpleNamespace(quality_eval_ne=[0.80, 0.90, 0.85])
+    far = SimpleNamespace(quality_eval_ne=[0.81])  # +1.25% after one seed
+    near = SimpleNamespace(quality_eval_ne=[0.8016])  # +0.2%: may still pass on average
     assert "rejected without the remaining quality runs" in early_reject(far, qr, base)
     assert early_reject(near, qr, base) is None
-    assert early_reject(SimpleNamespace(user_attrs={"quality_eval_ne": [0.81, 0.91, 0.86]}), qr, base) is None
+    assert early_reject(SimpleNamespace(quality_eval_ne=[0.81, 0.91, 0.86]), qr, base) is None
     assert early_reject(far, None, base) is None and early_reject(base, qr, base) is None
 
 
@@ -326,7 +326,8 @@ def test_a_held_out_check_while_searching_teaches_the_searcher_and_spares_the_co
     assert "held-out quality checks while searching rejected" in r.stdout
     space = load_space(tmp_path / "s.yaml")
     study = analysis.open_study(tmp_path / "run")
-    failed = Observations.of(study, space).quality_failed  # what the searcher's feasibility model learns from
+    feasible = {r.number: r.feasible for r in analysis.records(tmp_path / "run")}
+    failed = Observations.of(study, space, feasible=feasible).quality_failed  # what the searcher learns from
     i = list(space.knobs).index("batch_size")
     assert len(failed) == 2 and all(t[i] == 256 for t in failed), failed
     assert study.user_attrs["winner"]["config"]["batch_size"] == 64

@@ -50,3 +50,13 @@ def test_the_contract_sees_top_level_and_lazy_imports() -> None:
 def test_a_lower_layer_imports_nothing_above_it(layer: str) -> None:
     assert (ROOT / layer).is_dir()
     assert not violations(layer), "\n".join(violations(layer))
+
+
+def test_the_kernels_a_config_names_are_the_kernels_the_registry_has() -> None:
+    """`kernels/` cannot import the harness, so the registry and the config's allowed kernels are two lists:
+    this keeps them one fact (a new backend must be allowed where it is configured, and vice versa)."""
+    from cubic_harness.config import CHOICES
+    from cubic_harness.sim.cluster import KERNELS
+    from cubic_kernels import BACKENDS
+
+    assert set(CHOICES["kernel"]) == set(BACKENDS) == set(KERNELS)

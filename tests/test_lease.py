@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import socket
 import subprocess
@@ -15,22 +16,27 @@ import pytest
 from optuna.trial import TrialState
 
 from cubic import lease as lease_mod
-from cubic.lease import KEY, LeaseLost, TunerLease, models
+from cubic import tables
+from cubic.lease import LeaseLost, TunerLease, holder
 from cubic.store import open_storage
 from cubic_harness.errors import ConfigError
 from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
 
-TABLE = models.StudySystemAttributeModel.__table__
+TABLE = tables.LEASES
 
 
-def _store(tmp_path: Path) -> tuple[optuna.storages.RDBStorage, int]:
+def _store(tmp_path: Path) -> tuple[optuna.storages.RDBStorage, str]:
     rdb = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
-    study = optuna.create_study(study_name="s", storage=rdb, load_if_exists=True)
-    return rdb, study._study_id
+    optuna.create_study(study_name="s", storage=rdb, load_if_exists=True)
+    return rdb, "s"
 
 
-def _put(rdb: optuna.storages.RDBStorage, sid: int, holder: dict) -> None:
-    rdb.set_study_system_attr(sid, KEY, holder)  # stored as JSON text, as the lease reads it
+def _put(rdb: optuna.storages.RDBStorage, study: str, row: dict) -> None:
+    """Another tuner's lease row, as it writes it (JSON text in cubic's lease table)."""
+    tables.ensure(rdb.engine)
+    with rdb.engine.begin() as conn:
+        conn.execute(TABLE.delete().where(TABLE.c.study == study))
+        conn.execute(TABLE.insert().values(study=study, schema=tables.SCHEMA, value_json=json.dumps(row)))
 
 
 def _dead_pid() -> int:
@@ -51,7 +57,7 @@ def test_second_lease_on_a_live_study_is_refused_until_the_first_is_released(tmp
     b = TunerLease(rdb, sid, "study 's'").acquire()
     assert b.took_over is None  # a released lease is simply free
     b.release()
-    assert KEY not in rdb.get_study_system_attrs(sid)
+    assert holder(rdb, sid) is None
 
 
 @pytest.mark.parametrize("case", ["dead pid, this host", "silent, other host", "silent, this host"])
@@ -110,23 +116,23 @@ def test_a_holder_whose_lease_was_taken_stops_at_its_next_check(tmp_path: Path, 
     rdb, sid = _store(tmp_path)
     a = TunerLease(rdb, sid, "study 's'").acquire()
     a.check()  # still ours: no error, and the heartbeat moves
-    first = rdb.get_study_system_attrs(sid)[KEY]["heartbeat"]
+    first = holder(rdb, sid)["heartbeat"]
     deadline = time.monotonic() + 60  # a bound, not a window: the beat comes when the thread gets a core
-    while rdb.get_study_system_attrs(sid)[KEY]["heartbeat"] <= first and time.monotonic() < deadline:
+    while holder(rdb, sid)["heartbeat"] <= first and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert rdb.get_study_system_attrs(sid)[KEY]["heartbeat"] > first
+    assert holder(rdb, sid)["heartbeat"] > first
     # a second tuner takes it over (as it would after this one was silent for GRACE_S)
     _put(rdb, sid, {"owner": "y", "host": "elsewhere", "pid": 7, "started": time.time(), "heartbeat": time.time()})
     a._thread.join(timeout=60)  # the heartbeat thread notices on its own and stops beating over the new row
     assert not a._thread.is_alive()
     with pytest.raises(LeaseLost, match="taken over by pid 7 on elsewhere"):
         a.check()
-    assert rdb.get_study_system_attrs(sid)[KEY]["owner"] == "y"
+    assert holder(rdb, sid)["owner"] == "y"
     a.release()  # releasing a lost lease leaves the new holder's row alone
-    assert rdb.get_study_system_attrs(sid)[KEY]["owner"] == "y"
+    assert holder(rdb, sid)["owner"] == "y"
 
 
-def _race(url: str, sid: int, go: float, q: mp.Queue) -> None:
+def _race(url: str, sid: str, go: float, q: mp.Queue) -> None:
     rdb = open_storage(url)
     time.sleep(max(0.0, go - time.time()))
     try:
@@ -147,7 +153,7 @@ def test_tuners_starting_at_the_same_moment_get_exactly_one_lease(tmp_path: Path
         for first_insert in (False, True):
             if first_insert:  # no row at all: the race is on the INSERT
                 with rdb.engine.begin() as conn:
-                    conn.execute(TABLE.delete().where(TABLE.c.key == KEY))
+                    conn.execute(TABLE.delete().where(TABLE.c.study == sid))
             q: mp.Queue = ctx.Queue()
             go = time.time() + 4.0
             procs = [ctx.Process(target=_race, args=(url, sid, go, q)) for _ in range(3)]
@@ -191,5 +197,4 @@ def test_a_second_tune_on_a_running_study_exits_2_and_the_first_finishes_intact(
     trials = load(run, "fast").get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 5, [(t.number, t.user_attrs.get("status"))
                                                                     for t in trials]
-    study = load(run, "fast")
-    assert KEY not in study._storage.get_study_system_attrs(study._study_id)  # released at the end
+    assert holder(open_storage(f"sqlite:///{run / 'study.db'}"), "fast") is None  # released at the end

@@ -137,7 +137,7 @@ def test_the_tuner_lease_is_atomic_on_postgresql(pg_url: str) -> None:
     import optuna
 
     rdb = open_storage(pg_url)
-    sid = optuna.create_study(study_name="lease", storage=rdb, load_if_exists=True)._study_id
+    sid = optuna.create_study(study_name="lease", storage=rdb, load_if_exists=True).study_name
     a = TunerLease(rdb, sid, "study 'lease'").acquire()
     try:
         with pytest.raises(ConfigError, match="is being tuned by pid"):
@@ -157,7 +157,7 @@ def test_fresh_checks_racing_the_heartbeat_never_report_a_false_loss(pg_url: str
 
     monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.002)
     rdb = open_storage(pg_url)
-    sid = optuna.create_study(study_name="race", storage=rdb, load_if_exists=True)._study_id
+    sid = optuna.create_study(study_name="race", storage=rdb, load_if_exists=True).study_name
     a = TunerLease(rdb, sid, "study 'race'").acquire()
     beats = []
     cas = a._cas

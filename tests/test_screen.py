@@ -160,3 +160,39 @@ def test_the_screen_rules_a_harmful_change_out_before_the_search_spends_a_trial_
                                                                         for k, v in screen.items()}
     m = re.search(r"quality runs: (\d+) trained, (\d+) reused from the quality store", r2.stdout)
     assert m and int(m[2]) >= len(screened) + qr.seeds, r2.stdout
+
+
+SLOWER = """\
+name: slower
+workload: {preset: tiny}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 64, kernel: torch}
+knobs:
+  batch_size: [64, 4]              # 16x smaller batches: far slower, and another global batch (numerics)
+quality: {samples: 4096, eval_samples: 2048, seeds: 2, tolerance: 0.002, screen: false}
+trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}
+budget: {trials: 2, confirm_top_k: 1}
+"""
+
+
+# ~1 min, in the default tier: 2 trials, the baseline's 2 quality runs and 2 re-measurements, run in-process
+def test_the_confirm_spends_no_quality_run_on_a_candidate_that_cannot_beat_the_baseline(tmp_path: Path) -> None:
+    """A numerics change measured slower than the baseline, in its search run and its re-measurement, cannot
+    be the winner: it is failed with that reason and none of its quality runs is trained."""
+    from rich.console import Console
+
+    from cubic import analysis
+    from cubic.store import Store, open_storage, storage_url
+    from cubic.tune import Tuner
+    from tests.test_memory import InlineRunner
+
+    (tmp_path / "s.yaml").write_text(SLOWER)
+    space = load_space(tmp_path / "s.yaml")
+    runner = InlineRunner()
+    Tuner(space, Store(space, open_storage(storage_url(tmp_path, None)), tmp_path), runner, searcher="grid",
+          console=Console(record=True, width=200), live=False).run()
+    small = {r.params["batch_size"]: r for r in analysis.records(tmp_path)}[4]
+    assert small.confirm_qps and small.quality_ok is False and "cannot win" in small.quality_reason, \
+        small.quality_reason
+    assert not small.quality_eval_ne
+    trained = [c.batch_size for c in runner.submitted if c.eval_samples > 0]
+    assert trained and set(trained) == {64}  # the baseline's pairs and noise floor only

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from cubic.cli import app
 from cubic_harness.config import TrialConfig, TrialResult
 from cubic_harness.sim.backend import NO_QUALITY, simulate
-from cubic_harness.sim.cluster import cluster_from_dict, load_cluster, local_cluster, shipped_cluster
+from cubic_harness.sim.cluster import cluster_from_dict, load_cluster, local_cluster, resolve, shipped_cluster
+from cubic_harness.timers import PHASES
 from cubic_harness.trial import env_info
 from cubic_harness.workload import Workload
 from tests.helpers import FIXTURE_CLUSTER, fixture_cluster, fixture_cluster_as_local
@@ -46,7 +47,7 @@ def test_simulated_result_has_the_real_backends_schema() -> None:
     real_env = set(env_info(cfg)) | {"placement", "nodes", "rank_nodes", "wall_s", "startup_s"}
     assert real_env <= set(res.env) and res.env["backend"] == "sim" and res.env["cluster"] == "local"
     assert env_info(cfg)["backend"] == "real"
-    assert set(res.breakdown_ms) == {"emb_fwd", "emb_bwd", "comm", "dense", "optim"}
+    assert list(res.breakdown_ms) == list(PHASES)  # the phases a real trial times
     assert res.qps == pytest.approx(cfg.global_batch / sum(res.breakdown_ms.values()) * 1e3)
     assert math.isnan(res.ne) and res.losses == [] and res.extra["quality"] == NO_QUALITY
     assert [t["table"] for t in res.plan] == list(range(cfg.workload.num_tables))
@@ -167,8 +168,6 @@ def test_cubic_calibrate_short_writes_a_cluster_file_that_loads(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """By default calibrate writes $XDG_CONFIG_HOME/cubic/local.yaml, never a shipped file, and this machine's
     cluster (what real trials plan with, and `--cluster local`) is then that file, before the shipped one."""
-    from cubic_harness.sim.cluster import resolve
-
     shipped = shipped_cluster("local.yaml")
     before = shipped.read_bytes() if shipped.exists() else None
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -431,3 +430,17 @@ def test_a_16_bit_gradient_all_reduce_moves_half_the_bytes() -> None:
     one = base.replace(world_size=1, batch_size=1024)
     assert simulate(one, c).qps == simulate(one.replace(allreduce_comm_precision="fp16"), c).qps
 
+
+
+def test_the_simulator_breaks_a_step_into_the_phases_a_real_trial_times() -> None:
+    """A measured and a predicted breakdown mean the same: the 2D weight_avg merge is `sync` in both (it was
+    folded into the simulator's `comm`), a grad_allreduce's replica gather is `comm` in both."""
+    from cubic_harness.timers import PHASES
+
+    c = resolve("h100-8")
+    two_d = dict(world_size=8, sharding_group_size=4, device="cuda", kernel="triton", sharding="row_wise")
+    avg = simulate(TrialConfig(**two_d, sparse_sync="weight_avg", sparse_sync_interval=8), c)
+    gather = simulate(TrialConfig(**two_d, sparse_sync="grad_allreduce"), c)
+    assert list(avg.breakdown_ms) == list(gather.breakdown_ms) == list(PHASES)
+    assert avg.breakdown_ms["sync"] > 0 and gather.breakdown_ms["sync"] == 0
+    assert sum(avg.breakdown_ms.values()) <= avg.step_ms_p50 * (1 + 1e-9)

@@ -17,6 +17,7 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from cubic.record import FIELDS, TrialRecord
 from cubic.runner import STARTED
 from cubic.samplers import SEARCHERS, distributions, make_sampler
 from cubic.space import load_space
@@ -59,6 +60,13 @@ def load(run_dir: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{run_dir / 'study.db'}")
 
 
+def records(run_dir: Path, name: str) -> dict[int, TrialRecord]:
+    """The study's trials as cubic's records (what it learned after each finished is not in Optuna's tables)."""
+    from cubic import analysis
+
+    return {r.number: r for r in analysis.records(run_dir, name)}
+
+
 def space_file(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "space.yaml"
     p.write_text(text)
@@ -92,9 +100,12 @@ def test_end_to_end_tune_writes_every_trial_with_metrics(tmp_path: Path) -> None
     w = study.user_attrs["winner"]
     assert {"trial", "qps", "qps_spread", "speedup", "baseline_qps", "config"} <= set(w)
     assert study.user_attrs["space"]["baseline_config"]["batch_size"] == 32
-    wt = study.trials[w["trial"]]
-    assert wt.user_attrs["quality_ok"] is True and len(wt.user_attrs["confirm_qps"]) == 1
-    assert len(trials[0].user_attrs["confirm_ne"]) == 1 and trials[0].user_attrs["quality_reason"] == "baseline"
+    recs = records(run, "fast")
+    wt = recs[w["trial"]]
+    assert wt.quality_ok is True and len(wt.confirm_qps) == 1
+    assert len(recs[0].confirm_ne) == 1 and recs[0].quality_reason == "baseline"
+    # what cubic added after the trials finished is in its own table, not written into Optuna's
+    assert not any(set(FIELDS) & set(t.user_attrs) for t in trials)
     assert w["speedup"] == pytest.approx(w["qps"] / w["baseline_qps"])
     # running the finished study again changes nothing and exits 0
     r2 = cubic_tune("--space", str(space_file(tmp_path, FAST)), "--run-dir", str(run))
@@ -184,18 +195,18 @@ def test_confirm_walks_past_configs_the_quality_gate_rejects(tmp_path: Path) -> 
     r = cubic_tune("--space", str(space_file(tmp_path, GATED)), "--run-dir", str(run), "--searcher", "grid")
     assert r.returncode == 0, r.stdout + r.stderr
     study = load(run, "gated")
-    by = {(t.params["batch_size"], t.params["pipeline_depth"]): t for t in study.get_trials()}
+    by = {(t.params["batch_size"], t.params["pipeline_depth"]): t for t in records(run, "gated").values()}
     assert len(by) == 4 and all(t.state == TrialState.COMPLETE for t in by.values())
-    exact = by[(32, 1)].user_attrs
-    assert exact["quality_ok"] is True and "numerics unchanged" in exact["quality_reason"]
-    assert len(exact["confirm_qps"]) == 2
-    big = [by[(256, d)].user_attrs for d in (0, 1)]
+    exact = by[(32, 1)]
+    assert exact.quality_ok is True and "numerics unchanged" in exact.quality_reason
+    assert len(exact.confirm_qps) == 2
+    big = [by[(256, d)] for d in (0, 1)]
     assert by[(256, 0)].value > by[(32, 1)].value  # ranked above the exact config: the walk passed it
-    for ua in big:  # passed over: its own NE over the baseline's samples already failed, or screened once
-        if ua.get("quality_est_ok") is False:
-            assert ua["ne_matched"] > 0 and not ua.get("confirm_qps")
+    for rec in big:  # passed over: its own NE over the baseline's samples already failed, or screened once
+        if rec.quality_est_ok is False:
+            assert rec.ne_matched > 0 and not rec.confirm_qps
         else:
-            assert ua["quality_ok"] is False and "NE" in ua["quality_reason"] and len(ua["confirm_qps"]) == 1
+            assert rec.quality_ok is False and "NE" in rec.quality_reason and len(rec.confirm_qps) == 1
     assert study.user_attrs["winner"]["config"]["batch_size"] == 32
     assert "skipped" in r.stdout and "fails the quality gate" in r.stdout
 
@@ -222,7 +233,7 @@ BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
 
 @pytest.mark.parametrize("case, expected", [
     ("malformed", ":4: malformed YAML"),
-    ("unknown_knob", "knobs.colour: unknown knob"),
+    ("unknown_knob", "knobs.colour: unknown key"),
     ("empty_choices", "knobs.kernel.choices: choices must not be empty"),
     ("baseline_outside", "baseline value 'table_wise' is outside the space"),
     ("storage", "cannot open the trial store"),

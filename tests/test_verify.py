@@ -202,5 +202,5 @@ def test_target_torchrec_keeps_only_what_torchrec_runs(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"baseline.kernel: target torchrec: kernel='torch' cannot run"):
         load_space(tmp_path / "bad.yaml")
     (tmp_path / "x.yaml").write_text(bad.replace("target: torchrec", "target: tpu"))
-    with pytest.raises(ConfigError, match=r"target: 'tpu' is not supported; allowed: \['harness', 'torchrec'\]"):
+    with pytest.raises(ConfigError, match=r"target: 'tpu' is not allowed; choose one of \['harness', 'torchrec'\]"):
         load_space(tmp_path / "x.yaml")

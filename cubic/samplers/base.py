@@ -9,6 +9,7 @@ The baseline configuration is always the first trial. A searcher may declare its
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +18,9 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from cubic.record import NOT_RUN
 from cubic.screen import excluded_tuples, failing_changes, ruled_out
 from cubic.space import SearchSpace
-from cubic.store import NOT_RUN
 
 MAX_REDRAWS = 20  # proposals a searcher may redraw because the quality screen ruled them out
 
@@ -42,8 +43,12 @@ class Observations:
     excluded: frozenset = frozenset()  # the enumerable configurations with one of them (all in seen)
 
     @classmethod
-    def of(cls, study: optuna.Study, space: SearchSpace, exclude: int | None = None) -> Observations:
+    def of(cls, study: optuna.Study, space: SearchSpace, exclude: int | None = None,
+           feasible: Mapping[int, bool | None] | None = None) -> Observations:
+        """`feasible`: each finished trial's quality verdict by number (`TrialRecord.feasible`, which
+        cubic keeps in its own table, not in the Optuna trial the sampler sees); none where unknown."""
         obs = cls()
+        feasible = feasible or {}
         for t in study.get_trials(deepcopy=False):
             if t.number == exclude:
                 continue
@@ -55,8 +60,7 @@ class Observations:
                 obs.ok.append(tup)
                 obs.qps.append(float(t.value))
                 obs.order.append(float(t.value))
-                # held-out quality's verdict where a check ran (cubic.tune), else the in-run estimate
-                if t.user_attrs.get("quality_heldout_ok", t.user_attrs.get("quality_est_ok")) is False:
+                if feasible.get(t.number) is False:
                     obs.quality_failed.append(tup)
             elif t.state == TrialState.FAIL:
                 if t.user_attrs.get("status") in NOT_RUN:  # FAIL trials that say nothing about their config
@@ -75,7 +79,8 @@ class Observations:
 
 
 class SpaceSampler(optuna.samplers.BaseSampler):
-    """Base: dedupe, baseline first, user attrs of the proposal; subclasses implement `propose`."""
+    """Base: dedupe, baseline first, what it knew of its proposal (`last_info`, which the tuner stores
+    with the trial); subclasses implement `propose`."""
 
     name = "base"
 
@@ -84,6 +89,11 @@ class SpaceSampler(optuna.samplers.BaseSampler):
         self.rng = np.random.default_rng(seed)
         self.baseline = space.tup(space.baseline_params())
         self.last_info: dict[str, Any] = {}
+        # each finished trial's quality verdict (`Store.feasible`); the tuner connects it to its store
+        self.feasible: Callable[[], Mapping[int, bool | None]] = dict
+
+    def observations(self, study: optuna.Study, exclude: int | None = None) -> Observations:
+        return Observations.of(study, self.space, exclude=exclude, feasible=self.feasible())
 
     # ------------------------------------------------------------------ Optuna interface
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -93,7 +103,7 @@ class SpaceSampler(optuna.samplers.BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space:
             return {}
-        obs = Observations.of(study, self.space, exclude=trial.number)
+        obs = self.observations(study, exclude=trial.number)
         if self.baseline not in obs.seen:
             tup, info = self.baseline, {"phase": "baseline"}
         else:
@@ -107,10 +117,7 @@ class SpaceSampler(optuna.samplers.BaseSampler):
                 tup = None
             if tup is None:  # nothing left: the loop stops on should_stop(); keep Optuna consistent
                 tup, info = self.baseline, {"phase": "exhausted"}
-        info = {"phase": self.name, "predicted_qps": None, "predicted_std": None, **info}
-        self.last_info = info
-        for k, v in info.items():
-            study._storage.set_trial_user_attr(trial._trial_id, k, v)
+        self.last_info = {"phase": self.name, "predicted_qps": None, "predicted_std": None, **info}
         return self.space.params_of(tup)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
@@ -129,7 +136,7 @@ class SpaceSampler(optuna.samplers.BaseSampler):
     def should_stop(self, study: optuna.Study) -> bool:
         """True when the searcher has nothing (useful) left to propose."""
         n = self.space.size() if self.space.all_tuples is not None else None
-        return n is not None and len(Observations.of(study, self.space).seen) >= n
+        return n is not None and len(self.observations(study).seen) >= n
 
     def random_unseen(self, obs: Observations) -> tuple | None:
         return self.space.random_tuple(self.rng, obs.seen)

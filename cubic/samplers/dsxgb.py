@@ -59,7 +59,7 @@ class DSXGBSearch(SpaceSampler):
         return cands[int(np.argmax(scores))], {}
 
     def should_stop(self, study: optuna.Study) -> bool:
-        obs = Observations.of(study, self.space)
+        obs = self.observations(study)
         order = [t.value if t.value is not None else 0.0 for t in study.get_trials(deepcopy=False)
                  if t.state.is_finished() and t.user_attrs.get("status") not in NOT_RUN]
         if order:

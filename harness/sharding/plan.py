@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-SHARD_KINDS = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
-
 
 @dataclass(frozen=True)
 class Shard:

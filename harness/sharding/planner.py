@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from cubic_harness.config import DTYPE_BYTES, TrialConfig
+from cubic_harness.config import DTYPE_BYTES, SHARDING_TYPES, TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
 
@@ -154,7 +154,7 @@ def _tw_cost(cfg: TrialConfig, cost: TableCost, i: int) -> float:
 
 def _choose_kinds(cfg: TrialConfig, cost: TableCost) -> dict[int, str]:
     wl = cfg.workload
-    if cfg.sharding in ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"):
+    if cfg.sharding in SHARDING_TYPES:
         return dict.fromkeys(range(wl.num_tables), cfg.sharding)
     if cfg.sharding != "auto":
         return dict.fromkeys(range(wl.num_tables), "table_wise")

@@ -14,8 +14,9 @@ TrialConfig): Calculon's system / model / execution split. One file describes
   optionally `pod_nodes` (nodes per pod, non-blocking inside) and `oversubscription` (above the pod);
 - `host_memory_gb` per node.
 
-Every key is checked at load, with one line naming the file, the key and what is allowed (exit 2 at
-the CLI), as search spaces are. `cubic calibrate` writes these files from measurements; hand-written
+Every key is checked at load against the typed model `ClusterFile` (`cubic schema cluster` exports it
+as JSON Schema), with one line naming the file, the key and what is allowed (exit 2 at the CLI).
+`cubic calibrate` writes these files from measurements; hand-written
 presets say where their numbers come from in comments.
 """
 
@@ -26,14 +27,17 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import AfterValidator, Field, model_validator
 
+from cubic_harness.config import CHOICES
 from cubic_harness.errors import ConfigError, read_text
+from cubic_harness.schema import Strict, validate
 
-KERNELS = ("fbgemm", "torch", "native", "triton")
-EMB_PRECISIONS = ("fp32", "fp16", "bf16")
+KERNELS = CHOICES["kernel"]
+EMB_PRECISIONS = CHOICES["emb_precision"]
 DENSE_PRECISIONS = ("fp32", "bf16")
 DEVICE_TYPES = ("cpu", "gpu")
 
@@ -127,148 +131,93 @@ class Cluster:
 
 
 # ---------------------------------------------------------------------- loading
-class _Check:
-    """One-line errors naming the file and the key."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def fail(self, key: str, msg: str) -> ConfigError:
-        return ConfigError(f"{self.where}: {key}: {msg}")
-
-    def section(self, d: Any, key: str, keys: set[str], optional: set[str] = frozenset()) -> dict:
-        if not isinstance(d, dict):
-            raise self.fail(key or "(top level)", f"must be a mapping with keys {sorted(keys)}")
-        missing = sorted(keys - set(d))
-        if missing:
-            raise self.fail(f"{key + '.' if key else ''}{missing[0]}", f"missing; required keys: {sorted(keys)}")
-        unknown = sorted(set(d) - keys - optional, key=str)  # YAML keys may be numbers too
-        if unknown:
-            raise self.fail(f"{key + '.' if key else ''}{unknown[0]}",
-                            f"unknown key; allowed: {sorted(keys | optional)}")
-        return d
-
-    def num(self, d: dict, key: str, path: str, positive: bool = True, integer: bool = False) -> float:
-        v = d[key]
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        if integer:
-            ok = ok and float(v).is_integer()
-        if not ok:
-            raise self.fail(path, f"{v!r} is not {'an integer' if integer else 'a number'}")
-        if positive and v <= 0:
-            raise self.fail(path, f"{v!r} must be > 0")
-        if not positive and v < 0:
-            raise self.fail(path, f"{v!r} must be >= 0")
-        return int(v) if integer else float(v)
-
-    def choice(self, v: Any, path: str, allowed: tuple) -> Any:
-        if v not in allowed:
-            raise self.fail(path, f"{v!r} is not allowed; choose one of {list(allowed)}")
-        return v
+# The file format, once (`cubic_harness.schema`): what the loader accepts and `cubic schema cluster` exports.
+Pos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PosInt = Annotated[int, Field(gt=0)]
+Curve = Annotated[dict[PosInt, Pos], Field(min_length=1)]  # size (row width, batch) -> measured number
+Kernel = Literal[KERNELS]  # type: ignore[valid-type]
+EmbPrecision = Literal[EMB_PRECISIONS]  # type: ignore[valid-type]
+DensePrecision = Literal[DENSE_PRECISIONS]  # type: ignore[valid-type]
 
 
-def _link(c: _Check, d: Any, key: str) -> Link:
-    pods = {"pod_nodes", "oversubscription"} if key == "network" else set()
-    d = c.section(d, key, {"bandwidth_gbs", "latency_us"}, pods)
-    over = c.num(d, "oversubscription", f"{key}.oversubscription") if "oversubscription" in d else 1.0
-    if over < 1:
-        raise c.fail(f"{key}.oversubscription", f"{over!r} must be >= 1 (1 = non-blocking)")
-    return Link(c.num(d, "bandwidth_gbs", f"{key}.bandwidth_gbs"), c.num(d, "latency_us", f"{key}.latency_us", False),
-                int(c.num(d, "pod_nodes", f"{key}.pod_nodes", integer=True)) if "pod_nodes" in d else 0, over)
+class LinkSpec(Strict):
+    bandwidth_gbs: Pos = Field(description="per direction, per device, GB/s")
+    latency_us: NonNeg = Field(description="per collective call between two ranks")
 
 
-def _eff_curve(c: _Check, d: Any, path: str) -> dict[int, float]:
-    if not isinstance(d, dict) or not d:
-        raise c.fail(path, "must map sizes (row widths or batch sizes, positive ints) to numbers")
-    out = {}
-    for k in d:
-        if not (isinstance(k, int) and not isinstance(k, bool) and k > 0):
-            raise c.fail(f"{path}.{k}", "size must be a positive integer")
-        out[k] = c.num(d, k, f"{path}.{k}")
-    return out
+class NetworkSpec(LinkSpec):
+    pod_nodes: PosInt | None = Field(None, description="nodes per pod (non-blocking inside); absent: one pod")
+    oversubscription: Annotated[float, Field(ge=1)] = Field(1.0, description="above the pod; 1 = non-blocking")
 
 
-def _float_map(c: _Check, d: Any, path: str, keys: tuple[str, ...]) -> dict[str, float]:
-    if not isinstance(d, dict):
-        raise c.fail(path, f"must map {list(keys)} to numbers")
-    for k in d:
-        c.choice(k, f"{path}.{k}", keys)
-    return {k: c.num(d, k, f"{path}.{k}") for k in d}
+class FwdBwd(Strict):
+    fwd: Curve = Field(description="achieved fraction of mem_bw_gbs for the pooled lookup, by row width")
+    bwd: Curve = Field(description="the same for backward + optimizer, by row width")
 
 
-def _device(c: _Check, d: Any) -> Device:
-    d = c.section(d, "device", {"type", "memory_gb", "mem_bw_gbs", "dense_gflops", "gemm_half_mflop", "embedding",
-                                "step_overhead_ms"},
-                  {"cores", "thread_exp", "process_mb", "elementwise_gbs", "shared_speed", "replica_merge_gbs",
-                   "glue_ns_per_id", "jitter", "host_link_gbs"})
-    typ = c.choice(d["type"], "device.type", DEVICE_TYPES)
-    dense = d["dense_gflops"]
-    if not isinstance(dense, dict) or "fp32" not in dense:
-        raise c.fail("device.dense_gflops", f"must map dense precisions {list(DENSE_PRECISIONS)} to GFLOP/s "
-                     "(fp32 required)")
-    for k in dense:
-        c.choice(k, f"device.dense_gflops.{k}", DENSE_PRECISIONS)
-    emb = d["embedding"]
-    if not isinstance(emb, dict) or not emb:
-        raise c.fail("device.embedding", f"must map kernel backends {list(KERNELS)} to per-precision efficiencies")
-    embedding: dict[str, dict[str, KernelEff]] = {}
-    for kname, per in emb.items():
-        c.choice(kname, f"device.embedding.{kname}", KERNELS)
-        if not isinstance(per, dict) or "fp32" not in per:
-            raise c.fail(f"device.embedding.{kname}", f"must map emb precisions {list(EMB_PRECISIONS)} to "
-                         "{fwd, bwd} (fp32 required)")
-        embedding[kname] = {}
-        for prec, fb in per.items():
-            p = f"device.embedding.{kname}.{c.choice(prec, f'device.embedding.{kname}.{prec}', EMB_PRECISIONS)}"
-            fb = c.section(fb, p, {"fwd", "bwd"})
-            embedding[kname][prec] = KernelEff(_eff_curve(c, fb["fwd"], f"{p}.fwd"),
-                                               _eff_curve(c, fb["bwd"], f"{p}.bwd"))
-    texp = d.get("thread_exp", {}) or {}
-    if not isinstance(texp, dict):
-        raise c.fail("device.thread_exp", "must map kernel backends to exponents")
-    for k in texp:
-        c.choice(k, f"device.thread_exp.{k}", (*KERNELS, "dense"))
-        c.num(texp, k, f"device.thread_exp.{k}", positive=False)
-    ew_raw = d.get("elementwise_gbs", {})
-    if not isinstance(ew_raw, dict):
-        raise c.fail("device.elementwise_gbs", f"must map {list(DENSE_PRECISIONS)} to {{batch size: GB/s}}")
-    ew = {c.choice(k, f"device.elementwise_gbs.{k}", DENSE_PRECISIONS): _eff_curve(c, v, f"device.elementwise_gbs.{k}")
-          for k, v in ew_raw.items()}
-    shared = _float_map(c, d.get("shared_speed", {}), "device.shared_speed", ("dense", "embedding"))
-    merge = _float_map(c, d.get("replica_merge_gbs", {}), "device.replica_merge_gbs", ("sparse", "dense"))
-    if any(v > 1 for v in shared.values()):
-        raise c.fail("device.shared_speed", "fractions of a rank's solo speed must be <= 1")
-    cores = int(c.num(d, "cores", "device.cores", integer=True)) if "cores" in d else 0
-    if typ == "cpu" and not cores:
-        raise c.fail("device.cores", "required for a cpu device (the node's cores its ranks share)")
-    def opt(key: str) -> float:
-        return c.num(d, key, f"device.{key}", positive=False) if key in d else 0.0
-
-    return Device(typ, c.num(d, "memory_gb", "device.memory_gb"), c.num(d, "mem_bw_gbs", "device.mem_bw_gbs"),
-                  {k: c.num(dense, k, f"device.dense_gflops.{k}") for k in dense},
-                  c.num(d, "gemm_half_mflop", "device.gemm_half_mflop", positive=False), embedding,
-                  {k: float(v) for k, v in texp.items()}, c.num(d, "step_overhead_ms", "device.step_overhead_ms",
-                                                                 positive=False), cores,
-                  process_mb=opt("process_mb"), elementwise_gbs=ew, shared_speed=shared,
-                  glue_ns_per_id=opt("glue_ns_per_id"), host_link_gbs=opt("host_link_gbs"), jitter=opt("jitter"),
-                  replica_merge_gbs=merge)
+def _needs_fp32(per: dict[str, Any], what: str) -> dict[str, Any]:
+    if "fp32" not in per:
+        raise ValueError(f"must map {what} (fp32 required)")
+    return per
 
 
-TOP_KEYS = {"name", "nodes", "devices_per_node", "device", "intra_node", "network", "host_memory_gb"}
+class DeviceSpec(Strict):
+    type: Literal[DEVICE_TYPES]  # type: ignore[valid-type]
+    memory_gb: Pos
+    mem_bw_gbs: Pos
+    dense_gflops: Annotated[dict[DensePrecision, Pos], AfterValidator(
+        lambda d: _needs_fp32(d, f"dense precisions {list(DENSE_PRECISIONS)} to GFLOP/s"))]
+    gemm_half_mflop: NonNeg
+    embedding: Annotated[dict[Kernel, Annotated[dict[EmbPrecision, FwdBwd], AfterValidator(
+        lambda d: _needs_fp32(d, f"emb precisions {list(EMB_PRECISIONS)} to {{fwd, bwd}}"))]], Field(min_length=1)]
+    step_overhead_ms: NonNeg
+    cores: PosInt | None = Field(None, description="cpu: the node's cores its ranks share (required on cpu)")
+    thread_exp: dict[Literal[(*KERNELS, "dense")], NonNeg] = {}  # type: ignore[misc]
+    process_mb: NonNeg = 0.0
+    elementwise_gbs: dict[DensePrecision, Curve] = {}
+    shared_speed: dict[Literal["dense", "embedding"], Annotated[float, Field(gt=0, le=1)]] = {}
+    replica_merge_gbs: dict[Literal["sparse", "dense"], Pos] = {}
+    glue_ns_per_id: NonNeg = 0.0
+    jitter: NonNeg = 0.0
+    host_link_gbs: NonNeg = 0.0
+
+    @model_validator(mode="after")
+    def _cpu_cores(self) -> DeviceSpec:
+        if self.type == "cpu" and not self.cores:
+            raise ValueError("cores is required for a cpu device (the node's cores its ranks share)")
+        return self
+
+
+class ClusterFile(Strict):
+    """A cluster file (`clusters/*.yaml`): the hardware the simulator prices a configuration on."""
+
+    name: Annotated[str, Field(min_length=1)]
+    nodes: PosInt
+    devices_per_node: PosInt
+    device: DeviceSpec
+    intra_node: LinkSpec
+    network: NetworkSpec
+    host_memory_gb: Pos
+    about: str = ""
+    source: dict[str, Any] = Field({}, description="what measured this file, when")
 
 
 def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
-    c = _Check(where)
-    d = c.section(d, "", TOP_KEYS, {"about", "source"})
-    if not isinstance(d["name"], str) or not d["name"]:
-        raise c.fail("name", "must be a non-empty string")
-    src = d.get("source") or {}
-    if not isinstance(src, dict):
-        raise c.fail("source", "must be a mapping (what measured this file, when)")
-    return Cluster(d["name"], int(c.num(d, "nodes", "nodes", integer=True)),
-                   int(c.num(d, "devices_per_node", "devices_per_node", integer=True)), _device(c, d["device"]),
-                   _link(c, d["intra_node"], "intra_node"), _link(c, d["network"], "network"),
-                   c.num(d, "host_memory_gb", "host_memory_gb"), str(d.get("about", "")), src)
+    f: ClusterFile = validate(ClusterFile, d, where)  # type: ignore[assignment]
+    dv = f.device
+    device = Device(
+        dv.type, dv.memory_gb, dv.mem_bw_gbs, dict(dv.dense_gflops), dv.gemm_half_mflop,
+        {k: {p: KernelEff(dict(fb.fwd), dict(fb.bwd)) for p, fb in per.items()} for k, per in dv.embedding.items()},
+        dict(dv.thread_exp), dv.step_overhead_ms, dv.cores or 0, process_mb=dv.process_mb,
+        elementwise_gbs={k: dict(v) for k, v in dv.elementwise_gbs.items()}, shared_speed=dict(dv.shared_speed),
+        glue_ns_per_id=dv.glue_ns_per_id, host_link_gbs=dv.host_link_gbs, jitter=dv.jitter,
+        replica_merge_gbs=dict(dv.replica_merge_gbs))
+    net = f.network
+    intra = Link(f.intra_node.bandwidth_gbs, f.intra_node.latency_us)
+    return Cluster(f.name, f.nodes, f.devices_per_node, device, intra,
+                   Link(net.bandwidth_gbs, net.latency_us, net.pod_nodes or 0, net.oversubscription),
+                   f.host_memory_gb, f.about, dict(f.source))
 
 
 def load_cluster(path: str | Path) -> Cluster:

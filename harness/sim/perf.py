@@ -38,13 +38,13 @@ from cubic_harness.dense_cost import DenseCost, dense_cost
 from cubic_harness.sharding.plan import ShardingPlan, group_ranks
 from cubic_harness.sim import collectives as coll
 from cubic_harness.sim.cluster import Cluster, KernelEff, log_interp
+from cubic_harness.timers import PHASES
 from cubic_harness.workload import TableSpec
 
 STATE_BYTES = {"rowwise_adagrad": 4, "momentum_scaled_rowwise_adagrad": 4, "sgd": 0}
 ID_BYTES = 8
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one is launched when the backward ends
 SPARSE_BYTE_COST = 2.0  # harness/sharding/replica_sync.py: a sparse byte costs ~2 dense ones (index work)
-PHASES = ("emb_fwd", "emb_bwd", "comm", "dense", "optim")
 GLIBC_MMAP_MAX = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX (64-bit): larger buffers are always mmapped
 
 
@@ -318,13 +318,15 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             comm["replica_sync"] = t / cfg.sparse_sync_interval
     if W > 1 and c.device.jitter:  # ranks drift apart over their compute; each collective waits for the last
         comm["wait"] = c.device.jitter * (emb_fwd + emb_bwd + dense)
-    comm_ms = sum(comm.values())
+    # a real trial times the weight_avg merge as its own phase (`sync`); everything else is the step's comm
+    sync_ms = comm["replica_sync"] if R > 1 and recv_cols and cfg.sparse_sync == "weight_avg" else 0.0
+    comm_ms = sum(comm.values()) - sync_ms
 
     # the collection's own work on this rank's ids (routing them to their shards, assembling the pooled rows)
     glue = B * sum(pool) * c.device.glue_ns_per_id / 1e6 / s.emb_speed
-    step = emb_fwd + emb_bwd + comm_ms + dense + optim + c.device.step_overhead_ms + glue
+    step = emb_fwd + emb_bwd + comm_ms + sync_ms + dense + optim + c.device.step_overhead_ms + glue
     qps = W * B / step * 1e3
-    bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm_ms,
+    bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm_ms, "sync": sync_ms,
           "dense": dense + c.device.step_overhead_ms + glue, "optim": optim}
 
     mean_load = (sum(fwd) + sum(bwd)) / G

@@ -1,0 +1,282 @@
+"""Quality while searching: free in-run estimates, the quality screen, and held-out checks of the incumbent.
+
+Three sources of a quality verdict, cheapest first (which one counts: `TrialRecord.feasible`):
+1. The in-run estimate (`estimate`): each finished numerics-changing trial's NE over the baseline's
+   samples, from its own per-step losses (`cubic.quality.matched_ne`); free.
+2. The screen (`next_run` before the search proposes anything): each numerics change alone, judged by
+   held-out quality runs against the baseline's (`cubic.screen`); a change that fails is out of the
+   search, and every trial that uses it fails with it.
+3. Held-out checks of the incumbent (`next_run` while searching): the fastest trial faster than the
+   baseline that no held-out run has judged, when it changes numerics. Why while searching and not only at
+   confirm: the searcher's feasibility model learns from the verdict, so one rejected 4x-batch incumbent
+   steers the search to the region that passes instead of filling the confirm with its variants. After a
+   rejection the next fastest is the incumbent: the search walks down its ranking as it goes. At most a
+   quarter of the trial budget (at least `confirm_top_k + 1`) is checked this way; the confirm reuses
+   every run.
+
+A verdict goes to every trial that trains the same model (`SearchSpace.numerics_key`), with its runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.trial import TrialState
+
+from cubic.quality import EARLY_REJECT, judge, matched_ne, paired_mean, sequential, within
+from cubic.record import TrialRecord
+from cubic.runner import Pending
+from cubic.screen import ATTR as SCREEN_ATTR
+from cubic.screen import Screened, decide, failing_changes, single_changes
+from cubic.screen import load as load_screen
+from cubic.tune.context import Tuning
+from cubic.tune.work import CheckRun, ScreenRun
+from cubic_harness.config import TrialConfig, TrialResult, json_safe
+
+
+class QualityChecks:
+    """The search's quality state: the baseline once known, the models held-out runs judged, the screen."""
+
+    def __init__(self, ctx: Tuning) -> None:
+        self.ctx = ctx
+        self.base: TrialRecord | None = None  # the completed baseline trial, once known
+        self.judged: dict[tuple, TrialRecord] = {}  # numerics key -> the trial a search-time check judged
+        self.screen: list[Screened] = []  # each numerics change alone (`cubic.screen`)
+
+    def start(self) -> None:
+        """Pick up what a resumed study already knows: its judged models and the runs its screen paid for."""
+        space, store = self.ctx.space, self.ctx.store
+        self.judged = {space.numerics_key(t.params): t for t in store.records(TrialState.COMPLETE)
+                       if t.quality_heldout_ok is not None and t.quality_runs_of is None}
+        if self.ctx.policy.quality_runs is not None:
+            stored = {s.change: s for s in load_screen(store.study.user_attrs)}
+            self.screen = [stored.get(s.change, s) for s in single_changes(space)]
+        self.estimate()
+
+    # ------------------------------------------------------------------ 1. the in-run estimate
+    def estimate(self, finished: TrialRecord | None = None) -> None:
+        """In-run quality estimates for finished numerics-changing trials ("ne_matched", and "quality_est_ok"
+        where the trial's steps cover the baseline's samples).
+
+        Called with no trial when the search starts (a resumed study may hold trials that wait for an
+        estimate) and with each trial as it finishes: once the baseline is in, only that trial needs one;
+        the baseline's own arrival estimates every trial that finished before it."""
+        if not self.ctx.policy.estimates_quality:
+            return
+        space, store = self.ctx.space, self.ctx.store
+        if finished is not None and self.base is not None:
+            todo = [finished]
+        else:
+            done = store.records(TrialState.COMPLETE)
+            self.base = self.ctx.baseline_of(done)
+            todo = done
+        if self.base is None:
+            return
+        bres = self.base.result
+        bcfg = space.config(self.base.params)
+        tol = space.quality_tolerance
+        for t in todo:
+            if (t.state != TrialState.COMPLETE or t.config_key == self.ctx.base_key
+                    or not space.differs_in_numerics(t.params)):
+                continue
+            if t.quality_est_tol == tol:  # estimated with this tolerance before (a resume with another re-judges)
+                continue
+            ne = matched_ne(t.result.get("losses") or [], space.config(t.params),
+                            bres.get("losses") or [], bcfg, bres.get("ne"))
+            attrs: dict[str, Any] = {"ne_matched": ne, "quality_est_tol": tol}
+            # Where quality runs judge, the estimate gives no verdict on another global batch: over the first
+            # samples it fails a larger batch for having taken fewer steps on them (held-out quality at the
+            # budget does not: 2x batches pass), and that veto kept a seed's search out of the fast region.
+            # Such trials are judged by held-out checks while searching instead.
+            biased = space.quality_runs is not None and space.config(t.params).global_batch != bcfg.global_batch
+            if ne is not None and not biased:
+                attrs.update(quality_est_ok=within(ne, bres["ne"], tol))
+            judged = self.judged.get(space.numerics_key(t.params))
+            if judged is not None and judged.number != t.number and t.quality_heldout_ok is None:
+                attrs.update(judged.heldout())
+            store.update(t, **attrs)
+            self.screen_verdict(t, self.base)
+
+    # ------------------------------------------------------------------ 2. and 3. held-out runs
+    def next_run(self, pending: list[Pending]) -> Pending | None:
+        """A quality run the search pays for now, if any (one at a time): the baseline's seeds first (the
+        pairs and the noise floor), then the screen's, then the incumbent's."""
+        qr = self.ctx.policy.quality_runs
+        if qr is None or any(isinstance(p.tag, CheckRun | ScreenRun) for p in pending):
+            return None
+        space, view = self.ctx.space, self.ctx.view
+        done = self.ctx.store.records(TrialState.COMPLETE)
+        base = self.ctx.baseline_of(done)
+        if base is None:
+            return None
+        bne = base.quality_eval_ne
+        if None in bne:
+            return None
+        if len(bne) < qr.seeds:
+            return self._submit_check(base, len(bne), "the baseline (pairs and noise floor)")
+        scr = next((x for x in self.screen if x.ok is None), None)
+        if scr is not None:  # before the search proposes anything: each numerics change alone
+            n = len(scr.eval_ne)
+            p = self.ctx.runner.submit(self.quality_config(scr.params, n), tag=ScreenRun(scr, n))
+            view.note(f"quality screen: {scr.label} alone, seed {n + 1}/{qr.seeds}, {qr.samples:,} samples "
+                      f"({sum(x.ok is not None for x in self.screen) + 1} of {len(self.screen)} changes)"
+                      + reused(p))
+            return p
+        top = max((t for t in done if t is not base and t.quality_heldout_ok is not False
+                   and (t.value or 0.0) > (base.value or 0.0)), key=lambda t: t.value or 0.0, default=None)
+        if (top is None or top.quality_heldout_ok is not None or not space.differs_in_numerics(top.params)
+                or space.numerics_key(top.params) in self.judged):
+            return None
+        n = len(top.quality_eval_ne)
+        if n == 0 and len(self.judged) >= max(space.confirm_top_k + 1, self.ctx.budget // 4):
+            return None
+        return self._submit_check(top, n, "the incumbent")
+
+    def quality_config(self, params: dict[str, Any], seed: int) -> TrialConfig:
+        """The quality run of params' model at `seed`: the config `SearchSpace.model_params` picks for that
+        model, so every configuration that trains it shares the run (through the quality store)."""
+        space = self.ctx.space
+        return space.quality_runs.config(space.config(space.model_params(params)), seed)
+
+    def _submit_check(self, t: TrialRecord, seed: int, what: str) -> Pending:
+        qr = self.ctx.policy.quality_runs
+        p = self.ctx.runner.submit(self.quality_config(t.params, seed), tag=CheckRun(t, seed))
+        self.ctx.view.note(f"quality check while searching: #{t.number} ({what}) seed {seed + 1}/{qr.seeds}, "
+                           f"{qr.samples:,} samples, held-out {qr.eval_samples:,}" + reused(p))
+        return p
+
+    def checked(self, work: CheckRun, res: TrialResult) -> None:
+        """Record a search-time quality run; once its trial's verdict is decided, give it to the trial and to
+        every trial that trains the same model."""
+        t, space, store = work.rec, self.ctx.space, self.ctx.store
+        self.record_run(t, res, work.seed)
+        if t.config_key == self.ctx.base_key:
+            return
+        done = store.records(TrialState.COMPLETE)
+        ok, _ = self.heldout(t, self.ctx.baseline_of(done))
+        if ok is None:
+            return
+        store.update(t, quality_heldout_ok=ok)
+        key = space.numerics_key(t.params)
+        self.judged[key] = t
+        same = [o for o in done if o.number != t.number and o.quality_heldout_ok is None
+                and o.config_key != self.ctx.base_key and space.numerics_key(o.params) == key]
+        for o in same:
+            store.update(o, **t.heldout())
+        self.ctx.view.note(f"quality check: #{t.number} {'passes' if ok else 'fails'} held-out quality"
+                           + (f" (and {len(same)} trial(s) that train the same model)" if same else "")
+                           + ("" if ok else ": the searcher now avoids it"))
+
+    def screened(self, work: ScreenRun, res: TrialResult) -> None:
+        """Record a screen run; once the change's verdict is decided, store it (the samplers read it from
+        the study: `Observations.seen`) and, if it fails, give every trial that uses it the verdict."""
+        scr, seed = work.change, work.seed
+        ok = res.status == "ok" and res.extra.get("eval_ne") is not None
+        scr.eval_ne.append(res.extra.get("eval_ne") if ok else None)
+        scr.eval_auc.append(res.extra.get("eval_auc") if ok else None)
+        if not ok:
+            scr.reason = f"seed {seed}: {res.status}: {res.error}"[:300]
+        done = self.ctx.store.records(TrialState.COMPLETE)
+        base = self.ctx.baseline_of(done)
+        bne = base.quality_eval_ne if base is not None else []
+        verdict, why = decide(scr, bne, self.ctx.policy.quality_runs)
+        if verdict is not None:
+            scr.ok, scr.reason = verdict, (why if ok else f"its quality run failed: {scr.reason}")
+        self.ctx.store.study.set_user_attr(SCREEN_ATTR, json_safe([x.to_dict() for x in self.screen]))
+        if verdict is None:
+            return
+        self.ctx.view.note(f"quality screen: {scr.label} alone {'passes' if verdict else 'fails'}: {scr.reason}"
+                           + ("" if verdict else "; configurations with it are out of the search"))
+        for t in done:
+            self.screen_verdict(t, base)
+
+    def screen_verdict(self, t: TrialRecord, base: TrialRecord | None) -> None:
+        """A finished trial that uses a change the screen failed fails held-out quality with it; one that
+        trains what a screened change alone trains starts from that change's runs (same model, same seeds)."""
+        space, store = self.ctx.space, self.ctx.store
+        if t.config_key == self.ctx.base_key or t.quality_heldout_ok is not None:
+            return
+        out = frozenset(x.change for x in self.screen if x.ok is False)
+        bad = failing_changes(space, t.params, out)
+        if bad:
+            store.update(t, quality_heldout_ok=False, quality_screened_out=bad)
+            return
+        if t.quality_eval_ne:
+            return
+        key = space.numerics_key(t.params)
+        same = next((x for x in self.screen if x.eval_ne and None not in x.eval_ne
+                     and space.numerics_key(x.params) == key), None)
+        if same is not None:
+            store.update(t, quality_eval_ne=list(same.eval_ne), quality_eval_auc=list(same.eval_auc),
+                         quality_screen_runs=same.label)
+            ok, _ = self.heldout(t, base)
+            if ok is not None:
+                store.update(t, quality_heldout_ok=ok)
+                self.judged.setdefault(key, t)
+
+    def record_run(self, t: TrialRecord, res: TrialResult, seed: int) -> None:
+        """Append one quality run's held-out eval NE and AUC (None for a failed run, with its reason)."""
+        ok = res.status == "ok" and res.extra.get("eval_ne") is not None
+        attrs = {"quality_eval_ne": [*t.quality_eval_ne, res.extra.get("eval_ne") if ok else None],
+                 "quality_eval_auc": [*t.quality_eval_auc, res.extra.get("eval_auc") if ok else None]}
+        if not ok:
+            attrs["quality_failed"] = f"seed {seed}: {res.status}: {res.error}"[:300]
+        self.ctx.store.update(t, **attrs)
+        self.ctx.view.note(f"quality run: #{t.number} seed {seed + 1}: " + (
+            f"eval NE {res.extra['eval_ne']:.5f}, AUC {res.extra['eval_auc']:.4f}" if ok else attrs["quality_failed"]))
+
+    # ------------------------------------------------------------------ verdicts from held-out runs
+    def heldout(self, t: TrialRecord, base: TrialRecord | None) -> tuple[bool | None, str]:
+        """t's held-out verdict from its quality runs and the baseline's, with its reason (None while its
+        seeds are still to run): a failed run fails, so does one far past the tolerance after its first
+        seeds (`early_reject`), else the paired judgement over all seeds (`cubic.quality.judge`)."""
+        qr = self.ctx.space.quality_runs
+        ne = t.quality_eval_ne
+        bne = base.quality_eval_ne if base is not None else []
+        if None in ne:
+            return False, f"quality run failed: {t.quality_failed}"
+        why = early_reject(t, qr, base)
+        if why is not None:
+            return False, why
+        if len(ne) < qr.seeds or len(bne) < qr.seeds:
+            return None, ""
+        if None in bne:
+            return False, f"the baseline's quality runs failed: {base.quality_failed}"
+        j = judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)
+        return j["ok"], j["reason"]
+
+    def sequential(self, t: TrialRecord, base: TrialRecord | None) -> tuple[str, dict[str, Any] | None]:
+        """t's confirm verdict from its quality runs so far (`cubic.quality.sequential`): a failed run of
+        either side, or a candidate far past the tolerance after its first seeds (`early_reject`), fails."""
+        qr = self.ctx.space.quality_runs
+        ne = t.quality_eval_ne
+        bne = base.quality_eval_ne if base is not None else []
+        if None in ne or None in bne or early_reject(t, qr, base) is not None:
+            return "failed", None
+        return sequential(ne, bne, qr)
+
+    def screen_summary(self) -> list[dict[str, Any]]:
+        return [x.to_dict() | {"change": x.label, "verdict": x.verdict} for x in self.screen]
+
+
+def reused(p: Pending) -> str:
+    return ": reused from the quality store, not trained again" if p.reused else ""
+
+
+def early_reject(t: TrialRecord, qr: Any, base: TrialRecord | None) -> str | None:
+    """Why t fails the quality gate before all its seeds ran (None if it may still pass): its mean paired
+    eval-NE difference so far is over EARLY_REJECT x the tolerance, far past what the paired noise on
+    these workloads spans (hundredths of a percent), so its remaining quality runs would be wasted."""
+    if qr is None or base is None or t is base:
+        return None
+    n = min(len(t.quality_eval_ne), len(base.quality_eval_ne))
+    d = paired_diff(t, base)
+    if n >= qr.seeds or d is None or d <= EARLY_REJECT * qr.tolerance:
+        return None
+    return (f"eval NE {d:+.3%} vs baseline after {n} of {qr.seeds} paired seed(s), over {EARLY_REJECT:g} x the "
+            f"{qr.tolerance:.2%} tolerance: rejected without the remaining quality runs")
+
+
+def paired_diff(t: TrialRecord, base: TrialRecord) -> float | None:
+    """Mean relative eval-NE difference of t from the baseline over the seeds both have run (None if none)."""
+    return paired_mean(t.quality_eval_ne, base.quality_eval_ne)

@@ -1,0 +1,294 @@
+"""The confirm step: re-measure the baseline and walk down the ranking until `confirm_top_k` configurations
+pass the quality gate; the fastest confirmed one wins.
+
+Why re-measure: the first measurement was selected for being high (winner's curse), so only
+re-measurements count, each with the space's own warm-up and measured steps. Why walk rather than take
+the top k: the fastest configurations are often fast *because* they change numerics (bigger batches, SGD,
+low precision), and a gate that rejected the whole top k used to leave the baseline as the "winner" of a
+40-trial tune.
+
+The walk, one run at a time (trials side by side on one node share its memory bandwidth and would skew
+the very numbers that pick the winner):
+1. Candidates: every completed trial but the baseline, fastest first, less those a check while searching
+   already rejected (`TrialRecord.feasible`).
+2. Screen the next candidate while fewer than k passed or may still pass, and fewer than SCREEN_FACTOR x k
+   candidates needed runs of their own. One that trains a model already rejected inherits the verdict.
+3. A candidate that changes numerics gets one re-measurement first. If neither it nor its search run beat
+   the baseline's re-measured median, it cannot win: it fails without a quality run. Otherwise its quality
+   runs decide (`cubic.quality.sequential`: the first `seeds`, then one more pair while the interval
+   straddles the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's
+   samples. Only a candidate that passes gets its other `repeats - 1` re-measurements.
+4. The verdict and its reason go to every screened record (`quality_ok`, `quality_reason`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+from optuna.trial import TrialState
+
+from cubic.quality import MORE, NOT_RESOLVED, covering, matched_ne, noise_floor, within
+from cubic.record import TrialRecord
+from cubic.runner import Pending
+from cubic.tune.checks import QualityChecks, early_reject, paired_diff, reused
+from cubic.tune.context import Tuning
+from cubic.tune.work import GateRun, RemeasureRun
+from cubic_harness.config import TrialResult
+
+SCREEN_FACTOR = 3  # confirm screens at most this many x confirm_top_k configurations
+
+
+class Confirm:
+    """One confirm: `run()` returns the screened records (baseline first), each with its verdict."""
+
+    def __init__(self, ctx: Tuning, checks: QualityChecks) -> None:
+        self.ctx, self.checks = ctx, checks
+        self.qr = ctx.policy.quality_runs
+        self.reps = ctx.policy.repeats
+        self.ranked = sorted(ctx.store.records(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0))
+        self.base = ctx.baseline_of(self.ranked)
+        # with quality runs the in-run estimate only guides the searcher: over the first samples after
+        # warm-up it fails larger batches for training fewer steps on them, which held-out quality does not
+        self.cands = [t for t in self.ranked if t is not self.base and (
+            t.quality_heldout_ok is not False if self.qr else t.quality_est_ok is not False)]
+        self.screened: list[TrialRecord] = []  # in rank order
+        self.inflight: dict[int, int] = {}  # trial number -> re-measurements in flight
+        self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
+
+    # ------------------------------------------------------------------ state of one candidate
+    def runs(self, t: TrialRecord) -> int:
+        return len(t.confirm_qps) + len(t.confirm_failed)
+
+    def qdone(self, t: TrialRecord | None) -> int:
+        return len(t.quality_eval_ne) if t is not None else 0
+
+    def verdict(self, t: TrialRecord) -> bool | None:
+        """None while undecided (no run back yet, or the baseline's NE not in yet)."""
+        if t.confirm_failed:
+            return False
+        if not self.ctx.policy.judges_quality or not self.ctx.space.differs_in_numerics(t.params):
+            return True
+        if self.qr is not None and not t.quality_eval_ne and self.cannot_win(t) is not None:
+            return False
+        if self.qr is not None:  # quality runs decide, sequentially (`cubic.quality.sequential`)
+            state, _ = self.checks.sequential(t, self.base)
+            if state == MORE or not t.confirm_qps:  # seeds or its speed still to come
+                return None
+            return state == "passed"
+        if not t.confirm_ne or self.base is None or not self.base.confirm_ne:
+            return None
+        return self.gate(t)[0]
+
+    def cannot_win(self, t: TrialRecord) -> float | None:
+        """t's best speed over the baseline's re-measured median where that is at most 1: neither its search
+        run nor a re-measurement beat the baseline, so it cannot be the winner and no quality run is spent
+        on it (None: it may still win, or nothing to compare yet)."""
+        if self.base is None or t is self.base or not t.confirm_qps or not self.base.confirm_qps:
+            return None
+        ratio = max([*t.confirm_qps, t.value or 0.0]) / statistics.median(self.base.confirm_qps)
+        return ratio if ratio <= 1.0 else None
+
+    def seeds_wanted(self, t: TrialRecord) -> int:
+        """How many quality seeds t's verdict needs by now: the first `seeds`, then one more pair at a time
+        while its interval straddles the tolerance; the baseline as many as the candidate that wants the
+        most (the pairs)."""
+        if t is self.base:
+            return max([self.qr.seeds] + [self.seeds_wanted(c) for c in self.screened if c is not self.base])
+        if (not t.confirm_qps or self.verdict(t) is not None  # decided, or layout only
+                or self.checks.sequential(t, self.base)[0] != MORE):
+            return 0
+        return min(self.qr.max_seeds, max(self.qr.seeds, min(self.qdone(t), self.qdone(self.base)) + 1))
+
+    def quality_seed(self, t: TrialRecord) -> int | None:
+        """The seed of t's next quality run, if it needs one now: the baseline's first (the noise floor, and
+        the pairs), then each numerics-changing candidate after its first speed run, its seed n once the
+        baseline's seed n is in."""
+        if self.qr is None:
+            return None
+        n = self.qdone(t) + self.qinflight.get(t.number, 0)
+        if n >= self.seeds_wanted(t):
+            return None
+        if t is self.base:
+            return n
+        if self.qdone(self.base) <= n or None in self.base.quality_eval_ne:
+            return None
+        space = self.ctx.space
+        key = space.numerics_key(t.params)
+        same = next((o for o in self.screened if o is not t and self.qinflight.get(o.number, 0) == 0
+                     and self.qdone(o) and self.checks.sequential(o, self.base)[0] != MORE
+                     and space.numerics_key(o.params) == key), None)
+        if same is not None and n == 0:  # the same model on the same samples: its quality runs are t's
+            self.ctx.store.update(t, **same.heldout(verdict=False))
+            self.ctx.view.note(f"quality: #{t.number} trains what #{same.number} trains: its quality runs apply")
+            return None
+        return n
+
+    def wants(self, t: TrialRecord) -> bool:
+        """One more re-measurement of t now? (Screening: only the first until the verdict is in.)"""
+        n = self.runs(t) + self.inflight.get(t.number, 0)
+        if n >= self.reps:
+            return False
+        v = self.verdict(t)
+        return v is True or (v is None and n == 0) or (t is self.base)
+
+    # ------------------------------------------------------------------ the walk
+    def run(self) -> list[TrialRecord]:
+        ctx, space, view, base = self.ctx, self.ctx.space, self.ctx.view, self.base
+        known_bad = len(self.ranked) - len(self.cands) - (base is not None)
+        if known_bad:
+            view.note(f"confirm: {known_bad} fast configuration(s) skipped: " + (
+                "held-out quality checks while searching rejected the model they train" if self.qr else
+                "their search trials' NE over the baseline's samples already fails the quality gate"))
+        k = space.confirm_top_k
+        max_screen = min(len(self.cands), SCREEN_FACTOR * k)  # candidates with runs of their own
+        if not ctx.policy.judges_quality:
+            view.note("confirm: simulated trials: no quality gate (a simulation predicts no model quality; "
+                      "a real tune of the winner judges it)")
+        view.note(f"confirm: baseline + the fastest configurations until {k} pass the quality gate "
+                  f"(at most {max_screen} screened), {self.reps} re-measurements each" if max_screen else
+                  f"confirm: the baseline only (no other configuration completed), {self.reps} re-measurements")
+        pending: list[Pending] = []
+        while True:
+            ctx.check_lease()
+            passed = [t for t in self.screened if self.verdict(t) is True]
+            undecided = [t for t in self.screened if self.verdict(t) is None]
+            own = sum(t.quality_runs_of is None for t in self.screened)  # those that cost runs of their own
+            if (len(passed) < k and len(passed) + len(undecided) < k and own < max_screen
+                    and len(self.screened) < len(self.cands)):
+                t = self.cands[len(self.screened)]
+                rejected = next((o for o in self.screened if self.verdict(o) is False and o.quality_runs_of is None
+                                 and o.quality_eval_ne and space.differs_in_numerics(t.params)
+                                 and space.numerics_key(o.params) == space.numerics_key(t.params)), None)
+                if rejected is not None:  # the same model was rejected: its verdict, without a run
+                    ctx.store.update(t, **rejected.heldout())
+                self.screened.append(t)
+                continue
+            order = ([base] if base else []) + self.screened
+            job = next((t for t in order if self.wants(t)), None)
+            if job is not None and not pending:  # one at a time (see the module docstring)
+                cfg = space.config(job.params)
+                if base is not None and job is not base and space.differs_in_numerics(job.params):
+                    cfg = covering(cfg, space.config(base.params))
+                pending.append(ctx.runner.submit(cfg, tag=RemeasureRun(job)))
+                self.inflight[job.number] = self.inflight.get(job.number, 0) + 1
+                continue
+            qjob = next(((t, sd) for t in order if (sd := self.quality_seed(t)) is not None), None)
+            if qjob is not None and not pending:
+                t, sd = qjob
+                qr = self.qr
+                pending.append(p := ctx.runner.submit(self.checks.quality_config(t.params, sd), tag=GateRun(t, sd)))
+                view.note(f"quality run: #{t.number} seed {sd + 1} (at least {qr.seeds}, at most "
+                          f"{qr.max_seeds}), {qr.samples:,} samples, held-out {qr.eval_samples:,}" + reused(p))
+                self.qinflight[t.number] = self.qinflight.get(t.number, 0) + 1
+                continue
+            if not pending:
+                break
+            for p, res in ctx.runner.wait(pending, timeout=0.5):
+                pending.remove(p)
+                ctx.check_lease(fresh=True)  # confirm writes go to cubic's table: Optuna checks nothing
+                match p.tag:
+                    case GateRun(rec=t, seed=sd):
+                        self.qinflight[t.number] -= 1
+                        self.checks.record_run(t, res, sd)
+                    case RemeasureRun(rec=t):
+                        self.inflight[t.number] -= 1
+                        self.record(t, res)
+                        view.add(t, time.monotonic() - p.started, confirm=res)
+            left = sum(max(0, self.reps - self.runs(t)) for t in order if self.verdict(t) is not False)
+            view.set_eta(left, 1.0)
+            view.refresh()
+        return self.judge_all()
+
+    def judge_all(self) -> list[TrialRecord]:
+        """Each screened record's verdict and reason; a trial a check while searching rejected gets its reason."""
+        targets = ([self.base] if self.base else []) + self.screened
+        self.ctx.check_lease(fresh=True)
+        for t in targets:
+            ok, why = self.gate(t)
+            self.ctx.store.update(t, quality_ok=ok, quality_reason=why,
+                                  quality_verdict=t.quality_verdict or ("passed" if ok else "failed"))
+        for t in self.ranked:  # rejected by a check while searching: the verdict's reason, for the report
+            if t.quality_heldout_ok is False and t.quality_reason is None:
+                why = (f"quality screen: {', '.join(t.quality_screened_out)} alone fails held-out quality"
+                       if t.quality_screened_out else
+                       f"held-out check while searching: {self.checks.heldout(t, self.base)[1]}")
+                self.ctx.store.update(t, quality_ok=False, quality_reason=why)
+        return targets
+
+    def record(self, t: TrialRecord, res: TrialResult) -> None:
+        """Append a re-measurement's qps and NE (over the baseline's samples) to t's record."""
+        space, base = self.ctx.space, self.base
+        if res.status == "ok" and res.qps > 0:
+            ne: float | None = res.ne
+            if base is not None and t.number != base.number and space.differs_in_numerics(t.params):
+                bres = base.result
+                ne = matched_ne(res.losses, space.config(t.params), bres.get("losses") or [],
+                                space.config(base.params), bres.get("ne"))
+            self.ctx.store.update(t, confirm_qps=[*t.confirm_qps, res.qps], confirm_ne=[*t.confirm_ne, ne])
+        else:
+            self.ctx.store.update(t, confirm_failed=[*t.confirm_failed, f"{res.status}: {res.error}"])
+
+    # ------------------------------------------------------------------ the gate
+    def gate(self, t: TrialRecord) -> tuple[bool, str]:
+        """t's verdict and its reason, from what its re-measurements and quality runs say."""
+        base, space, store = self.base, self.ctx.space, self.ctx.store
+        why = early_reject(t, space.quality_runs, base)
+        if why is not None:
+            store.update(t, quality_eval_diff=paired_diff(t, base))
+            return False, why
+        if t.confirm_failed:
+            return False, f"re-measurement failed: {t.confirm_failed[0]}"[:300]
+        if not t.confirm_qps:
+            return False, "not re-measured"
+        qr = space.quality_runs
+        if base is not None and t.number == base.number:
+            if qr is not None and t.quality_eval_ne:
+                ne = [x for x in t.quality_eval_ne if x is not None]
+                noise = noise_floor(ne)
+                return True, (f"baseline (eval NE {statistics.mean(ne):.5f} over {len(ne)} seed(s)"
+                              + (f", seed-to-seed sd {noise:.3%})" if noise is not None else ")") if ne else
+                              "baseline (its quality runs failed: " + str(t.quality_failed) + ")")
+            return True, "baseline"
+        changed = space.differs_in_numerics(t.params)
+        if changed and qr is not None and not t.quality_eval_ne and (ratio := self.cannot_win(t)) is not None:
+            return False, (f"at most {ratio:.2f}x the baseline (search and re-measurement): it cannot win, so no "
+                           f"quality run was spent on it (changes {', '.join(changed)})")
+        if changed and not self.ctx.policy.judges_quality:
+            return True, (f"simulated: quality not judged (changes {', '.join(changed)}); a real tune's quality "
+                          "gate judges it")
+        if not changed:
+            return True, "numerics unchanged (only layout/kernel/pipelining knobs differ): no quality run needed"
+        if qr is not None:
+            if t.quality_failed:
+                return False, f"quality run failed: {t.quality_failed}"
+            cand, bne = t.quality_eval_ne, base.quality_eval_ne if base else []
+            if None in bne:
+                return False, f"the baseline's quality runs failed: {base.quality_failed}"
+            state, j = self.checks.sequential(t, base)
+            if state == MORE or j is None:
+                return False, (f"changes {', '.join(changed)} but its quality runs are incomplete "
+                               f"({len(cand)} seed(s), at least {qr.seeds}; baseline {len(bne)})")
+            store.update(t, quality_eval_diff=j["diff"], quality_se=j["se"], quality_noise=j["noise"],
+                         quality_resolved=j["resolved"], quality_ci=j["ci"], quality_verdict=state)
+            n = len(j["diffs"])
+            head = {"passed": "passed", "failed": "failed",
+                    NOT_RESOLVED: f"NOT RESOLVED after {n} paired seeds (the seed budget, quality.max_seeds): the "
+                                  f"interval straddles the tolerance, so it is not crowned"}[state]
+            return state == "passed", f"{head}: {j['reason']} (changes {', '.join(changed)})"
+        ne_t = median_finite(t.confirm_ne)
+        ne_b = median_finite(base.confirm_ne) if base is not None else None
+        if ne_t is None or ne_b is None or ne_b <= 0:
+            return False, f"changes {changed} but NE is unavailable (trial {ne_t}, baseline {ne_b})"
+        rel = (ne_t - ne_b) / ne_b
+        tol = space.quality_tolerance
+        ok = within(ne_t, ne_b, tol)
+        return ok, (f"NE {ne_t:.4f} vs baseline {ne_b:.4f}: {rel:+.2%} {'<=' if ok else '>'} {tol:.2%} "
+                    f"(changes {', '.join(changed)})")
+
+
+def median_finite(xs: Any) -> float | None:
+    vals = [float(x) for x in (xs or []) if x is not None and math.isfinite(float(x))]
+    return statistics.median(vals) if vals else None

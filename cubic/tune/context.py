@@ -1,0 +1,36 @@
+"""What every role of one tune shares (`Tuning`): the space, the store, the cluster, the view, the policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cubic.lease import TunerLease
+from cubic.record import TrialRecord
+from cubic.space import SearchSpace
+from cubic.store import Store
+from cubic.tune.policy import Policy
+from cubic.view import TuneView
+
+if TYPE_CHECKING:
+    from cubic.runner import RayRunner
+    from cubic.sim_runner import SimRunner
+
+
+@dataclass
+class Tuning:
+    space: SearchSpace
+    store: Store
+    runner: RayRunner | SimRunner
+    view: TuneView
+    policy: Policy
+    base_key: str  # the baseline configuration's `TrialConfig.key()`
+    budget: int  # search trials (quality runs and re-measurements spend none)
+    lease: TunerLease | None = None  # held while the tune runs (`Tuner.run`)
+
+    def baseline_of(self, records: list[TrialRecord]) -> TrialRecord | None:
+        return next((t for t in records if t.config_key == self.base_key), None)
+
+    def check_lease(self, fresh: bool = False) -> None:
+        if self.lease is not None:
+            self.lease.check(fresh=fresh)

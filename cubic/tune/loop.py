@@ -1,0 +1,235 @@
+"""The `cubic tune` loop: propose -> run -> store, then confirm the top-k and pick the winner.
+
+The lifecycle of one tune, written once (each step's role in its own module):
+
+1. Hold the study's lease (`cubic.lease`): a second tuner on the same study refuses to start rather than
+   fail this one's running trials.
+2. Resume: the store is the truth. Trials left RUNNING by a dead tuner become FAIL(interrupted) and their
+   configurations are enqueued again; the baseline is enqueued unless it ran.
+3. Search (`Tuner._search`), until the budget of trials that ran is spent or the searcher has nothing left:
+   - ask the searcher (an Optuna sampler, `cubic.samplers`) for a configuration and launch it on the
+     cluster unless it is a duplicate (`TrialConfig.key()`) or the memory model says it cannot fit;
+   - between trials, the quality runs the search pays for (`cubic.tune.checks`): the baseline's seeds,
+     the screen of each numerics change alone, held-out checks of the incumbent;
+   - as each trial finishes, store it and estimate its quality from its own losses.
+4. Confirm (`cubic.tune.confirm`): re-measure and gate the fastest until `confirm_top_k` pass.
+5. Summarise (`cubic.tune.summary`): the winner, stored on the study, and what the tune found.
+
+What a study's trials can tell (measured or simulated) is decided once, in `cubic.tune.policy`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import TrialState
+from rich.console import Console
+
+from cubic.lease import TunerLease, describe
+from cubic.memory_check import refusal as memory_refusal
+from cubic.quality_store import QualityStore, ReusingRunner
+from cubic.record import NOT_RUN
+from cubic.runner import Pending, RayRunner
+from cubic.samplers import distributions, make_sampler
+from cubic.space import SearchSpace
+from cubic.store import Store, safe_url
+from cubic.tune.checks import QualityChecks
+from cubic.tune.confirm import Confirm
+from cubic.tune.context import Tuning
+from cubic.tune.policy import Policy
+from cubic.tune.summary import summary
+from cubic.tune.work import QUALITY_RUNS, CheckRun, ScreenRun, SearchRun
+from cubic.view import TuneView
+from cubic_harness.config import TrialResult
+from cubic_harness.errors import ConfigError
+
+if TYPE_CHECKING:  # the simulator's runner is imported only by a --backend sim tune
+    from cubic.sim_runner import SimRunner
+
+MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
+
+
+class Tuner:
+    """One `cubic tune`: `run()` searches until the budget is spent, confirms, returns the summary."""
+
+    def __init__(self, space: SearchSpace, store: Store, runner: RayRunner | SimRunner, searcher: str = "cubic",
+                 budget: int | None = None, seed: int = 0, console: Console | None = None,
+                 live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None,
+                 quality_store: QualityStore | None = None) -> None:
+        policy = Policy.simulated(runner.cluster.name) if runner.simulated else Policy.measured(space)
+        if quality_store is not None and policy.quality_runs is not None:
+            runner = ReusingRunner(runner, quality_store)
+        self.searcher = searcher
+        self.study: optuna.Study = store.study
+        budget = budget or space.budget
+        self.console = console or Console()
+        self.ctx = Tuning(space, store, runner, TuneView(space, budget, self.console, live), policy,
+                          base_key=space.config(space.baseline_params()).key(), budget=budget)
+        self.checks = QualityChecks(self.ctx)
+        self.space, self.store, self.runner, self.view, self.budget = space, store, runner, self.ctx.view, budget
+        history = []
+        if searcher == "cubic":
+            history = [(t.params, t.value if t.state == TrialState.COMPLETE else None)
+                       for t in store.history() if set(t.params) == set(space.knobs)
+                       and t.user_attrs.get("status") not in NOT_RUN]
+        self.warm = [h for h in warm_start or [] if set(h[0]) == set(space.knobs)] if searcher == "cubic" else []
+        history += self.warm
+        self.sampler = make_sampler(searcher, space, seed=seed, budget=budget, history=history,
+                                    simulated=runner.simulated)
+        self.n_history = len(history) - len(self.warm)
+        self.sampler.feasible = store.feasible
+        self.study.sampler = self.sampler
+        self.dists = distributions(space)
+
+    # ------------------------------------------------------------------ 1. the lease
+    def run(self) -> dict[str, Any]:
+        self.ctx.lease = self.lease = TunerLease(
+            self.store.rdb, self.store.name, f"study {self.study.study_name!r} in {safe_url(self.store.rdb.url)}"
+        ).acquire(on_wait=self.console.print)
+        try:
+            return self._run()
+        finally:
+            self.lease.release()
+
+    # ------------------------------------------------------------------ 2. resume, then 3-5
+    def _run(self) -> dict[str, Any]:
+        self.store.record_space()
+        interrupted = self.store.recover_interrupted()
+        self._queue_baseline()
+        self.view.seed(self.store.records(TrialState.COMPLETE, TrialState.FAIL))
+        if self.lease.took_over:
+            self.view.note(f"took the study over from a tuner that is gone: {describe(self.lease.took_over)}")
+        if interrupted:
+            self.view.note(f"resumed: {len(interrupted)} interrupted trial(s) "
+                           f"{[t.number for t in interrupted]} marked failed and re-queued")
+        if isinstance(self.runner, ReusingRunner):
+            qs = self.runner.store
+            self.view.note(f"quality store: {qs.count()} finished quality runs kept in {safe_url(qs.url)}; a run "
+                           "it holds is reused, not trained again")
+        if self.n_history:
+            self.view.note(f"warm start: {self.n_history} trials of earlier studies on this space")
+        if self.warm:
+            n_sim = sum(h[2] == "sim" for h in self.warm)
+            self.view.note(f"warm start: {len(self.warm)} trials from --warm-start ({n_sim} simulated: the proxy "
+                           "ranks them apart from measurements and learns where they are wrong)")
+        with self.view:
+            self._search()
+            self.view.phase = "confirm"
+            confirmed = Confirm(self.ctx, self.checks).run() if self.space.confirm_top_k > 0 else []
+            self.lease.check(fresh=True)
+        return summary(self.ctx, self.checks, confirmed, self.searcher, self.view.tau)
+
+    def _queue_baseline(self) -> None:
+        for t in self.store.records(TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING, TrialState.RUNNING):
+            if t.config_key == self.ctx.base_key and t.status not in NOT_RUN:
+                return
+        self.store.enqueue(self.space.baseline_params(), {"phase": "baseline"})
+
+    # ------------------------------------------------------------------ 3. search
+    def _search(self) -> None:
+        pending: list[Pending] = []
+        stop, skips = False, 0
+        self.checks.start()
+        while True:
+            self.lease.check()
+            used = self.store.budget_used()
+            self.view.used = used
+            room = used + sum(not isinstance(p.tag, QUALITY_RUNS) for p in pending) < self.budget and not stop
+            check = self.checks.next_run(pending) if self._free(pending) else None
+            if check is not None:
+                pending.append(check)
+                continue
+            if room and self._free(pending):
+                waiting = bool(self.store.trials(TrialState.WAITING))
+                if not waiting and self.sampler.should_stop(self.study):
+                    stop = True
+                    self.view.note(f"{self.searcher}: nothing more worth trying; stopping at {used} trials")
+                    continue
+                with self._writing():
+                    p = self._launch(self.study.ask(self.dists), pending)
+                if p is None:
+                    skips += 1
+                    stop = skips > MAX_SKIPS or self.sampler.last_info.get("phase") == "exhausted"
+                else:
+                    pending.append(p)
+                    skips = 0
+                continue
+            if not pending:
+                return
+            for p, res in self.runner.wait(pending, timeout=0.5):
+                pending.remove(p)
+                match p.tag:
+                    case CheckRun():
+                        self.checks.checked(p.tag, res)
+                    case ScreenRun():
+                        self.checks.screened(p.tag, res)
+                    case SearchRun(trial=trial):
+                        with self._writing():
+                            rec = self.store.finish(trial, res)
+                        self.checks.estimate(rec)
+                        self.view.add(rec, time.monotonic() - p.started)
+            self._eta(pending, self.budget - self.store.budget_used())
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write that fails because its trial is already finished means a new holder of the lease
+        failed it as interrupted: say that (LeaseLost), not a traceback."""
+        try:
+            yield
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):  # ValueError: "Cannot tell a FAIL trial"
+            self.lease.check(fresh=True)
+            raise
+
+    def _free(self, pending: list[Pending]) -> bool:
+        """Room on the cluster for one more trial (asking starts Ray, so only ask with budget left)."""
+        if self.space.max_concurrent and len(pending) >= self.space.max_concurrent:
+            return False
+        return self.runner.has_room(pending)
+
+    def _launch(self, trial: optuna.Trial, pending: list[Pending]) -> Pending | None:
+        """Start `trial` on the cluster, or finish it at once: skipped (a duplicate, nothing left to
+        propose) or refused (predicted out of memory). Enqueued trials (the baseline, a resumed one) carry
+        their attrs (`Store.enqueue` sets config_key); the sampler's own proposals its `last_info`."""
+        ua = trial.user_attrs if "config_key" in trial.user_attrs else self.sampler.last_info
+        if ua.get("phase") == "exhausted":
+            self.store.skip(trial, "the searcher had no untried configuration left")
+            return None
+        try:
+            cfg = self.space.config(trial.params)
+        except ConfigError as e:  # samplers only propose valid configs; never spend budget on this
+            self.store.skip(trial, str(e))
+            return None
+        key = cfg.key()
+        twin = self.store.completed_keys().get(key)
+        if twin is None and any(p.cfg.key() == key for p in pending):
+            twin = -1
+        if twin is not None:
+            self.store.skip(trial, f"same configuration as trial {twin}" if twin >= 0 else "already running")
+            return None
+        self.store.start(trial, {
+            "searcher": self.searcher, "phase": ua.get("phase") or self.sampler.name,
+            "predicted_qps": ua.get("predicted_qps"), "predicted_std": ua.get("predicted_std"),
+            "config_key": key, "config": cfg.to_dict(),
+        })
+        refused = memory_refusal(cfg) if self.ctx.policy.checks_memory else None
+        if refused is not None:  # the model predicts it runs out of memory: recorded as such, never started
+            why, pred = refused
+            res = TrialResult.failed("oom", f"not launched: {why}", cfg, env={"backend": "real", "launched": False},
+                                     extra={"predicted_mem_mb": round(pred.peak_mb, 1),
+                                            "predicted_mem_per_position_mb": [round(m, 1) for m in pred.mem_mb],
+                                            "mem_limit_mb": round(pred.limit_mb, 1)})
+            with self._writing():
+                self.view.add(self.store.finish(trial, res), None)
+            self.view.note(f"trial {trial.number} not launched: {why}")
+            return None
+        return self.runner.submit(cfg, tag=SearchRun(trial))
+
+    def _eta(self, pending: list[Pending], remaining: int) -> None:
+        per = max(1.0, self.runner.cpus / max(1.0, min((p.cpus for p in pending), default=self.runner.cpus)))
+        confirm_runs = (self.space.confirm_top_k + 1) * self.space.repeats if self.space.confirm_top_k else 0
+        self.view.set_eta(max(0, remaining) + confirm_runs, per)
+        self.view.refresh()

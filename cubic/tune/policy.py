@@ -1,0 +1,35 @@
+"""What a study's trials can tell, decided once from its backend (not tested in every step).
+
+A measured trial trains a model: it has losses (the in-run NE estimate), can be re-measured (the machine
+is noisy, the first measurement was picked for being high) and its numerics can be judged by held-out
+quality runs. A simulated trial (`cubic.sim_runner`) predicts speed and memory and trains nothing: the
+same prediction again says nothing new, and there is no quality to judge (a real tune of its winner
+does that)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cubic.quality import QualityRuns
+from cubic.space import SearchSpace
+
+
+@dataclass(frozen=True)
+class Policy:
+    estimates_quality: bool  # in-run NE over the baseline's samples, from each trial's losses
+    quality_runs: QualityRuns | None  # held-out runs for the screen, the checks and the gate (None: none)
+    judges_quality: bool  # the confirm's gate judges numerics changes (else: passes them, saying why)
+    repeats: int  # confirm re-measurements per configuration
+    checks_memory: bool  # refuse a configuration the memory model says will not fit, before it starts
+    provenance: dict[str, Any] = field(default_factory=dict)  # what the winner records about the backend
+
+    @classmethod
+    def measured(cls, space: SearchSpace) -> Policy:
+        return cls(estimates_quality=True, quality_runs=space.quality_runs, judges_quality=True,
+                   repeats=space.repeats, checks_memory=True)
+
+    @classmethod
+    def simulated(cls, cluster: str) -> Policy:
+        return cls(estimates_quality=False, quality_runs=None, judges_quality=False, repeats=1,
+                   checks_memory=False, provenance={"backend": "sim", "cluster": cluster})

@@ -1,0 +1,94 @@
+"""What a tune found, as one dict (what `cubic tune` prints and `--json` writes): the winner with the evidence
+behind its speed and its quality, the best measured trial, the screen and the confirm's verdicts.
+
+The winner's speed-up divides medians of re-measurements taken in the same confirm (the baseline's and
+its own), never the search's first measurement: that one was selected for being high."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from optuna.trial import TrialState
+
+from cubic.quality_store import ReusingRunner
+from cubic.record import NOT_RUN, TrialRecord
+from cubic.store import safe_url
+from cubic.tune.checks import QualityChecks
+from cubic.tune.confirm import median_finite
+from cubic.tune.context import Tuning
+from cubic.view import short_config
+
+
+def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], searcher: str) -> dict[str, Any] | None:
+    """The fastest confirmed configuration that passed the gate (None: none did)."""
+    space = ctx.space
+    # (by its key: with quality runs its reason is "baseline (eval NE ...)", and matching the reason's text
+    # left every such tune's winner without its speed-up)
+    base = ctx.baseline_of(confirmed)
+    base_q = baseline_qps(ctx, confirmed)
+    ok = [t for t in confirmed if t.quality_ok and t.confirm_qps]
+    if not ok:
+        return None
+    w = max(ok, key=lambda t: statistics.median(t.confirm_qps))
+    cq = w.confirm_qps
+    bq = base.confirm_qps if base else None
+    med = statistics.median(cq)
+    out = {
+        "trial": w.number, "qps": med, "qps_spread": [min(cq), max(cq)],
+        "baseline_qps": base_q, "speedup": med / base_q if base_q else None,
+        "speedup_spread": [min(cq) / max(bq), max(cq) / min(bq)] if bq else None,
+        "config": w.run.get("config"), "config_key": w.config_key,
+        "searcher": searcher, "quality_reason": w.quality_reason,
+        "confirm_qps": cq, "short_config": short_config(space, w.params),
+        **ctx.policy.provenance,
+    }
+    qr = ctx.policy.quality_runs
+    if qr is not None:  # the evidence behind the quality verdict
+        out["quality"] = {**qr.to_dict(), **{k.removeprefix("quality_"): getattr(w, k) for k in (
+            "quality_eval_ne", "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
+            "quality_resolved", "quality_ci", "quality_verdict")},
+            "baseline_eval_ne": base.quality_eval_ne if base else None,
+            "screen": checks.screen_summary()}
+    return out
+
+
+def baseline_qps(ctx: Tuning, confirmed: list[TrialRecord]) -> float | None:
+    """The baseline's re-measured median; its search measurement where the confirm did not re-measure it."""
+    base = ctx.baseline_of(confirmed)
+    q = median_finite(base.confirm_qps if base else None)
+    if q is None and base is not None:
+        q = base.value
+    if q is None:  # no confirm ran
+        done = ctx.store.records(TrialState.COMPLETE)
+        q = next((t.value for t in done if t.config_key == ctx.base_key and t.status not in NOT_RUN), None)
+    return q
+
+
+def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], searcher: str,
+            proxy_tau: float | None) -> dict[str, Any]:
+    """The tune's outcome; stores the winner on the study (None clears one an earlier confirm left)."""
+    space, store = ctx.space, ctx.store
+    win = winner(ctx, checks, confirmed, searcher)
+    store.set_winner(win)
+    ran = [t for t in store.records(TrialState.COMPLETE, TrialState.FAIL) if t.ran]
+    done = [t for t in ran if t.state == TrialState.COMPLETE]
+    top = max(done, key=lambda t: t.value or 0.0, default=None)
+    base_q = baseline_qps(ctx, confirmed)
+    best = None if top is None else {
+        "trial": top.number, "qps": top.value, "short_config": short_config(space, top.params),
+        "speedup": top.value / base_q if base_q else None}
+    runner = ctx.runner
+    return {
+        "study": store.name, "storage": safe_url(store.rdb.url), "best_measured": best,
+        "run_dir": str(store.run_dir) if store.run_dir else None, "searcher": searcher,
+        "budget": ctx.budget, "trials": len(ran),
+        "ok": len(done), "failed": sum(t.state == TrialState.FAIL for t in ran),
+        "proxy_tau": proxy_tau, "winner": win,
+        "screen": checks.screen_summary(),
+        "quality_runs": ({"ran": runner.ran, "reused": runner.reused} if isinstance(runner, ReusingRunner) else None),
+        "confirmed": [{"trial": t.number, "short_config": short_config(space, t.params),
+                       "qps": t.value, "confirm_qps": t.confirm_qps, "quality_ok": t.quality_ok,
+                       "quality_verdict": t.quality_verdict, "quality_eval_diff": t.quality_eval_diff,
+                       "quality_ci": t.quality_ci, "quality_reason": t.quality_reason} for t in confirmed],
+    }

@@ -1,0 +1,52 @@
+"""The tuner's pending work, one type per kind: what a run on the cluster was for, so the loop that
+collects it dispatches on the type (`Pending.tag` holds one of these; the runner never reads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+
+from cubic.record import TrialRecord
+from cubic.screen import Screened
+
+
+@dataclass(frozen=True, eq=False)
+class SearchRun:
+    """A search trial: its result becomes the Optuna trial's."""
+
+    trial: optuna.Trial
+
+
+@dataclass(frozen=True, eq=False)
+class CheckRun:
+    """A held-out quality run while searching, for the model `rec` trains, at `seed`."""
+
+    rec: TrialRecord
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class ScreenRun:
+    """A quality-screen run: one numerics change alone (`cubic.screen`), at `seed`."""
+
+    change: Screened
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class RemeasureRun:
+    """A confirm re-measurement of `rec`'s configuration (speed, and NE over the baseline's samples)."""
+
+    rec: TrialRecord
+
+
+@dataclass(frozen=True, eq=False)
+class GateRun:
+    """A confirm quality run of `rec`'s model at `seed` (the gate's paired judgement)."""
+
+    rec: TrialRecord
+    seed: int
+
+
+QUALITY_RUNS = (CheckRun, ScreenRun)  # search-time runs that spend no trial budget
