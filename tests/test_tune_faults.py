@@ -1,0 +1,112 @@
+"""A tune that meets failures: a rank that crashes, runs out of memory or hangs becomes a failed trial and the
+study completes; a tuner killed mid-trial resumes losing nothing and running nothing twice.
+
+(Apart from tests/test_tune.py so the two long files run side by side on `make test`'s two workers.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
+
+# Rank 1 crashes / allocates past the cap / hangs: grid search visits each once after the baseline.
+FAULTS = """\
+name: faults
+workload: {preset: tiny}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 32, kernel: torch, inject_fault: none}
+knobs:
+  inject_fault: [none, crash, oom, hang]
+constraints: {mem_cap_mb: 1500}
+trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 45, repeats: 1}
+budget: {trials: 4, confirm_top_k: 0}
+"""
+
+
+
+
+def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:
+    space = space_file(tmp_path, FAST.replace("confirm_top_k: 1", "confirm_top_k: 0"))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cubic.cli", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
+    log = open(tmp_path / "tune.log", "w")  # noqa: SIM115 - closed below; the tuner writes to it
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            if proc.poll() is not None:  # this reader must never break the tuner (store.rdb_storage)
+                pytest.fail(f"the tuner exited {proc.returncode}: {(tmp_path / 'tune.log').read_text()[-2000:]}")
+            if not (run / "study.db").exists():
+                continue
+            try:
+                trials = load(run, "fast").get_trials()
+            except Exception:  # the study is being created
+                continue
+            states = [t.state for t in trials]
+            if states.count(TrialState.COMPLETE) >= 2 and TrialState.RUNNING in states:
+                proc.send_signal(signal.SIGKILL)  # the tuner dies mid-trial
+                proc.wait()
+                break
+        else:
+            pytest.fail("the tuner never had 2 completed trials and one running: "
+                        + (tmp_path / "tune.log").read_text()[-2000:])
+    finally:
+        log.close()
+        if proc.poll() is None:
+            proc.kill()
+        try:  # the Ray processes the killed tuner left in its process group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    before = {t.number: (t.value, t.user_attrs["config_key"])
+              for t in load(run, "fast").get_trials() if t.state == TrialState.COMPLETE}
+    running = [t for t in load(run, "fast").get_trials() if t.state == TrialState.RUNNING]
+    assert len(before) >= 2 and running
+
+    r = cubic_tune("--space", str(space), "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    trials = load(run, "fast").get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    keys = [t.user_attrs["config_key"] for t in done]
+    assert len(done) == 5, [(t.number, t.state, t.user_attrs.get("status")) for t in trials]
+    assert len(set(keys)) == len(keys)
+    for n, (value, key) in before.items():  # nothing completed was lost or changed
+        assert trials[n].state == TrialState.COMPLETE and trials[n].value == value
+        assert trials[n].user_attrs["config_key"] == key
+    for t in running:  # what was running is failed as interrupted and its configuration ran again
+        after = trials[t.number].user_attrs
+        assert trials[t.number].state == TrialState.FAIL
+        assert after["status"] == "interrupted" == after["error"]
+        # killed between ask and start, the store derives the key from the params; killed while the
+        # sampler was still choosing them (ask creates the trial first), no configuration existed
+        assert after.get("config_key") in keys if t.params else "config_key" not in after
+    assert "resumed" in r.stdout
+
+
+
+
+def test_crash_oom_and_timeout_become_failed_trials_and_the_study_completes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    r = cubic_tune("--space", str(space_file(tmp_path, FAULTS)), "--run-dir", str(run), "--searcher", "grid")
+    assert r.returncode == 0, r.stdout + r.stderr
+    trials = {t.params["inject_fault"]: t for t in load(run, "faults").get_trials()}
+    assert set(trials) == {"none", "crash", "oom", "hang"}
+    assert trials["none"].state == TrialState.COMPLETE
+    for fault, status in (("crash", "error"), ("oom", "oom"), ("hang", "timeout")):
+        t = trials[fault]
+        assert t.state == TrialState.FAIL, fault
+        assert t.user_attrs["status"] == status, (fault, t.user_attrs["error"])
+        assert t.user_attrs["error"] and "\n" not in t.user_attrs["error"]
+        assert t.user_attrs["result"]["status"] == status
+    assert "3 failed" in r.stdout
+
+
+# ---------------------------------------------------------------------- bad input: exit 2, one line
