@@ -20,10 +20,9 @@ from cubic import record
 from cubic.quality import paired_mean
 from cubic.record import TrialRecord
 from cubic.screen import Screened
-from cubic.store import NOT_RUN, rdb_storage, redact, safe_url
+from cubic.store import NOT_RUN, rdb_storage, redact, safe_url, storage_url
 from cubic_harness.errors import ConfigError
 
-STUDY_FILE = "study.db"
 BREAKDOWN_KEYS = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")
 SCALAR_METRICS = (
     "qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne",
@@ -36,28 +35,6 @@ _META = (
 
 
 # ---------------------------------------------------------------------------------------------- storage
-def storage_url(run_dir_or_storage_url: str | Path) -> str:
-    """A run directory (DIR/study.db), a .db file or a SQLAlchemy URL -> a URL that already exists.
-
-    Checked first because SQLite silently creates an empty database for a path that is not there.
-    """
-    s = str(run_dir_or_storage_url)
-    if "://" in s:
-        db = s.split(":///", 1)[1] if s.startswith("sqlite:///") else ""
-        if db and db != ":memory:" and not Path(db).is_file():
-            raise ConfigError(f"{safe_url(s)}: no such SQLite trial store")
-        return s
-    p = Path(s).expanduser()
-    if p.is_dir():
-        db = p / STUDY_FILE
-        if not db.is_file():
-            raise ConfigError(f"{s}: no study in this run directory (expected {db}); run `cubic tune` first")
-        return f"sqlite:///{db.resolve()}"
-    if p.is_file():
-        return f"sqlite:///{p.resolve()}"
-    raise ConfigError(f"{safe_url(s)}: no such run directory or storage URL")
-
-
 def existing_storage(url: str, where: str) -> tuple[Any, list]:
     """(storage, its studies) of a trial store that exists; ConfigError naming `where` otherwise."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -102,7 +102,8 @@ def tune(
                 run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
-        rdb = open_storage(storage_url(run_dir, storage), None if storage else f"--run-dir {run_dir}")
+        url = storage or storage_url(run_dir, must_exist=False)
+        rdb = open_storage(url, None if storage else f"--run-dir {run_dir}")
         store = Store(sp, rdb, run_dir, backend="real" if sim_cluster is None else f"sim:{sim_cluster.name}")
         if sim_cluster is not None:
             from cubic.sim_runner import SimRunner

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from cubic import analysis, record
+from cubic.store import storage_url
 from cubic_harness.config import TrialConfig, json_safe
 from cubic_harness.errors import ConfigError, write_text
 
@@ -39,7 +40,7 @@ EMB_OPTIMIZERS = {"rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
 def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) -> dict[str, Any]:
     """Everything an export needs about the winner: its trial's attrs, the winner summary and the study."""
     st, storage = analysis.open_store(run_dir_or_storage_url, study)
-    df = analysis.study_frame(st, storage, analysis.safe_url(analysis.storage_url(run_dir_or_storage_url)))
+    df = analysis.study_frame(st, storage, analysis.safe_url(storage_url(run_dir_or_storage_url)))
     analysis.require_completed(df, str(run_dir_or_storage_url))
     win = df.attrs["winner"]
     rec = next(r for r in record.load(storage.engine, st.study_name, st.get_trials(deepcopy=False))

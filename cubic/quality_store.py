@@ -70,7 +70,7 @@ def run_key(cfg: TrialConfig) -> str:
 def quality_store_url(where: str) -> str:
     """`--quality-store`: a storage URL as given, a run directory's store (which must exist), or a SQLite `.db`
     file, created if missing (so several run directories can share one: `make tune` keeps runs/quality.db)."""
-    from cubic.analysis import storage_url
+    from cubic.store import storage_url
     from cubic_harness.errors import ConfigError
 
     p = Path(where).expanduser()

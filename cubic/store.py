@@ -68,11 +68,32 @@ OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version
 
 
 
-def storage_url(run_dir: Path | None, storage: str | None) -> str:
-    if storage:
-        return storage
-    assert run_dir is not None
-    return f"sqlite:///{Path(run_dir).resolve() / 'study.db'}"
+STUDY_FILE = "study.db"  # a run directory's trial store
+
+
+def storage_url(where: str | Path, must_exist: bool = True) -> str:
+    """THE storage URL of a trial store named by a run directory (DIR/study.db), a SQLite file or a SQLAlchemy
+    URL (as given). `must_exist` (reading: report, export, warm start, a quality store): ConfigError unless it
+    is there, checked first because SQLite silently creates an empty database for a path that is not; False:
+    the run directory a tune creates its store in.
+    """
+    s = str(where)
+    if "://" in s:
+        db = s.split(":///", 1)[1] if s.startswith("sqlite:///") else ""
+        if must_exist and db and db != ":memory:" and not Path(db).is_file():
+            raise ConfigError(f"{safe_url(s)}: no such SQLite trial store")
+        return s
+    p = Path(s).expanduser()
+    if not must_exist:
+        return f"sqlite:///{p.resolve() / STUDY_FILE}"
+    if p.is_dir():
+        db = p / STUDY_FILE
+        if not db.is_file():
+            raise ConfigError(f"{s}: no study in this run directory (expected {db}); run `cubic tune` first")
+        return f"sqlite:///{db.resolve()}"
+    if p.is_file():
+        return f"sqlite:///{p.resolve()}"
+    raise ConfigError(f"{safe_url(s)}: no such run directory or storage URL")
 
 
 # Secrets in storage URLs. Every storage URL that cubic prints, stores or embeds (terminal, error
@@ -212,7 +233,7 @@ def check_run_dir(run_dir: Path, holds_store: bool = True) -> None:
 
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: not a directory; give a run directory (it holds study.db)")
-    db = run_dir / "study.db"
+    db = run_dir / STUDY_FILE
     if not holds_store:
         return
     if db.exists() and not db.is_file():

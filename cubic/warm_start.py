@@ -21,7 +21,8 @@ from cubic_harness.errors import ConfigError
 def load_warm_start(source: str, space: SearchSpace) -> list[tuple[dict[str, Any], float | None, str]]:
     """(params, qps or None for a failed trial, "sim" | "real") of every finished trial of every study of
     `space` in `source` (a run directory or a storage URL); ConfigError naming the source otherwise."""
-    from cubic.analysis import existing_storage, storage_url
+    from cubic.analysis import existing_storage
+    from cubic.store import storage_url
 
     try:
         url = storage_url(source)

@@ -99,7 +99,7 @@ def test_the_tuner_records_a_predicted_oom_without_launching_it_and_goes_on(tmp_
     (tmp_path / "space.yaml").write_text(SPACE)
     space = load_space(tmp_path / "space.yaml")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = Store(space, open_storage(storage_url(tmp_path, None)), tmp_path)
+    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
     runner = InlineRunner()
     console = Console(record=True, width=200)
     with fixture_cluster_as_local():

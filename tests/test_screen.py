@@ -188,7 +188,7 @@ def test_the_confirm_spends_no_quality_run_on_a_candidate_that_cannot_beat_the_b
     (tmp_path / "s.yaml").write_text(SLOWER)
     space = load_space(tmp_path / "s.yaml")
     runner = InlineRunner()
-    Tuner(space, Store(space, open_storage(storage_url(tmp_path, None)), tmp_path), runner, searcher="grid",
+    Tuner(space, Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path), runner, searcher="grid",
           console=Console(record=True, width=200), live=False).run()
     small = {r.params["batch_size"]: r for r in analysis.records(tmp_path)}[4]
     assert small.confirm_qps and small.quality_ok is False and "cannot win" in small.quality_reason, \

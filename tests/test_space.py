@@ -111,7 +111,7 @@ def test_resuming_with_another_space_names_the_first_difference(tmp_path: Path) 
     edited YAML, or a cubic whose configs gained a field) is refused naming what changed."""
     from cubic.store import Store, open_storage, storage_url
 
-    rdb = open_storage(storage_url(tmp_path, None))
+    rdb = open_storage(storage_url(tmp_path, must_exist=False))
     Store(load_space(write(tmp_path, GOOD)), rdb, tmp_path).record_space()
     Store(load_space(write(tmp_path, GOOD.replace("trials: 5", "trials: 9"))), rdb, tmp_path)  # budget: same study
     with pytest.raises(ConfigError, match=r"first difference: trial\.measure_steps: 3 -> 4\)"):

@@ -211,7 +211,7 @@ def test_grid_search_exhausts_a_small_space() -> None:
 def test_cubic_warm_starts_from_an_earlier_study_on_the_same_space(tmp_path: Path) -> None:
     text = (ROOT / "search_spaces" / "tiny.yaml").read_text()
     first = load_space(space_file(tmp_path, text))
-    rdb = open_storage(storage_url(tmp_path, None))
+    rdb = open_storage(storage_url(tmp_path, must_exist=False))
     old = Store(first, rdb, None)
     old.record_space()  # as its tuner did
     dists = distributions(first)
