@@ -91,7 +91,8 @@ def apply_sets(cfg: TrialConfig, sets: list[str]) -> TrialConfig:
 
 
 def trial(
-    space: Path = typer.Option(None, "--space", help="search-space YAML whose baseline is the starting config"),
+    space: Path = typer.Option(None, "--space", help="search-space YAML (or a shipped space's name) whose "
+                               "baseline is the starting config"),
     workload: Path = typer.Option(None, "--workload", help="workload JSON (anchor format or full)"),
     config: Path = typer.Option(None, "--config", help="a full TrialConfig YAML (e.g. from cubic export)"),
     set_: list[str] = typer.Option([], "--set", help="KNOB=VALUE, repeatable"),

@@ -20,8 +20,9 @@ def default_space() -> Path:
 
 
 def tune(
-    space: Path | None = typer.Option(None, "--space", help="Search-space YAML file [default: "
-                                      "search_spaces/dlrm_gpu.yaml when CUDA is present, else dlrm_cpu.yaml]."),
+    space: Path | None = typer.Option(None, "--space", help="Search-space YAML file, or a shipped space's name "
+                                      "(dlrm_cpu, dcn_cpu, ...) [default: dlrm_gpu when CUDA is present, else "
+                                      "dlrm_cpu]."),
     run_dir: Path | None = typer.Option(None, "--run-dir",
                                         help="Run directory: DIR/study.db + per-trial logs; running again "
                                              "resumes [default: runs/NAME]."),

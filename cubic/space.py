@@ -435,8 +435,12 @@ def _restrict_to_torchrec(ld: _Loader, knobs: dict[str, Knob], baseline: TrialCo
 
 
 def load_space(path: str | Path) -> SearchSpace:
-    """Parse and validate a search-space YAML file (ConfigError with file:line on any problem)."""
+    """Parse and validate a search-space YAML file, or a shipped space by name (`dlrm_cpu`, `tiny.yaml`: what
+    `search_spaces/` holds, from any directory), ConfigError with file:line on any problem."""
     path = Path(path)
+    if not path.exists() and path.parent == Path("."):
+        named = shipped_space(path.name if path.suffix else f"{path.name}.yaml")
+        path = named if named.exists() else path
     text = read_text(path, "search space file")
     try:
         raw = yaml.safe_load(text)

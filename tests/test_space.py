@@ -151,3 +151,10 @@ def test_bad_spaces_fail_with_one_line_naming_file_line_and_key(tmp_path: Path, 
 def test_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_space(tmp_path / "nope.yaml")
+
+
+def test_a_shipped_space_loads_by_name_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no search_spaces/ here: the package's own copy
+    assert load_space("tiny").name == load_space("tiny.yaml").name == "tiny"
+    with pytest.raises(ConfigError, match="nope.yaml: search space file not found"):
+        load_space("nope.yaml")
