@@ -29,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from cubic.runner import Pending
+from cubic.runner import Pending, Runner
 from cubic_harness.config import TrialConfig, TrialResult, json_safe
 
 SCHEMA = 1
@@ -147,16 +147,19 @@ class ReusingRunner:
     the next `wait` as if it had run, marked `Pending.reused`, and costs no CPU; a quality run that really
     ran is kept when it finishes. Everything else (speed runs, capacity, Ray) is the wrapped runner's."""
 
-    runner: Any  # cubic.runner.RayRunner
+    runner: Runner  # the one that runs what the store does not hold
     store: QualityStore
     reused: int = 0  # this tune's counts, for its summary line
     ran: int = 0
     _answered: list[tuple[Pending, TrialResult]] = field(default_factory=list)
 
-    def __getattr__(self, name: str) -> Any:  # cpus, simulated, stop, ... (only names not found above)
-        if name == "runner":  # not set yet (a copy in the making): no recursion
-            raise AttributeError(name)
-        return getattr(self.runner, name)
+    @property
+    def simulated(self) -> bool:
+        return self.runner.simulated
+
+    @property
+    def cpus(self) -> float:
+        return self.runner.cpus
 
     def submit(self, cfg: TrialConfig, tag: Any = None) -> Pending:
         if is_quality_run(cfg):

@@ -25,7 +25,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cubic_harness.config import TrialConfig, TrialResult
 from cubic_harness.errors import ConfigError
@@ -78,6 +78,28 @@ def _check_reachable(address: str) -> None:
             pass
     except OSError as e:
         raise ConfigError(f"--address {address}: Ray cluster unreachable ({e.strerror or e})") from None
+
+
+class Runner(Protocol):
+    """What the tuner asks of a runner, whichever runs the trials (`RayRunner`, the simulator's `SimRunner`,
+    the quality store's `ReusingRunner` around either): `submit` a config, `wait` for finished ones; the rest
+    does not care which ran."""
+
+    simulated: bool  # results are the simulator's predictions (`cubic.tune.policy`)
+
+    @property
+    def cpus(self) -> float:  # the cluster's CPUs (the ETA's parallelism)
+        ...
+
+    def has_room(self, pending: list[Pending]) -> bool:  # capacity for one more trial beside `pending`
+        ...
+
+    def submit(self, cfg: TrialConfig, tag: Any = None) -> Pending:  # start it; `tag` comes back with it
+        ...
+
+    def wait(self, pending: list[Pending], timeout: float = 1.0) -> list[tuple[Pending, TrialResult]]:
+        """Those of `pending` that finished within `timeout` seconds, each with its result."""
+        ...
 
 
 class RayRunner:

@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cubic.lease import TunerLease
 from cubic.record import TrialRecord
+from cubic.runner import Runner
 from cubic.space import SearchSpace
 from cubic.store import Store
 from cubic.tune.policy import Policy
 from cubic.view import TuneView
-
-if TYPE_CHECKING:
-    from cubic.runner import RayRunner
-    from cubic.sim_runner import SimRunner
 
 
 @dataclass
 class Tuning:
     space: SearchSpace
     store: Store
-    runner: RayRunner | SimRunner
+    runner: Runner
     view: TuneView
     policy: Policy
     base_key: str  # the baseline configuration's `TrialConfig.key()`

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -33,7 +33,7 @@ from cubic.lease import TunerLease, describe
 from cubic.memory_check import refusal as memory_refusal
 from cubic.quality_store import QualityStore, ReusingRunner
 from cubic.record import NOT_RUN
-from cubic.runner import Pending, RayRunner
+from cubic.runner import Pending, Runner
 from cubic.samplers import distributions, make_sampler
 from cubic.space import SearchSpace
 from cubic.store import Store, safe_url
@@ -47,20 +47,18 @@ from cubic.view import TuneView
 from cubic_harness.config import TrialResult
 from cubic_harness.errors import ConfigError
 
-if TYPE_CHECKING:  # the simulator's runner is imported only by a --backend sim tune
-    from cubic.sim_runner import SimRunner
-
 MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
 
 
 class Tuner:
     """One `cubic tune`: `run()` searches until the budget is spent, confirms, returns the summary."""
 
-    def __init__(self, space: SearchSpace, store: Store, runner: RayRunner | SimRunner, searcher: str = "cubic",
+    def __init__(self, space: SearchSpace, store: Store, runner: Runner, searcher: str = "cubic",
                  budget: int | None = None, seed: int = 0, console: Console | None = None,
                  live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None,
                  quality_store: QualityStore | None = None) -> None:
-        policy = Policy.simulated(runner.cluster.name) if runner.simulated else Policy.measured(space)
+        policy = (Policy.simulated(runner.cluster.name) if runner.simulated  # type: ignore[attr-defined]
+                  else Policy.measured(space))
         if quality_store is not None and policy.quality_runs is not None:
             runner = ReusingRunner(runner, quality_store)
         self.searcher = searcher
