@@ -1,4 +1,4 @@
-"""Runs trials as Ray tasks: locally (`ray.init()` on this machine) or on a cluster (`--address`).
+"""Runs trials as Ray tasks: locally (a Ray of its own on this machine) or on a cluster (`--address`).
 
 Each trial is one task. What it asks Ray for depends on the space's `budget.isolation`:
 - "node" (default): a CPU trial asks for a whole node's CPUs (the largest node's), so no other trial
@@ -145,7 +145,10 @@ class RayRunner:
             kwargs.update(num_cpus=os.cpu_count() or 1, object_store_memory=OBJECT_STORE_MB * 2**20)
         try:
             if not ray.is_initialized():
-                ray.init(address=self.address, **kwargs)
+                # without --address, a Ray of its own ("local"): a bare ray.init() would join whatever cluster
+                # `ray start` last ran on this machine (/tmp/ray/ray_current_cluster) or RAY_ADDRESS names, and
+                # then refuse the CPU count it was given
+                ray.init(address=self.address or "local", **kwargs)
                 self._owns = True
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             where = self.address or "local"

@@ -212,3 +212,14 @@ def test_tune_runs_trials_on_an_existing_cluster_and_leaves_it_running(ray_clust
     assert ray_cluster.proc.poll() is None, ray_cluster.output()
     assert _accepts(ray_cluster.port)
     assert all(p.is_running() for p in daemons), daemons
+
+    # Without --address the tuner starts a Ray of its own, whatever this machine runs: a bare ray.init() joined
+    # the cluster RAY_ADDRESS named (or `ray start` last ran) and failed there on the CPU count it was given
+    ran_before = _run_tasks(logs)
+    own = subprocess.run([sys.executable, "-m", "cubic.cli", "tune", "--space", "search_spaces/tiny.yaml", "--run-dir",
+                          str(tmp_path / "own"), "--trials", "1", "--no-live"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=540, env={**ray_cluster.client_env, "CI": "true",
+                                                      "RAY_ADDRESS": ray_cluster.address})
+    assert own.returncode == 0, own.stdout[-2000:] + own.stderr[-2000:]
+    assert load_study(tmp_path / "own")["ok"].all()
+    assert _run_tasks(logs) == ran_before and ray_cluster.proc.poll() is None  # none of its trials ran here

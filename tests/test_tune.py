@@ -288,7 +288,8 @@ def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
         seen = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_ids": ray.get_gpu_ids()}
         yield TrialResult.failed("error", json.dumps(seen), TrialConfig.from_dict(cfg)).to_dict()
 
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             object_store_memory=100 * 2**20)
     runner = RayRunner(isolation="cores").start()  # a CPU trial may run beside the GPU one
     try:
         runner._remote = ray.remote(max_retries=0)(visible)
@@ -354,7 +355,8 @@ def test_node_isolation_runs_one_cpu_trial_per_node_and_cores_packs_them() -> No
         assert len(spans) == 3
         return any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
 
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=100 * 2**20)
     try:
         node, cores = RayRunner().start(), RayRunner(isolation="cores").start()
         for r in (node, cores):
@@ -396,7 +398,7 @@ def test_a_trial_queued_for_resources_is_not_timed_out_but_a_hung_one_is(monkeyp
         yield TrialResult.failed("error", "ran", c).to_dict()
 
     monkeypatch.setattr(runner_mod, "HARD_TIMEOUT_SLACK_S", 0.0)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
     runner = RayRunner().start()
     try:
         runner._remote = ray.remote(max_retries=0)(trial)
