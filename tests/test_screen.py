@@ -149,7 +149,7 @@ def test_the_screen_rules_a_harmful_change_out_before_the_search_spends_a_trial_
     # a second tune (another study, another searcher seed) reuses the kept quality runs: its screen trains nothing
     # and reaches the same verdicts on the same eval NE
     r2 = cubic_cli("tune", "--space", str(tmp_path / "s.yaml"), "--run-dir", str(tmp_path / "run2"), "--seed", "1",
-                   "--searcher", "grid", "--trials", "2", "--quality-store", str(tmp_path / "run"), "--no-live")
+                   "--searcher", "grid", "--trials", "1", "--quality-store", str(tmp_path / "run"), "--no-live")
     assert r2.returncode == 0, r2.stderr[-3000:]
     lines = r2.stdout.splitlines()
     screened = [ln for ln in lines if ln.startswith("quality screen: ") and " alone, seed " in ln]
