@@ -192,12 +192,14 @@ def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     return study_frame(st, storage, safe_url(storage_url(run_dir_or_storage_url)))
 
 
-def study_frame(st: optuna.Study, storage: Any, label: str = "") -> pd.DataFrame:
-    """load_study for an already opened study and its storage (so export reads the store once); `label`:
-    the storage as it may be shown."""
+def study_frame(st: optuna.Study, storage: Any, label: str = "",
+                records: list[TrialRecord] | None = None) -> pd.DataFrame:
+    """load_study for an already opened study and its storage; `label`: the storage as it may be shown;
+    `records`: the study's records where the caller has read them already (export reads the store once)."""
     trials = st.get_trials(deepcopy=False)
     knobs = _knob_names(st, trials)
-    df = pd.DataFrame([_row(r, knobs) for r in record.load(storage.engine, st.study_name, trials)])
+    recs = records if records is not None else record.load(storage.engine, st.study_name, trials)
+    df = pd.DataFrame([_row(r, knobs) for r in recs])
     if df.empty:  # a study with no trial yet: every column a row has (the summaries below read them)
         blank = record.build(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
         df = pd.DataFrame(columns=list(_row(blank, knobs)))

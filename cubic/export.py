@@ -40,11 +40,11 @@ EMB_OPTIMIZERS = {"rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
 def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) -> dict[str, Any]:
     """Everything an export needs about the winner: its trial's attrs, the winner summary and the study."""
     st, storage = analysis.open_store(run_dir_or_storage_url, study)
-    df = analysis.study_frame(st, storage, analysis.safe_url(storage_url(run_dir_or_storage_url)))
+    recs = record.load(storage.engine, st.study_name, st.get_trials(deepcopy=False))
+    df = analysis.study_frame(st, storage, analysis.safe_url(storage_url(run_dir_or_storage_url)), records=recs)
     analysis.require_completed(df, str(run_dir_or_storage_url))
     win = df.attrs["winner"]
-    rec = next(r for r in record.load(storage.engine, st.study_name, st.get_trials(deepcopy=False))
-               if r.number == win["trial"])
+    rec = next(r for r in recs if r.number == win["trial"])
     trial = rec.trial
     ua = dict(trial.user_attrs) | rec.findings()
     result = dict(ua.get("result") or {})

@@ -129,7 +129,7 @@ class TrialRecord:
 
 
 FIELDS = {f.name: f for f in fields(TrialRecord) if f.name != "trial"}
-_LISTS = {"quality_eval_ne", "quality_eval_auc", "confirm_qps", "confirm_ne", "confirm_failed"}
+_LISTS = {n for n, f in FIELDS.items() if f.default_factory is list}  # (never None: [] when absent)
 
 
 def coerce(name: str, value: Any) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from cubic.space_file import ISOLATIONS, NOT_KNOBS, OBJECTIVES, TARGETS, SpaceFile
+from cubic.space_file import NOT_KNOBS, Budget, Constraints, Objective, SpaceFile, TrialSection
 from cubic_harness.config import CHOICES, TrialConfig
 from cubic_harness.errors import ConfigError, read_text
 from cubic_harness.schema import validate
@@ -453,8 +453,8 @@ def load_space(path: str | Path) -> SearchSpace:
     raw = ld.mapping(raw, "")
     if not raw:
         raise ld.err("", "empty search space; needs at least 'knobs'")
-    validate(SpaceFile, raw, str(path), ld.lines.at)  # every key and type (cubic.space_file); then what relates them
-    return _build(ld, raw)
+    f = validate(SpaceFile, raw, str(path), ld.lines.at)  # every key, type and range (cubic.space_file)
+    return _build(ld, raw, f)  # type: ignore[arg-type]
 
 
 def _workload_file(space_path: Path, raw: dict[str, Any]) -> Workload:
@@ -468,7 +468,9 @@ def _workload_file(space_path: Path, raw: dict[str, Any]) -> Workload:
     return Workload.from_dict({**wl.to_dict(), **raw}, where=f"workload ({path})") if raw else wl
 
 
-def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
+def _build(ld: _Loader, raw: dict[str, Any], f: SpaceFile) -> SearchSpace:
+    """The space from its file: `f` is the file as its model read it (every scalar setting with its default),
+    `raw` the same file's sections where the config and the knobs are built and related to each other."""
     name = str(raw.get("name") or ld.path.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
         raise ld.err("name", f"{name!r} must be letters, digits, '_', '-' or '.'")
@@ -484,15 +486,8 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         raise ld.err("workload", str(e).removeprefix("workload: ")) from None
 
     trial = ld.mapping(raw.get("trial"), "trial")
-    budget = ld.mapping(raw.get("budget"), "budget")
     cons = ld.mapping(raw.get("constraints"), "constraints")
-    obj = ld.mapping(raw.get("objective"), "objective")
-    metric = obj.get("metric", "qps")
-    if not isinstance(metric, str) or metric not in OBJECTIVES:
-        raise ld.err("objective.metric", f"{metric!r} is not supported; allowed: {list(OBJECTIVES)}")
-    direction = obj.get("direction", OBJECTIVES[metric])
-    if not isinstance(direction, str) or direction not in ("maximize", "max"):
-        raise ld.err("objective.direction", f"{direction!r}: {metric} is maximized; allowed: ['maximize']")
+    budget, constraints = f.budget or Budget(), f.constraints or Constraints()
 
     base_raw = ld.mapping(raw.get("baseline"), "baseline")
     for k in base_raw:
@@ -524,9 +519,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
         baseline.validate("baseline")
     except ConfigError as e:
         raise ld.err("baseline", str(e).removeprefix("baseline: ")) from None
-    target = raw.get("target", "harness")
-    if target not in TARGETS:
-        raise ld.err("target", f"{target!r} is not supported; allowed: {list(TARGETS)}")
+    target = f.target
     dropped: dict[str, list] = {}
     if target == "torchrec":
         knobs, dropped = _restrict_to_torchrec(ld, knobs, baseline, base_raw)
@@ -536,13 +529,7 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
             raise ld.err(f"baseline.{k}" if k in base_raw else f"knobs.{k}",
                          f"baseline value {v!r} is outside the space; knobs.{k} choices: {list(kn.choices)}")
 
-    tol = _num(ld, cons, "quality_tolerance", 0.02, float, 0.0)
-    isolation = budget.get("isolation", "node")
-    if isolation not in ISOLATIONS:
-        raise ld.err("budget.isolation", f"{isolation!r} is not supported; allowed: {list(ISOLATIONS)}")
-    qknobs = cons.get("quality_knobs", list(DEFAULT_QUALITY_KNOBS))
-    if not isinstance(qknobs, list) or any(not isinstance(q, str) or q not in _FIELDS for q in qknobs):
-        raise ld.err("constraints.quality_knobs", f"must be a list of config fields; allowed: {sorted(_FIELDS)}")
+    qknobs = DEFAULT_QUALITY_KNOBS if constraints.quality_knobs is None else constraints.quality_knobs
     from cubic.lr_scaling import parse
 
     try:
@@ -553,32 +540,18 @@ def _build(ld: _Loader, raw: dict[str, Any]) -> SearchSpace:
     if raw.get("quality") is not None:
         from cubic.quality import QualityRuns
 
-        q = ld.mapping(raw["quality"], "quality")
-        d = QualityRuns()
-        seeds = _num(ld, q, "seeds", d.seeds, int, 1, "quality")
-        quality_runs = QualityRuns(samples=_num(ld, q, "samples", d.samples, int, 1, "quality"),
-                                   eval_samples=_num(ld, q, "eval_samples", d.eval_samples, int, 1, "quality"),
-                                   seeds=seeds,
-                                   tolerance=_num(ld, q, "tolerance", d.tolerance, float, 0.0, "quality"),
-                                   screen=q.get("screen", d.screen),
-                                   confidence=_num(ld, q, "confidence", d.confidence, float, 0.5, "quality"),
-                                   max_seeds=_num(ld, q, "max_seeds", max(d.max_seeds, seeds), int, 1, "quality"))
-        if quality_runs.confidence >= 1:
-            raise ld.err("quality.confidence", f"{quality_runs.confidence!r} must be below 1 (e.g. 0.9 or 0.95)")
+        given = {k: v for k, v in f.quality.model_dump().items() if v is not None}  # the rest: QualityRuns'
+        seeds = given.get("seeds", QualityRuns.seeds)
+        quality_runs = QualityRuns(**{"max_seeds": max(QualityRuns.max_seeds, seeds), **given})
         if quality_runs.max_seeds < quality_runs.seeds:
             raise ld.err("quality.max_seeds", f"{quality_runs.max_seeds} must be at least quality.seeds "
                          f"({quality_runs.seeds})")
-        if not isinstance(quality_runs.screen, bool):
-            raise ld.err("quality.screen", f"must be true or false, not {quality_runs.screen!r}")
     space = SearchSpace(
         name=name, path=str(ld.path), workload=workload, knobs=knobs, baseline=baseline,
-        objective=metric, direction="maximize", mem_cap_mb=float(baseline.mem_cap_mb),
-        quality_tolerance=tol, quality_knobs=tuple(qknobs),
-        repeats=_num(ld, trial, "repeats", 2, int, 1),
-        budget=_num(ld, budget, "trials", 20, int, 1),
-        confirm_top_k=_num(ld, budget, "confirm_top_k", 3, int, 0),
-        max_concurrent=_num(ld, budget, "max_concurrent", 0, int, 0),
-        isolation=isolation,
+        objective=(f.objective or Objective()).metric, direction="maximize", mem_cap_mb=float(baseline.mem_cap_mb),
+        quality_tolerance=float(constraints.quality_tolerance), quality_knobs=tuple(qknobs),
+        repeats=(f.trial or TrialSection()).repeats, budget=budget.trials, confirm_top_k=budget.confirm_top_k,
+        max_concurrent=budget.max_concurrent, isolation=budget.isolation,
         description=str(raw.get("description", "")),
         target=target, target_dropped=dropped, lr_scaling=lr_scaling, quality_runs=quality_runs,
     )
@@ -606,16 +579,6 @@ def _check_every_choice_is_used(ld: _Loader, space: SearchSpace) -> None:
             except ConfigError as e:
                 why = str(e)
             raise ld.err(f"knobs.{name}", f"value {v!r} is in no valid configuration: {why}")
-
-
-def _num(ld: _Loader, d: dict[str, Any], key: str, default: Any, typ: type, lo: float,
-         section: str | None = None) -> Any:
-    v = d.get(key, default)
-    if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-            or (typ is int and float(v) != int(v)) or v < lo):
-        section = section or {"repeats": "trial", "quality_tolerance": "constraints"}.get(key, "budget")
-        raise ld.err(f"{section}.{key}", f"{v!r} must be a {typ.__name__} >= {lo}")
-    return typ(v)
 
 
 def _knob(ld: _Loader, name: str, spec: Any, baseline: TrialConfig) -> Knob:

@@ -20,13 +20,13 @@ from cubic.tune.context import Tuning
 from cubic.view import short_config
 
 
-def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], searcher: str) -> dict[str, Any] | None:
-    """The fastest confirmed configuration that passed the gate (None: none did)."""
+def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], searcher: str,
+           base_q: float | None) -> dict[str, Any] | None:
+    """The fastest confirmed configuration that passed the gate (None: none did); `base_q`: `baseline_qps`."""
     space = ctx.space
     # (by its key: with quality runs its reason is "baseline (eval NE ...)", and matching the reason's text
     # left every such tune's winner without its speed-up)
     base = ctx.baseline_of(confirmed)
-    base_q = baseline_qps(ctx, confirmed)
     ok = [t for t in confirmed if t.quality_ok and t.confirm_qps]
     if not ok:
         return None
@@ -69,12 +69,12 @@ def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], se
             proxy_tau: float | None) -> dict[str, Any]:
     """The tune's outcome; stores the winner on the study (None clears one an earlier confirm left)."""
     space, store = ctx.space, ctx.store
-    win = winner(ctx, checks, confirmed, searcher)
+    base_q = baseline_qps(ctx, confirmed)
+    win = winner(ctx, checks, confirmed, searcher, base_q)
     store.set_winner(win)
     ran = [t for t in store.records(TrialState.COMPLETE, TrialState.FAIL) if t.ran]
     done = [t for t in ran if t.state == TrialState.COMPLETE]
     top = max(done, key=lambda t: t.value or 0.0, default=None)
-    base_q = baseline_qps(ctx, confirmed)
     best = None if top is None else {
         "trial": top.number, "qps": top.value, "short_config": short_config(space, top.params),
         "speedup": top.value / base_q if base_q else None}
