@@ -3,7 +3,7 @@
 Each configuration runs as a real trial (`cubic_harness.trial.run_trial`: gloo ranks on this CPU, a few steps)
 and its measured peak - the highest VmHWM (peak RSS) over its ranks - is set beside the model's: the
 highest `cubic_harness.sim.perf.estimate(...).mem_mb` over the group positions, priced on this machine's
-calibrated cluster exactly as the tuner prices a real trial before launching it (`cubic.memory_check`).
+calibrated cluster exactly as the tuner prices a real trial before launching it (`cubic.execution.memory_check`).
 Nothing is fitted here: the model's only measured memory constant is the calibration's `process_mb`
 (a bare one-rank trial's peak RSS, `cubic calibrate`).
 
@@ -49,7 +49,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cubic.memory_check import predict  # noqa: E402
+from cubic.execution.memory_check import predict  # noqa: E402
 from cubic_harness.config import TrialConfig  # noqa: E402
 from cubic_harness.sim.cluster import local_cluster, local_cluster_path  # noqa: E402
 from cubic_harness.workload import Workload  # noqa: E402
@@ -260,7 +260,7 @@ def measure(which: str, console: Console) -> None:
             "cluster": str(local_cluster_path()), "steps": STEPS,
             "measured": "max over ranks of VmHWM (peak RSS) of a real CPU trial (gloo ranks)",
             "predicted": "max over group positions of cubic_harness.sim.perf.estimate(cfg, plan_for(cfg), "
-                         "local cluster).mem_mb (cubic.memory_check.predict)"}
+                         "local cluster).mem_mb (cubic.execution.memory_check.predict)"}
     OUT[which].parent.mkdir(parents=True, exist_ok=True)
     OUT[which].write_text(json.dumps({"meta": meta, "summary": s, "rows": rows}, indent=1) + "\n")
     console.print(f"wrote {OUT[which]}")

@@ -3,7 +3,7 @@
 A real 3-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head without CPUs and two worker
 nodes of 2 CPUs). The same 4-rank trial runs through cubic's Ray runner with ranks_per_node=4 (one node:
 a Ray task that spawns the ranks) and ranks_per_node=2 (two nodes: a placement group and one Ray actor
-per rank, cubic/multinode.py), alternating `--repeats` times. Reported: startup (trial start to the first
+per rank, cubic/execution/multinode.py), alternating `--repeats` times. Reported: startup (trial start to the first
 training step, env.startup_s), the whole trial from submission, and whether the losses match.
 
     python benchmarks/bench_multinode.py [--repeats 5]
@@ -32,7 +32,7 @@ def main() -> None:
     a = ap.parse_args()
     from ray.cluster_utils import Cluster
 
-    from cubic.runner import RayRunner
+    from cubic.execution.runner import RayRunner
     from cubic_harness.config import TrialConfig
     from cubic_harness.workload import Workload
 

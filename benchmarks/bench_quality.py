@@ -26,8 +26,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cubic.lr_scaling import apply  # noqa: E402
-from cubic.space import load_space  # noqa: E402
+from cubic.space.lr_scaling import apply  # noqa: E402
+from cubic.space.search_space import load_space  # noqa: E402
 from cubic_harness.config import TrialConfig  # noqa: E402
 from cubic_harness.trial import run_trial  # noqa: E402
 from cubic_harness.workload import Workload  # noqa: E402

@@ -1,6 +1,6 @@
 """Re-judge a finished tune's quality verdicts on seeds the tune never used.
 
-The confirm's verdict is sequential (`cubic.quality.sequential`): paired seeds 0, 1, ... until the
+The confirm's verdict is sequential (`cubic.quality.rules.sequential`): paired seeds 0, 1, ... until the
 interval of the mean eval-NE difference clears the tolerance, or the seed budget says "not resolved".
 Does the verdict hold on data it never saw? This trains the baseline and each confirmed candidate that
 changes numerics (the winner first) on `--seeds` fresh seeds (from `--first-seed`, far past any the
@@ -29,8 +29,9 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cubic import analysis  # noqa: E402
-from cubic.quality import NOT_RESOLVED, QualityRuns, judge, paired_mean, sequential  # noqa: E402
+from cubic.quality.rules import NOT_RESOLVED, judge, paired_mean, sequential  # noqa: E402
+from cubic.results import analysis  # noqa: E402
+from cubic.space.quality_runs import QualityRuns  # noqa: E402
 from cubic_harness.config import TrialConfig  # noqa: E402
 from cubic_harness.trial import run_trial  # noqa: E402
 

@@ -35,8 +35,8 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from cubic.samplers import SEARCHERS, distributions, make_sampler
-from cubic.space import SearchSpace, load_space
+from cubic.search.samplers import SEARCHERS, distributions, make_sampler
+from cubic.space.search_space import SearchSpace, load_space
 
 DATA = Path(__file__).parent / "data"
 NO_FEATURES = "cubic-nofeat"  # `--searchers cubic,cubic-nofeat`: the proxy with vs without the simulator

@@ -102,7 +102,7 @@ def random_space_configs(n: int = 32, seed: int = 2026) -> list[dict]:
     measured after calibrate's concurrency measurement was fixed (commit 'sim: frozen for set C')."""
     import numpy as np
 
-    from cubic.space import load_space
+    from cubic.space.search_space import load_space
 
     space = load_space(Path(__file__).resolve().parent.parent / "search_spaces" / "dlrm_cpu.yaml")
     rng, seen, out = np.random.default_rng(seed), set(), []

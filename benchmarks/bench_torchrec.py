@@ -47,7 +47,7 @@ def torchrec_qps(py: Path, workload: Path, sharding: str) -> float:
 
 def cubic_result(workload: Path, **knobs) -> dict:
     sets = [x for k, v in knobs.items() for x in ("--set", f"{k}={v}")]
-    p = subprocess.run([sys.executable, "-m", "cubic.cli", "trial", "--workload", str(workload), *sets, "--json"],
+    p = subprocess.run([sys.executable, "-m", "cubic", "trial", "--workload", str(workload), *sets, "--json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     if p.returncode:
         raise RuntimeError(f"cubic trial failed: {p.stderr.strip()}")

@@ -23,7 +23,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cubic import export  # noqa: E402
+from cubic.deploy import export  # noqa: E402
 from cubic_harness.config import TrialConfig, TrialResult  # noqa: E402
 from cubic_harness.planning import plan_for  # noqa: E402
 from cubic_harness.torchrec_trial import run_torchrec_trial  # noqa: E402

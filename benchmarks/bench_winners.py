@@ -21,7 +21,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cubic import analysis  # noqa: E402
+from cubic.results import analysis  # noqa: E402
 from cubic_harness.config import TrialConfig  # noqa: E402
 from cubic_harness.trial import run_trial  # noqa: E402
 

@@ -62,7 +62,7 @@ for s in $STEPS; do
         precisions="fp32 bf16 fp8_auto"
         [ "$k" = triton ] && precisions="$precisions fp8_all"  # blanket fp8, for comparison
         for dp in $precisions; do
-          run "trial_${wl}_${k}_${dp}" 90 "$PY" -m cubic.cli trial --space search_spaces/dlrm_gpu.yaml \
+          run "trial_${wl}_${k}_${dp}" 90 "$PY" -m cubic trial --space search_spaces/dlrm_gpu.yaml \
             "${extra[@]}" --set kernel=$k --set dense_precision=$dp --set batch_size=$bs --set timeout_s=80 --json
         done
       done
@@ -75,7 +75,7 @@ for s in $STEPS; do
       run wheels 180 "$PY" -m pip install -q --no-index --no-deps --upgrade --target /tmp/cubic-site .whl/*.whl
       export PYTHONPATH=/tmp/cubic-site:/tmp/cubic-self:$PWD
     fi
-    run tune "${TUNE_LIMIT:-560}" "$PY" -m cubic.cli tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
+    run tune "${TUNE_LIMIT:-560}" "$PY" -m cubic tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
       --trials "${TUNE_TRIALS:-8}"
     cp runs/gpu_tune/study.db "$OUT/gpu_tune.db" 2>/dev/null || true  # the whole study comes back
     ;;

@@ -16,8 +16,8 @@ __version__ = "0.1.0"
 
 
 def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> pd.DataFrame:
-    """One row per trial of a study (see cubic.analysis.load_study)."""
-    from cubic.analysis import load_study as _load
+    """One row per trial of a study (see cubic.results.analysis.load_study)."""
+    from cubic.results.analysis import load_study as _load
 
     return _load(run_dir_or_storage_url, study)
 

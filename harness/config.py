@@ -47,7 +47,6 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "emb_optimizer": ("rowwise_adagrad", "momentum_scaled_rowwise_adagrad", "sgd"),
     "pipeline_depth": (0, 1, 2),
     "device": ("cpu", "cuda"),
-    "inject_fault": ("none", "crash", "hang", "oom", "kill"),
 }
 #: Bytes per element of every precision a knob can name (tables, dense, comm): the planner's memory and the
 #: performance model's bytes both read this one table.
@@ -93,7 +92,6 @@ class TrialConfig:
     timeout_s: float = 300.0
     mem_cap_mb: float = 0.0  # per-rank cap; 0 = none. Plans/trials over it are status=oom.
     eval_samples: int = 0  # held-out samples evaluated after training (eval NE and AUC); 0 = none
-    inject_fault: str = "none"  # test-only: make rank 1 crash / hang / allocate past the cap / die by SIGKILL
 
     # ------------------------------------------------------------------
     @property
@@ -179,6 +177,10 @@ class TrialConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "config") -> TrialConfig:
         d = dict(d)
+        for k, v in RETIRED.items():
+            if k in d and d.pop(k) != v:
+                raise ConfigError(f"{where}: {k!r} is no longer a TrialConfig key (only {k}: {v} loads); "
+                                  f"{_RETIRED_WHY[k]}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known, key=str)
         if unknown:
@@ -196,13 +198,19 @@ class TrialConfig:
         return TrialConfig.from_dict(d, where)
 
     def key(self) -> str:
-        """Canonical JSON of the whole config: equal configs have equal keys."""
-        return json.dumps(self.to_dict(), sort_keys=True)
+        """Canonical JSON of the whole config: equal configs have equal keys. Retired fields are in it at
+        the one value stored trials had, so a stored trial's key is unchanged and a resumed study neither
+        loses nor re-runs it."""
+        return json.dumps({**RETIRED, **self.to_dict()}, sort_keys=True)
 
 
 #: Knobs added after studies were stored: at these values they stay out of `to_dict` (and `key()`), so a
 #: stored trial's config key is unchanged and a resumed study neither loses nor re-runs it.
 KEYLESS_DEFAULTS = {"allreduce_comm_precision": "fp32"}
+#: Fields removed from TrialConfig, each at the value every stored production trial had: `key()` keeps them (the
+#: keys of stored trials stay as they were), `from_dict` drops them (stored configs, exports and old YAML load).
+RETIRED = {"inject_fault": "none"}
+_RETIRED_WHY = {"inject_fault": "fault injection is a test hook: CUBIC_INJECT_FAULT (cubic_harness.faults)"}
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(TrialConfig)}
 
 
@@ -231,7 +239,8 @@ def _coerce(key: str, val: Any, where: str) -> Any:
 #: transport or thread pool (to compare against the default), fp8's op path, the cluster file the planners
 #: price with. Each set one is recorded in `TrialResult.env["env_overrides"]` (real and simulated trials
 #: alike), so no number hides it.
-MEASUREMENT_ENV = ("CUBIC_REPLICA_SYNC", "CUBIC_NATIVE_THREADS", "CUBIC_FP8_QUANT", "CUBIC_LOCAL_CLUSTER")
+MEASUREMENT_ENV = ("CUBIC_REPLICA_SYNC", "CUBIC_NATIVE_THREADS", "CUBIC_FP8_QUANT", "CUBIC_LOCAL_CLUSTER",
+                   "CUBIC_INJECT_FAULT")
 
 
 def env_overrides() -> dict[str, str]:

@@ -9,9 +9,7 @@ background thread (its own process group) while the current batch computes.
 from __future__ import annotations
 
 import math
-import os
 import resource
-import signal
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -24,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cubic_harness.config import TrialConfig
 from cubic_harness.data import Batch, eval_batches, rank_batches
+from cubic_harness.faults import maybe_fault
 from cubic_harness.model import DenseArch, build_dense_arch
 from cubic_harness.sharding.collection import KernelInput, ShardedEmbeddingCollection
 from cubic_harness.sharding.comm import Groups, make_groups
@@ -155,7 +154,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
         if measuring:
             step_s.append(dt)
             bce_sum += torch.tensor([loss_sum.item(), b.labels.sum().item(), B], dtype=torch.float64)
-        _maybe_fault(cfg, rank, step)
+        maybe_fault(cfg, rank, step, rss_mb)  # a test hook (harness/faults.py); nothing unless it is set
         if mem_cap and rss_mb() > mem_cap and device.type == "cpu":
             raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={mem_cap:.0f}")
     pipe.close()
@@ -269,21 +268,3 @@ def apply_fp8_dense(dense: DenseArch, coll: ShardedEmbeddingCollection, batches:
     apply_fp8(dense, probes, mode)
     # "mlp" names the part a layer sits in: bottom, inter (the interaction) or top
     return [{"mlp": d["name"].split(".")[0], **d} for d in probes_to_json(probes)]
-
-
-def _maybe_fault(cfg: TrialConfig, rank: int, step: int) -> None:
-    """Test-only fault injection in rank 1 (or 0 when alone) after the first warm-up step."""
-    if cfg.inject_fault == "none" or rank != min(1, cfg.world_size - 1) or step != 1:
-        return
-    if cfg.inject_fault == "crash":
-        raise RuntimeError("injected crash (inject_fault=crash)")
-    if cfg.inject_fault == "kill":  # as the OOM killer does: no report, no cleanup
-        os.kill(os.getpid(), signal.SIGKILL)
-    if cfg.inject_fault == "hang":
-        time.sleep(1e6)
-    if cfg.inject_fault == "oom":
-        hog = []
-        cap = cfg.mem_cap_mb or 1024
-        while rss_mb() <= cap:
-            hog.append(torch.ones(64 * 2**20 // 4))
-        raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={cap:.0f}")

@@ -61,7 +61,7 @@ def train_one_rank(cfg: TrialConfig, rank: int, host: str, port: int, collect_ta
                    store: dist.TCPStore | None = None, device: torch.device | None = None) -> dict:
     """One rank's whole life: join the rendezvous at host:port (or use `store`, which rank 0 of a trial
     spanning nodes hosts itself), train, leave. The same on every launcher (spawned here, a Ray actor
-    there: cubic/multinode.py), so a trial computes the same wherever its ranks run."""
+    there: cubic/execution/multinode.py), so a trial computes the same wherever its ranks run."""
     torch.set_num_threads(cfg.threads_per_rank)
     own_gpu = device is not None  # a launcher that gave each rank its own GPU (Ray's num_gpus=1)
     device = device or _rank_device(cfg, rank)
@@ -138,6 +138,9 @@ def env_info(cfg: TrialConfig) -> dict[str, Any]:
             "device_name": dev or "cpu",
             "world_size": cfg.world_size, "hostname": platform.node(), "cpus": os.cpu_count(),
             "omp_wait_policy": rank_env(cfg).get("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "default")),
+            # the ranks inherit this process's priority: at a raised niceness any other process on the machine
+            # takes their CPU first, and a busy machine measured them 25x slower (why: cubic/execution/runner.py)
+            "niceness": os.getpriority(os.PRIO_PROCESS, 0),
             "ids": cfg.workload.ids_record(),
             "env_overrides": env_overrides(),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}

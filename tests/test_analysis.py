@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from cubic import analysis, plots
+from cubic.results import analysis, plots
 from cubic_harness.errors import ConfigError
 from tests.helpers import require
 
@@ -23,7 +23,7 @@ TUNE_TRIALS = 4
 
 def cubic_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real `cubic` command (from the repo root, as a user would)."""
-    return subprocess.run([sys.executable, "-m", "cubic.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cubic", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -153,7 +153,7 @@ def test_wrong_study_name(run_dir: Path) -> None:
 
 
 def test_analysis_imports_without_torch() -> None:
-    code = "import sys, cubic.analysis, cubic.export; print(json.dumps('torch' in sys.modules))"
+    code = "import sys, cubic.results.analysis, cubic.deploy.export; print(json.dumps('torch' in sys.modules))"
     r = subprocess.run([sys.executable, "-c", "import json; " + code], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -57,7 +57,7 @@ def test_cluster_file_with_numeric_unknown_keys_is_one_line(tmp_path: Path) -> N
 
 def test_verify_fidelity_table_with_too_few_configurations_prints(capsys: pytest.CaptureFixture) -> None:
     """Fewer than 3 configurations ran in TorchRec: no tau, said so (formatting None raised before)."""
-    from cubic.cmd_verify import _print
+    from cubic.cli.verify import _print
 
     _print({"study": "s", "configs": 1, "rows": [{"trial": 1, "qps_cubic": 10.0, "qps_torchrec": 20.0,
                                                   "substitutions": []}],

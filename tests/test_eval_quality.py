@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from cubic.lr_scaling import apply, parse
-from cubic.space import load_space
+from cubic.space.lr_scaling import apply, parse
+from cubic.space.search_space import load_space
 from cubic_harness.data import eval_batches, make_batch, rank_batches
 from cubic_harness.errors import ConfigError
 from cubic_harness.train import eval_metrics
@@ -136,8 +136,9 @@ def test_confirm_judges_numerics_changes_by_quality_runs_that_agree_with_4x_long
     4x longer quality runs give; the layout-only candidate gets no quality run; the export keeps the evidence."""
     import json
 
-    from cubic import analysis
-    from cubic.quality import QualityRuns, judge
+    from cubic.quality.rules import judge
+    from cubic.results import analysis
+    from cubic.space.quality_runs import QualityRuns
     from tests.test_analysis import cubic_cli
 
     (tmp_path / "q.yaml").write_text(QGATE)
@@ -187,7 +188,7 @@ quality: {samples: 32768, eval_samples: 8192, seeds: 2, tolerance: 0.002}
 def test_a_large_batch_passes_at_its_scaled_learning_rate_where_it_fails_at_the_baselines(tmp_path: Path) -> None:
     """4x the batch at the baseline's learning rates trains 4x fewer steps and loses eval NE; the same
     candidate in a space with `lr_scaling: linear` (or sqrt) is judged at 4x (2x) the rates, and passes."""
-    from cubic.quality import judge
+    from cubic.quality.rules import judge
 
     verdicts = {}
     for rule in ("none", "sqrt", "linear"):
@@ -206,7 +207,8 @@ def test_a_large_batch_passes_at_its_scaled_learning_rate_where_it_fails_at_the_
 
 
 def test_quality_runs_train_the_budget_on_a_stream_that_does_not_repeat() -> None:
-    from cubic.quality import QualityRuns, judge
+    from cubic.quality.rules import judge
+    from cubic.space.quality_runs import QualityRuns
 
     qr = QualityRuns(samples=1 << 20, eval_samples=4096, seeds=3, tolerance=0.001)
     cfg = qr.config(tiny_cfg(batch_size=512, world_size=2), seed=2)
@@ -222,7 +224,8 @@ def test_the_verdict_adds_paired_seeds_until_its_interval_clears_the_tolerance_o
     """The confirm's verdict is sequential: undecided after the first seeds asks for one more pair; an
     interval wholly within (past) the tolerance passes (fails); the seed budget spent undecided is
     "not resolved", never a pass; a higher confidence needs more evidence for the same numbers."""
-    from cubic.quality import MORE, NOT_RESOLVED, QualityRuns, judge, sequential
+    from cubic.quality.rules import MORE, NOT_RESOLVED, judge, sequential
+    from cubic.space.quality_runs import QualityRuns
 
     qr = QualityRuns(seeds=2, max_seeds=4, tolerance=0.001, confidence=0.9)
     base = [1.0] * 6
@@ -281,7 +284,7 @@ def test_configurations_that_train_the_same_model_share_one_numerics_key() -> No
 def test_a_candidate_far_past_the_tolerance_is_rejected_before_its_remaining_seeds() -> None:
     from types import SimpleNamespace
 
-    from cubic.quality import QualityRuns
+    from cubic.space.quality_runs import QualityRuns
     from cubic.tune import early_reject
 
     qr = QualityRuns(seeds=3, tolerance=0.001)
@@ -308,8 +311,8 @@ def test_a_held_out_check_while_searching_teaches_the_searcher_and_spares_the_co
     """The fastest trial (4x the batch at the baseline's rates) is checked by held-out quality while the
     search runs, fails, and its verdict goes to the other layout of the same model; the searcher's
     feasibility data lists both; the confirm skips them without a run; no check spends trial budget."""
-    from cubic import analysis
-    from cubic.samplers.base import Observations
+    from cubic.results import analysis
+    from cubic.search.samplers.base import Observations
     from tests.test_analysis import cubic_cli
 
     (tmp_path / "s.yaml").write_text(SEARCH_CHECK)

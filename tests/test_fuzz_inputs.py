@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cubic.cli import app
+from cubic.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 WRONG = (["x"], {"k": 1}, "text", 7, None, -1.5)  # a value of every YAML/JSON type but the right one

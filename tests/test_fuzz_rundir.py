@@ -23,7 +23,7 @@ import pytest
 from optuna.storages import RDBStorage
 from typer.testing import CliRunner
 
-from cubic.cli import app
+from cubic.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACE = str(ROOT / "search_spaces" / "tiny.yaml")

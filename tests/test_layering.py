@@ -60,3 +60,47 @@ def test_the_kernels_a_config_names_are_the_kernels_the_registry_has() -> None:
     from cubic_kernels import BACKENDS
 
     assert set(CHOICES["kernel"]) == set(BACKENDS) == set(KERNELS)
+
+
+# Inside the tuner: each group of cubic/ by role, on a floor; a module imports only its own group and lower floors.
+# A circle between groups would make the floors a lie, and a reader could no longer learn one group from the ones
+# below it alone (the grouping and why: docs/architecture.md).
+FLOORS = {"space": 0, "execution": 0, "study": 1, "quality": 2, "results": 3, "search": 4, "deploy": 4, "tune": 5,
+          "cli": 6}
+
+
+def cubic_imports(path: Path) -> set[str]:
+    """The cubic groups a module imports anywhere in it (`from cubic import x` counts as group x)."""
+    groups: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "cubic" else [node.module]
+        groups.update(n.split(".")[1] for n in names if n.startswith("cubic.") and n.count(".") >= 1)
+    return groups
+
+
+def test_every_module_of_the_tuner_is_in_a_group_on_a_floor() -> None:
+    top = sorted(p.name for p in (ROOT / "cubic").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py"], f"a flat module outside the groups: {top}"
+    groups = sorted(p.name for p in (ROOT / "cubic").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert groups == sorted(FLOORS)
+
+
+def test_a_group_imports_only_its_own_floor_and_below() -> None:
+    bad = []
+    for group, floor in FLOORS.items():
+        for path in sorted((ROOT / "cubic" / group).rglob("*.py")):
+            for other in cubic_imports(path) - {group}:
+                if FLOORS.get(other, 99) >= floor:
+                    bad.append(f"{path.relative_to(ROOT)} (floor {floor}) imports cubic.{other} "
+                               f"(floor {FLOORS.get(other)})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_floor_check_sees_an_upward_import(tmp_path: Path) -> None:
+    p = tmp_path / "m.py"
+    p.write_text("def f():\n    from cubic.tune.loop import Tuner\n    from cubic import results\n")
+    assert cubic_imports(p) == {"tune", "results"}

@@ -1,4 +1,4 @@
-"""One tuner per study (`cubic.lease`): a second tuner refuses instead of failing the first's trials."""
+"""One tuner per study (`cubic.study.lease`): a second tuner refuses instead of failing the first's trials."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from cubic import lease as lease_mod
-from cubic import tables
-from cubic.lease import LeaseLost, TunerLease, holder
-from cubic.store import open_storage
+from cubic.study import lease as lease_mod
+from cubic.study import tables
+from cubic.study.lease import LeaseLost, TunerLease, holder
+from cubic.study.store import open_storage
 from cubic_harness.errors import ConfigError
 from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
 
@@ -171,7 +171,7 @@ def test_a_second_tune_on_a_running_study_exits_2_and_the_first_finishes_intact(
     them, and the first crashed with a traceback when it stored their results."""
     space = space_file(tmp_path, FAST.replace("confirm_top_k: 1", "confirm_top_k: 0"))
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cubic.cli", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "cubic", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 150

@@ -11,10 +11,10 @@ import pytest
 from optuna.trial import TrialState
 from rich.console import Console
 
-from cubic.memory_check import predict, refusal
-from cubic.runner import Pending
-from cubic.space import load_space
-from cubic.store import Store, open_storage, storage_url
+from cubic.execution.memory_check import predict, refusal
+from cubic.execution.runner import Pending
+from cubic.space.search_space import load_space
+from cubic.study.store import Store, open_storage, storage_url
 from cubic.tune import Tuner
 from cubic_harness.config import TrialConfig, TrialResult
 from cubic_harness.trial import run_trial

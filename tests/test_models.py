@@ -204,7 +204,7 @@ def test_cli_bad_family_workload_exits_2_with_one_line(tmp_path) -> None:
     f = tmp_path / "w.json"
     f.write_text(json.dumps({"tables": 2, "rows": 50, "dim": 8, "pooling": 1, "dense": 3, "bottom_mlp": [8],
                              "top_mlp": [4, 1], "interaction": "dcn", "dcn_rank": 99}))
-    r = subprocess.run([sys.executable, "-m", "cubic.cli", "trial", "--workload", str(f)],
+    r = subprocess.run([sys.executable, "-m", "cubic", "trial", "--workload", str(f)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()

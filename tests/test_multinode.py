@@ -47,7 +47,7 @@ def cluster() -> Iterator:
 
 @pytest.fixture(scope="module")
 def runner(cluster) -> Iterator:
-    from cubic.runner import RayRunner
+    from cubic.execution.runner import RayRunner
 
     r = RayRunner(address=cluster.address, isolation="cores").start()
     try:
@@ -113,18 +113,20 @@ def test_a_placement_the_cluster_cannot_give_fails_at_once(runner) -> None:
     assert "the cluster has 2 such of 3 alive" in res.error
 
 
-def test_a_crashed_rank_fails_the_multinode_trial_with_its_reason_and_the_next_runs(runner) -> None:
+def test_a_crashed_rank_fails_the_multinode_trial_with_its_reason_and_the_next_runs(runner, monkeypatch) -> None:
     """The default tier's multi-node failure: a rank dies mid-trial across 2 nodes; the trial is an error naming
     the rank and its exception, no rank process outlives it, and the next trial on the same cluster runs."""
-    res = _run(runner, _cfg(inject_fault="crash"))
+    monkeypatch.setenv("CUBIC_INJECT_FAULT", "crash")  # the runner hands it to the cluster's workers
+    res = _run(runner, _cfg())
     assert res.status == "error" and res.error.startswith("rank 1: RuntimeError: injected crash"), res.error
+    monkeypatch.delenv("CUBIC_INJECT_FAULT")
     assert not _rank_processes()
     res = _run(runner, _cfg())
     assert res.status == "ok" and res.env["nodes"] == 2, res.error
 
 
 @pytest.mark.slow  # ~40 s: a lost node, a node added back
-def test_a_lost_node_fails_the_trial_with_its_reason_and_the_next_runs(cluster, runner) -> None:
+def test_a_lost_node_fails_the_trial_with_its_reason_and_the_next_runs(cluster, runner, monkeypatch) -> None:
     workers = [n for n in cluster.list_all_nodes() if n is not cluster.head_node]
     victim = workers[-1]
 
@@ -136,7 +138,9 @@ def test_a_lost_node_fails_the_trial_with_its_reason_and_the_next_runs(cluster, 
         cluster.remove_node(victim)
 
     t0 = time.monotonic()
-    res = _run(runner, _cfg(inject_fault="hang", timeout_s=100), during=remove_when_training)
+    monkeypatch.setenv("CUBIC_INJECT_FAULT", "hang")
+    res = _run(runner, _cfg(timeout_s=100), during=remove_when_training)
+    monkeypatch.delenv("CUBIC_INJECT_FAULT")
     assert res.status == "error" and time.monotonic() - t0 < 90, res.error  # not the 100 s timeout
     assert "its node died" in res.error and f"(id {victim.node_id[:12]})" in res.error, res.error
     deadline = time.monotonic() + 20
@@ -151,14 +155,14 @@ def test_a_lost_node_fails_the_trial_with_its_reason_and_the_next_runs(cluster, 
 
 @pytest.mark.slow  # ~60 s: a 3-trial tune whose every trial spans both nodes
 def test_cubic_tune_address_runs_every_trial_across_both_nodes(cluster, tmp_path: Path) -> None:
-    from cubic.analysis import load_study
+    from cubic.results.analysis import load_study
 
     space = (ROOT / "search_spaces" / "tiny.yaml").read_text()
     assert "world_size: 2" in space
     space = space.replace("world_size: 2", "world_size: 4\n  ranks_per_node: 2", 1)
     (tmp_path / "s.yaml").write_text(space)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    r = subprocess.run([sys.executable, "-m", "cubic.cli", "tune", "--space", str(tmp_path / "s.yaml"), "--run-dir",
+    r = subprocess.run([sys.executable, "-m", "cubic", "tune", "--space", str(tmp_path / "s.yaml"), "--run-dir",
                         str(tmp_path / "run"), "--trials", "3", "--no-live", "--address", cluster.address],
                        cwd=ROOT, env={**env, "CI": "true"}, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -38,13 +38,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(installed: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m cubic.cli ARGS` from a directory outside the checkout, the installed copy first on the path."""
+    """`python -m cubic ARGS` from a directory outside the checkout, the installed copy first on the path."""
     cwd = installed / "elsewhere"
     (cwd / "config").mkdir(parents=True, exist_ok=True)
     # no calibration of this machine in the user's config: `--cluster local` is the shipped clusters/local.yaml
     env = {**{k: v for k, v in os.environ.items() if k != "CUBIC_LOCAL_CLUSTER"},
            "PYTHONPATH": str(installed / "site"), "XDG_CONFIG_HOME": str(cwd / "config")}
-    return subprocess.run([sys.executable, "-m", "cubic.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cubic", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -58,7 +58,7 @@ def test_the_wheel_installs_cubics_own_names_and_ships_its_spaces_and_clusters(i
 
 
 def test_the_installed_copy_runs_a_trial_and_a_tune_from_another_directory(installed: Path) -> None:
-    where = subprocess.run([sys.executable, "-c", "import cubic_harness, cubic_kernels, cubic.space as s; "
+    where = subprocess.run([sys.executable, "-c", "import cubic_harness, cubic_kernels, cubic.space.search_space as s; "
                             "print(cubic_harness.__file__, s.shipped_space('dlrm_cpu.yaml'))"],
                            cwd=installed, env={**os.environ, "PYTHONPATH": str(installed / "site")},
                            capture_output=True, text=True, check=True).stdout

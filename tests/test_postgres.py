@@ -2,7 +2,7 @@
 
 The server is a throwaway one from `pgserver` (a pip-installed PostgreSQL 16, reached over its
 Unix socket). The URL is written as users write it, `postgresql://...` without a driver name:
-`cubic.store.normalize_url` picks psycopg 3, the driver `cubic[postgres]` installs.
+`cubic.study.store.normalize_url` picks psycopg 3, the driver `cubic[postgres]` installs.
 
 PostgreSQL refuses to run as root; as root pgserver runs it as the system user `pgserver`, which it
 creates with `useradd`. Containers without `useradd` (CI runs as root in one) get that user from
@@ -26,9 +26,9 @@ from urllib.parse import quote
 import pytest
 from optuna.trial import TrialState
 
-from cubic.analysis import load_study, open_study
-from cubic.lease import TunerLease
-from cubic.store import open_storage
+from cubic.results.analysis import load_study, open_study
+from cubic.study.lease import TunerLease
+from cubic.study.store import open_storage
 from cubic_harness.errors import ConfigError
 from tests.test_analysis import cubic_cli
 from tests.test_tune import FAST, cubic_tune, space_file
@@ -153,7 +153,7 @@ def test_fresh_checks_racing_the_heartbeat_never_report_a_false_loss(pg_url: str
     compared, about 1 check in 200 reported this tuner "taken over by" itself on PostgreSQL."""
     import optuna
 
-    from cubic import lease as lease_mod
+    from cubic.study import lease as lease_mod
 
     monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.002)
     rdb = open_storage(pg_url)
@@ -203,7 +203,7 @@ def test_a_storage_password_appears_in_no_output_report_export_or_log(pg_server:
     nor the one-line error of a store that cannot be reached."""
     import sqlalchemy
 
-    from cubic import analysis
+    from cubic.results import analysis
 
     pg_server.psql(f"CREATE ROLE cubic_secret LOGIN PASSWORD '{PASSWORD}';")
     pg_server.psql("CREATE DATABASE cubic_secret OWNER cubic_secret;")

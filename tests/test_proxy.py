@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cubic.proxy import Proxy, kendall_tau
-from cubic.space import SearchSpace, load_space
+from cubic.search.proxy import Proxy, kendall_tau
+from cubic.space.search_space import SearchSpace, load_space
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDING = {"table_wise": 0.0, "row_wise": 0.25, "column_wise": 0.1, "table_row_wise": 0.2,

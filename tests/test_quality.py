@@ -36,10 +36,10 @@ def test_momentum_scaled_2d_matches_full_model_parallel_quality(record_property)
 
 
 def test_search_trial_ne_over_the_baselines_samples_equals_a_sample_matched_rerun():
-    """`cubic.quality.matched_ne`: the first steps of a bigger-batch search trial are the training
+    """`cubic.quality.rules.matched_ne`: the first steps of a bigger-batch search trial are the training
     a sample-matched re-run does, so its NE over the baseline's samples comes free with the trial.
     Checked against a real re-run; and a smaller-batch trial, which cannot cover them, gives None."""
-    from cubic.quality import covering, matched_ne, matched_steps
+    from cubic.quality.rules import covering, matched_ne, matched_steps
     from cubic_harness.trial import run_trial
     from tests.helpers import tiny_cfg
 
@@ -66,7 +66,7 @@ def test_matched_window_never_trains_past_the_baselines():
     """A non-integer batch ratio takes the whole steps inside the baseline's samples (rounding once
     took a window that ended later, so the candidate had trained longer when judged); a batch
     larger than all of them takes the step that holds their start, never a later one."""
-    from cubic.quality import matched_steps
+    from cubic.quality.rules import matched_steps
     from tests.helpers import tiny_cfg
 
     base = tiny_cfg(world_size=1, batch_size=2048, warmup_steps=3, measure_steps=16)
@@ -81,7 +81,7 @@ def test_matched_window_never_trains_past_the_baselines():
 def test_quality_gate_is_one_sided_better_ne_always_passes():
     """Lower NE is better quality: the gate bounds how much worse a configuration may train, never
     how much better (a two-sided gate once crowned the baseline over a faster, better one)."""
-    from cubic.quality import within
+    from cubic.quality.rules import within
 
     assert within(0.94, 0.974, 0.0)  # 3.5% better NE passes even with no tolerance at all
     assert within(0.99, 0.974, 0.02)  # 1.6% worse: within 2%

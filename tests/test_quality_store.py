@@ -1,4 +1,4 @@
-"""Quality runs paid for once (cubic/quality_store.py): kept by what they train, in a table cubic owns.
+"""Quality runs paid for once (cubic/quality/store.py): kept by what they train, in a table cubic owns.
 
 The end-to-end reuse (a second tune whose screen trains nothing) is in tests/test_screen.py."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import optuna
 import sqlalchemy as sa
 
-from cubic.quality import QualityRuns
-from cubic.quality_store import RUNS, SCHEMA, QualityStore, is_quality_run, run_key
+from cubic.quality.store import RUNS, SCHEMA, QualityStore, is_quality_run, run_key
+from cubic.space.quality_runs import QualityRuns
 from cubic_harness.config import TrialConfig, TrialResult
 from cubic_harness.trial import run_trial
 from cubic_harness.workload import Workload
@@ -70,7 +70,7 @@ def test_the_quality_store_option_takes_a_run_dir_a_url_or_a_new_db_file(tmp_pat
     """`make tune` passes `--quality-store runs/quality.db` so every run directory shares one."""
     import pytest
 
-    from cubic.quality_store import quality_store_url
+    from cubic.quality.store import quality_store_url
     from cubic_harness.errors import ConfigError
 
     url = quality_store_url(str(tmp_path / "quality.db"))

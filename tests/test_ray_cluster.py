@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cubic.analysis import load_study
+from cubic.results.analysis import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "CUBIC_TEST_RAY_CLUSTER"  # in the environment of every process of the test cluster (inherited)
@@ -188,7 +188,7 @@ def test_tune_runs_trials_on_an_existing_cluster_and_leaves_it_running(ray_clust
     did not start."""
     run = tmp_path / "run"
     daemons = ray_cluster.daemons()
-    cmd = [sys.executable, "-m", "cubic.cli", "tune", "--space", "search_spaces/tiny.yaml", "--run-dir", str(run),
+    cmd = [sys.executable, "-m", "cubic", "tune", "--space", "search_spaces/tiny.yaml", "--run-dir", str(run),
            "--trials", "3", "--no-live", "--address", ray_cluster.address]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**ray_cluster.client_env, "CI": "true"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -216,7 +216,7 @@ def test_tune_runs_trials_on_an_existing_cluster_and_leaves_it_running(ray_clust
     # Without --address the tuner starts a Ray of its own, whatever this machine runs: a bare ray.init() joined
     # the cluster RAY_ADDRESS named (or `ray start` last ran) and failed there on the CPU count it was given
     ran_before = _run_tasks(logs)
-    own = subprocess.run([sys.executable, "-m", "cubic.cli", "tune", "--space", "search_spaces/tiny.yaml", "--run-dir",
+    own = subprocess.run([sys.executable, "-m", "cubic", "tune", "--space", "search_spaces/tiny.yaml", "--run-dir",
                           str(tmp_path / "own"), "--trials", "1", "--no-live"], cwd=ROOT, capture_output=True,
                          text=True, timeout=540, env={**ray_cluster.client_env, "CI": "true",
                                                       "RAY_ADDRESS": ray_cluster.address})

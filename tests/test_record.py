@@ -1,4 +1,4 @@
-"""The trial record (`cubic.record`): cubic's findings in its own table, Optuna's tables through Optuna's API
+"""The trial record (`cubic.study.record`): cubic's findings in its own table, Optuna's tables through Optuna's API
 only, and stores written before that table existed still read, reported and resumed."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from cubic import analysis, record, tables
-from cubic.store import open_storage
+from cubic.results import analysis
+from cubic.study import record, tables
+from cubic.study.store import open_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 # Written by `cubic tune` at commit 84b28a1 (the last one that kept cubic's findings in Optuna's user attrs):

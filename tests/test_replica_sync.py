@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cubic.space import load_space
+from cubic.space.search_space import load_space
 from cubic_harness.config import TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sharding.comm import group_ranks

@@ -13,7 +13,8 @@ import optuna
 import pytest
 import yaml
 
-from cubic import analysis, export
+from cubic.deploy import export
+from cubic.results import analysis
 from cubic_harness.config import SHARDING_TYPES, TrialConfig, TrialResult
 from cubic_harness.planning import plan_for
 from cubic_harness.workload import Workload
@@ -71,7 +72,7 @@ def test_report_writes_self_contained_html(run_dir: Path, tmp_path: Path) -> Non
     # the default output lands in the run directory (in-process: the same typer app, no startup cost)
     from typer.testing import CliRunner
 
-    from cubic.cli import app
+    from cubic.cli.app import app
 
     r = CliRunner().invoke(app, ["report", str(run_dir), "--top", "2"])
     assert r.exit_code == 0, r.stderr
@@ -130,7 +131,7 @@ def test_export_json_has_metrics_spread_speedup_provenance(run_dir: Path) -> Non
 def test_one_speed_up_everywhere_the_winner_is_shown(run_dir: Path) -> None:
     """The banner, the top table (HTML and terminal), the breakdown's label, the frame the notebook reads and
     the export all give the winner the same speed-up: its re-measured median over the baseline's."""
-    from cubic import plots, report
+    from cubic.results import plots, report
 
     df = analysis.load_study(run_dir)
     s = analysis.summary(df)
@@ -359,7 +360,7 @@ def test_dcn_export_builds_torchrec_dlrm_dcn_with_the_harness_parameters() -> No
 def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, run_dir: Path, failed_only: Path) -> None:
     from typer.testing import CliRunner
 
-    from cubic.cli import app
+    from cubic.cli.app import app
 
     def cli(*args: str):  # in-process: the same typer app as the `cubic` script, without the startup cost
         return CliRunner().invoke(app, list(args))

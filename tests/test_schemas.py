@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 import yaml
 
-from cubic.schemas import schema
-from cubic.space import load_space
+from cubic.space.schemas import schema
+from cubic.space.search_space import load_space
 from cubic_harness.errors import ConfigError
 from cubic_harness.sim.cluster import load_cluster
 from cubic_harness.workload import Workload
@@ -75,12 +75,12 @@ def test_what_the_schema_refuses_the_loader_refuses_in_one_line(tmp_path: Path, 
 
 def test_cubic_schema_writes_each_format_and_refuses_an_unknown_one(tmp_path: Path) -> None:
     for kind in ("space", "cluster", "workload"):
-        r = subprocess.run([sys.executable, "-m", "cubic.cli", "schema", kind, "-o", str(tmp_path / f"{kind}.json")],
+        r = subprocess.run([sys.executable, "-m", "cubic", "schema", kind, "-o", str(tmp_path / f"{kind}.json")],
                            capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 0, r.stderr
         assert json.loads((tmp_path / f"{kind}.json").read_text())["title"] == f"cubic {kind}".replace(
             "space", "search space")
-    r = subprocess.run([sys.executable, "-m", "cubic.cli", "schema", "spaces"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "cubic", "schema", "spaces"], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: cubic schema: 'spaces' is not a format; choose one of ['space', 'cluster', 'workload']"]

@@ -1,4 +1,4 @@
-"""The quality screen (cubic/screen.py): each numerics change judged alone before the search; configurations
+"""The quality screen (cubic/quality/screen.py): each numerics change judged alone before the search; configurations
 with a change that fails are never proposed, and the confirm does not consider them."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from cubic.quality import MORE, NOT_RESOLVED, QualityRuns, sequential
-from cubic.samplers import make_sampler
-from cubic.samplers.base import Observations, distributions
-from cubic.screen import ATTR, Screened, decide, single_changes
-from cubic.space import SearchSpace, load_space
+from cubic.quality.rules import MORE, NOT_RESOLVED, sequential
+from cubic.quality.screen import ATTR, Screened, decide, single_changes
+from cubic.search.samplers import make_sampler
+from cubic.search.samplers.base import Observations, distributions
+from cubic.space.quality_runs import QualityRuns
+from cubic.space.search_space import SearchSpace, load_space
 from tests.test_eval_quality import LARGE_BATCH
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +108,7 @@ def test_the_screen_rules_a_harmful_change_out_before_the_search_spends_a_trial_
     """Grid order would try 4x the batch second; the screen's one run of it alone fails held-out quality
     (far past the tolerance) before the search starts, so no trial uses it, and bf16 dense, which passes,
     is tried; the verdicts are in the study and the run's output."""
-    from cubic import analysis
+    from cubic.results import analysis
     from tests.test_analysis import cubic_cli
 
     (tmp_path / "s.yaml").write_text(SCREEN)
@@ -180,8 +181,8 @@ def test_the_confirm_spends_no_quality_run_on_a_candidate_that_cannot_beat_the_b
     be the winner: it is failed with that reason and none of its quality runs is trained."""
     from rich.console import Console
 
-    from cubic import analysis
-    from cubic.store import Store, open_storage, storage_url
+    from cubic.results import analysis
+    from cubic.study.store import Store, open_storage, storage_url
     from cubic.tune import Tuner
     from tests.test_memory import InlineRunner
 

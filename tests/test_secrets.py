@@ -1,5 +1,5 @@
-"""No secret in any output: a storage URL's password is masked by one function (`cubic.store.safe_url`)
-wherever a URL is printed, stored or embedded, and `cubic.store.redact` masks it in free text (a driver's
+"""No secret in any output: a storage URL's password is masked by one function (`cubic.study.store.safe_url`)
+wherever a URL is printed, stored or embedded, and `cubic.study.store.redact` masks it in free text (a driver's
 error message). Fast checks without a server; tests/test_postgres.py runs a tune, report and export on a
 real PostgreSQL with a password and looks for it everywhere."""
 
@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy
 from typer.testing import CliRunner
 
-from cubic.cli import app
-from cubic.store import redact, safe_url, url_secrets
+from cubic.cli.app import app
+from cubic.study.store import redact, safe_url, url_secrets
 from tests.test_tune import FAST, space_file
 
 PW = "Kq9-sEcr3t"

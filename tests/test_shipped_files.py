@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cubic.space import load_space
+from cubic.space.search_space import load_space
 from cubic_harness.config import TrialConfig
 from cubic_harness.sim.backend import simulate
 from cubic_harness.sim.cluster import load_cluster, resolve

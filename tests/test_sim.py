@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cubic.cli import app
+from cubic.cli.app import app
 from cubic_harness.config import TrialConfig, TrialResult
 from cubic_harness.sim.backend import NO_QUALITY, simulate
 from cubic_harness.sim.cluster import cluster_from_dict, load_cluster, local_cluster, resolve, shipped_cluster
@@ -193,7 +193,7 @@ def test_cubic_calibrate_short_writes_a_cluster_file_that_loads(tmp_path: Path,
 
 
 def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Path) -> None:
-    from cubic.analysis import load_study
+    from cubic.results.analysis import load_study
 
     run = tmp_path / "sim"
     r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", LOCAL, "--space",

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cubic.space import fingerprint, load_space
+from cubic.space.search_space import fingerprint, load_space
 from cubic_harness.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def test_fingerprint_ignores_budget_and_name(tmp_path: Path) -> None:
 def test_resuming_with_another_space_names_the_first_difference(tmp_path: Path) -> None:
     """A study keeps the space it was made with; opening it with one that measures differently (an
     edited YAML, or a cubic whose configs gained a field) is refused naming what changed."""
-    from cubic.store import Store, open_storage, storage_url
+    from cubic.study.store import Store, open_storage, storage_url
 
     rdb = open_storage(storage_url(tmp_path, must_exist=False))
     Store(load_space(write(tmp_path, GOOD)), rdb, tmp_path).record_space()
@@ -158,3 +158,29 @@ def test_a_shipped_space_loads_by_name_from_any_directory(tmp_path: Path, monkey
     assert load_space("tiny").name == load_space("tiny.yaml").name == "tiny"
     with pytest.raises(ConfigError, match="nope.yaml: search space file not found"):
         load_space("nope.yaml")
+
+
+def test_the_numerics_rule_is_one_table_of_aspects() -> None:
+    """Each quality knob changes one aspect of what trains; keys, changed knobs and screen labels all read it."""
+    from cubic.space import numerics
+    from cubic_harness.config import TrialConfig
+
+    knobs = tuple(numerics.NUMERICS)
+    base = TrialConfig(world_size=4, batch_size=64, sharding="row_wise", emb_optimizer="rowwise_adagrad")
+    # 4 x 64 trains as 2 x 128: the same global batch, the same key, nothing to judge
+    same = base.replace(world_size=2, batch_size=128)
+    assert numerics.key(same, knobs) == numerics.key(base, knobs)
+    assert numerics.changed_knobs(same, base, knobs) == []
+    # column-wise shards keep their own optimizer state, unless the optimizer has none
+    col = base.replace(sharding="column_wise")
+    assert numerics.changed_knobs(col, base, knobs) == ["sharding"]
+    assert numerics.changes(col, base, knobs, knobs) == {("sharding", "column_wise")}
+    sgd = base.replace(emb_optimizer="sgd")
+    assert numerics.key(sgd.replace(sharding="column_wise"), knobs) == numerics.key(sgd, knobs)
+    # the world size moves the replicas under a fixed group size: the group-size knob is where it shows
+    two_d = base.replace(sharding_group_size=2, sparse_sync="weight_avg")
+    wider = two_d.replace(world_size=8, batch_size=32)
+    assert numerics.changed_knobs(wider, two_d, knobs) == ["sharding_group_size"]
+    assert numerics.changes(wider, two_d, knobs, ["world_size"]) == frozenset()  # not a searched knob's change
+    # a knob a space names beyond the table is its own aspect
+    assert numerics.changed_knobs(base.replace(kernel="torch"), base, ("kernel",)) == ["kernel"]

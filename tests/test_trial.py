@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cubic_harness.config import TrialConfig
+from cubic_harness.config import RETIRED, TrialConfig
 from cubic_harness.trial import run_trial
 from cubic_harness.workload import Workload
 from tests.helpers import tiny_cfg
@@ -22,9 +22,9 @@ ANCHOR = ROOT.parent / "shared" / "anchors" / "workload-small.json"
 FAST = ["--set", "batch_size=64", "--set", "warmup_steps=1", "--set", "measure_steps=3", "--set", "windows=1"]
 
 
-def cubic(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cubic.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+def cubic(*args: str, timeout: int = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cubic", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def _children() -> list[psutil.Process]:
@@ -65,7 +65,8 @@ def test_dense_gradients_all_reduced_in_16_bits() -> None:
         assert max(abs(a - b) / b for a, b in zip(got, ref, strict=True)) < tol, (p, got, ref)
         assert runs[p].config["allreduce_comm_precision"] == p
     assert "allreduce_comm_precision" not in runs["fp32"].config  # stored keys from before the knob still match
-    assert TrialConfig.from_dict(runs["fp32"].config).key() == json.dumps(runs["fp32"].config, sort_keys=True)
+    stored = json.dumps({**RETIRED, **runs["fp32"].config}, sort_keys=True)  # (RETIRED: fields since removed)
+    assert TrialConfig.from_dict(runs["fp32"].config).key() == stored
 
 
 @pytest.mark.slow  # two 1M-sample trainings, ~70 s (`make test-slow`)
@@ -74,7 +75,7 @@ def test_bf16_gradient_all_reduce_keeps_held_out_ne_within_the_gate() -> None:
     gate's budget (1M samples) on the same samples, then evaluated on 65,536 held-out ones; bf16 gradients on
     the wire keep eval NE within the gate's 0.1% of fp32 (benchmarks/data/quality_cpu_allreduce.json: seed 0
     -0.012%; fp16 fails the gate on average from underflow, so it is not claimed here)."""
-    from cubic.space import load_space
+    from cubic.space.search_space import load_space
 
     base = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml").baseline
     base = base.replace(workload=Workload.from_dict({**base.workload.to_dict(), "sample_cycle": 1 << 26}))
@@ -101,9 +102,9 @@ def test_loss_really_falls():
     ("hang", "timeout", "timeout_s"),
     ("kill", "oom", "rank 1 killed by signal 9 (likely the OOM killer)"),  # not rank 0's "connection reset"
 ])
-def test_failing_rank_gives_status_and_leaves_no_process(fault, status, needle):
-    cfg = tiny_cfg(world_size=2, inject_fault=fault, mem_cap_mb=1200 if fault == "oom" else 0,
-                   timeout_s=12 if fault == "hang" else 120)
+def test_failing_rank_gives_status_and_leaves_no_process(fault, status, needle, monkeypatch):
+    monkeypatch.setenv("CUBIC_INJECT_FAULT", fault)  # the test hook (cubic_harness.faults): no config knob
+    cfg = tiny_cfg(world_size=2, mem_cap_mb=1200 if fault == "oom" else 0, timeout_s=12 if fault == "hang" else 120)
     t0 = time.monotonic()
     r = run_trial(cfg)
     assert r.status == status and needle in r.error, (r.status, r.error)
@@ -202,10 +203,23 @@ def test_cli_bad_files_exit_2_with_one_line(tmp_path):
 
 
 def test_cli_failed_trial_prints_its_result_and_exits_1():
-    p = cubic("trial", "--space", "search_spaces/tiny.yaml", "--set", "inject_fault=crash", "--json", timeout=120)
+    p = cubic("trial", "--space", "search_spaces/tiny.yaml", "--json", timeout=120, env={"CUBIC_INJECT_FAULT": "crash"})
     assert p.returncode == 1, (p.returncode, p.stderr)
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert res["status"] == "error" and res["error"] and res["ne"] is None  # strict JSON: NaN is null
+    assert res["env"]["env_overrides"] == {"CUBIC_INJECT_FAULT": "crash"}  # a result says it was faulted
+
+
+def test_fault_injection_is_a_retired_config_key_and_stored_keys_keep_it():
+    """`inject_fault` left TrialConfig for a test hook; a stored config with it at "none" still loads, and the
+    key of every configuration is what it was while the field existed (a resumed study re-runs nothing)."""
+    from cubic_harness.errors import ConfigError
+
+    cfg = tiny_cfg()
+    assert "inject_fault" not in cfg.to_dict() and '"inject_fault": "none"' in cfg.key()
+    assert TrialConfig.from_dict({**cfg.to_dict(), "inject_fault": "none"}) == cfg
+    with pytest.raises(ConfigError, match="CUBIC_INJECT_FAULT"):
+        TrialConfig.from_dict({**cfg.to_dict(), "inject_fault": "crash"})
 
 
 def test_cli_missing_workload_file_exits_2():

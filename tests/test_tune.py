@@ -16,11 +16,11 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from cubic.record import FIELDS, TrialRecord
-from cubic.runner import STARTED
-from cubic.samplers import SEARCHERS, distributions, make_sampler
-from cubic.space import load_space
-from cubic.store import FLAT_KEYS, Store, open_storage, storage_url
+from cubic.execution.runner import STARTED
+from cubic.search.samplers import SEARCHERS, distributions, make_sampler
+from cubic.space.search_space import load_space
+from cubic.study.record import FIELDS, TrialRecord
+from cubic.study.store import FLAT_KEYS, Store, open_storage, storage_url
 from cubic_harness.config import TrialResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +37,9 @@ constraints: {mem_cap_mb: 3000, quality_tolerance: 0.5}
 trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 300, repeats: 1}
 budget: {trials: 5, confirm_top_k: 1, isolation: cores}
 """
-def cubic_tune(*args: str, timeout: float = 540) -> subprocess.CompletedProcess:  # under pytest-timeout
-    return subprocess.run([sys.executable, "-m", "cubic.cli", "tune", "--no-live", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+def cubic_tune(*args: str, timeout: float = 540, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cubic", "tune", "--no-live", *args], cwd=ROOT,  # (pytest-timeout)
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def load(run_dir: Path, name: str) -> optuna.Study:
@@ -48,7 +48,7 @@ def load(run_dir: Path, name: str) -> optuna.Study:
 
 def records(run_dir: Path, name: str) -> dict[int, TrialRecord]:
     """The study's trials as cubic's records (what it learned after each finished is not in Optuna's tables)."""
-    from cubic import analysis
+    from cubic.results import analysis
 
     return {r.number: r for r in analysis.records(run_dir, name)}
 
@@ -155,7 +155,7 @@ BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
     ("quality_store_corrupt", "q.db: cannot open it as a store (DatabaseError: "),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: str) -> None:
-    from cubic.cli import app
+    from cubic.cli.app import app
 
     good = (ROOT / "search_spaces" / "tiny.yaml").read_text()
     text = {
@@ -248,7 +248,7 @@ def _drain(runner: Any, pending: list, poll: float = 0.5) -> dict:
 def test_ray_task_failures_become_failed_results_not_a_dead_tuner() -> None:
     import ray
 
-    from cubic.runner import RayRunner
+    from cubic.execution.runner import RayRunner
     from cubic_harness.config import TrialConfig
 
     def die(cfg: dict) -> Iterator[Any]:
@@ -280,7 +280,7 @@ def test_cuda_trials_ask_ray_for_gpus_and_do_not_share_them() -> None:
     GPU is a logical one (this machine has none)."""
     import ray
 
-    from cubic.runner import RayRunner
+    from cubic.execution.runner import RayRunner
     from cubic_harness.config import TrialConfig
 
     def visible(cfg: dict) -> Iterator[Any]:  # what the trial saw, carried in its result's error field
@@ -315,7 +315,7 @@ def test_node_isolation_runs_one_cpu_trial_per_node_and_cores_packs_them() -> No
     when they ran: with node isolation no two overlap, with cores they do."""
     import ray
 
-    from cubic.runner import RayRunner
+    from cubic.execution.runner import RayRunner
     from cubic_harness.config import TrialConfig
 
     @ray.remote(max_concurrency=4, num_cpus=0)
@@ -386,8 +386,8 @@ def test_a_trial_queued_for_resources_is_not_timed_out_but_a_hung_one_is(monkeyp
     the queue and still runs (it used to be cancelled as a timeout while queued)."""
     import ray
 
-    import cubic.runner as runner_mod
-    from cubic.runner import RayRunner
+    import cubic.execution.runner as runner_mod
+    from cubic.execution.runner import RayRunner
     from cubic_harness.config import TrialConfig
 
     def trial(cfg: dict) -> Iterator[Any]:
@@ -412,8 +412,25 @@ def test_a_trial_queued_for_resources_is_not_timed_out_but_a_hung_one_is(monkeyp
         ray.shutdown()
 
 
+def test_trials_under_ray_run_at_the_drivers_priority_not_rays_worker_niceness() -> None:
+    """Ray starts workers at niceness 15; a trial's ranks inherit it, and on a machine with any other busy
+    process they then run 25x slower (measured: cubic/execution/runner.py). A real trial through the runner
+    records the niceness it ran at, which must be the driver's."""
+    from cubic.execution.runner import RayRunner
+    from cubic_harness.config import TrialConfig
+
+    runner = RayRunner().start()
+    try:
+        cfg = TrialConfig(world_size=1, warmup_steps=1, measure_steps=2, windows=1, kernel="torch")
+        res = _drain(runner, [runner.submit(cfg, tag="t")])["t"]
+        assert res.status == "ok", res.error
+        assert res.env["niceness"] == os.getpriority(os.PRIO_PROCESS, 0) == 0
+    finally:
+        runner.stop()
+
+
 def _open_and_write(url: str, barrier: Any, i: int) -> None:
-    from cubic.store import rdb_storage
+    from cubic.study.store import rdb_storage
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     barrier.wait()

@@ -17,13 +17,14 @@ from optuna.trial import TrialState
 
 from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
 
-# Rank 1 crashes / allocates past the cap / hangs: grid search visits each once after the baseline.
+# Rank 1 crashes / allocates past the cap / hangs at three batch sizes (the test hook, cubic_harness.faults, set
+# in the tuner's environment and handed to its Ray workers): grid search visits each once after the baseline.
 FAULTS = """\
 name: faults
 workload: {preset: tiny}
-baseline: {world_size: 2, sharding: table_wise, batch_size: 32, kernel: torch, inject_fault: none}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 32, kernel: torch}
 knobs:
-  inject_fault: [none, crash, oom, hang]
+  batch_size: [32, 40, 48, 56]
 constraints: {mem_cap_mb: 1500}
 trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 45, repeats: 1}
 budget: {trials: 4, confirm_top_k: 0}
@@ -35,7 +36,7 @@ budget: {trials: 4, confirm_top_k: 0}
 def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:
     space = space_file(tmp_path, FAST.replace("confirm_top_k: 1", "confirm_top_k: 0"))
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cubic.cli", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "cubic", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
     log = open(tmp_path / "tune.log", "w")  # noqa: SIM115 - closed below; the tuner writes to it
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -95,9 +96,11 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
 
 def test_crash_oom_and_timeout_become_failed_trials_and_the_study_completes(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    r = cubic_tune("--space", str(space_file(tmp_path, FAULTS)), "--run-dir", str(run), "--searcher", "grid")
+    r = cubic_tune("--space", str(space_file(tmp_path, FAULTS)), "--run-dir", str(run), "--searcher", "grid",
+                   env={"CUBIC_INJECT_FAULT": "batch_size=40:crash,batch_size=48:oom,batch_size=56:hang"})
     assert r.returncode == 0, r.stdout + r.stderr
-    trials = {t.params["inject_fault"]: t for t in load(run, "faults").get_trials()}
+    fault = {32: "none", 40: "crash", 48: "oom", 56: "hang"}
+    trials = {fault[t.params["batch_size"]]: t for t in load(run, "faults").get_trials()}
     assert set(trials) == {"none", "crash", "oom", "hang"}
     assert trials["none"].state == TrialState.COMPLETE
     for fault, status in (("crash", "error"), ("oom", "oom"), ("hang", "timeout")):

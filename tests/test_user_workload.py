@@ -20,14 +20,14 @@ from cubic_harness.errors import ConfigError
 from cubic_harness.ids import draw_ranks, expected_distinct, hit_rate, profile_ids, rows_of_ranks
 from cubic_harness.workload import Workload
 
-CUBIC = [sys.executable, "-m", "cubic.cli"]
+CUBIC = [sys.executable, "-m", "cubic"]
 
 
 def cli(*args: str) -> tuple[int, list[str]]:
     """The `cubic` app in-process (the end-to-end test runs the real script once): exit code, stderr lines."""
     from typer.testing import CliRunner
 
-    from cubic.cli import app
+    from cubic.cli.app import app
 
     r = CliRunner().invoke(app, list(args))
     return r.exit_code, r.stderr.strip().splitlines()
@@ -261,7 +261,7 @@ def test_bad_data_is_one_line_exit_2_and_leaves_the_workload(models: str, tmp_pa
 
 
 def test_space_reads_a_workload_file_with_overrides(models: str, tmp_path: Path) -> None:
-    from cubic.space import load_space
+    from cubic.space.search_space import load_space
 
     wl_file = tmp_path / "ranker.json"
     assert cli("workload", "from-torchrec", f"{models}:ranker", "-o", str(wl_file))[0] == 0

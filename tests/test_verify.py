@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cubic import analysis, export
-from cubic.space import load_space
+from cubic.deploy import export
+from cubic.results import analysis
+from cubic.space.search_space import load_space
 from cubic_harness.config import TrialConfig, TrialResult
 from cubic_harness.errors import ConfigError
 from cubic_harness.planning import plan_for
@@ -136,7 +137,7 @@ def test_cubic_verify_prints_both_speedups_and_the_substitutions(run_dir: Path, 
     assert base["speedup_cubic"] == base["speedup_torchrec"] == 1.0
     # search_spaces/tiny.yaml measures kernel=torch: TorchRec runs FBGEMM, and says so
     assert any(s.startswith("kernel=torch") for s in out["substitutions"])
-    from cubic.cmd_verify import _print
+    from cubic.cli.verify import _print
 
     _print(out, fidelity=False)  # the human table, from the same result
     shown = " ".join(capsys.readouterr().out.split())

@@ -1,11 +1,11 @@
-"""The tune's final summary (cubic/view.py `print_summary`), rendered from the summary dict a tune returns."""
+"""The tune's final summary (cubic/tune/view.py `print_summary`), rendered from the summary dict a tune returns."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from cubic.quality import NOT_RESOLVED
-from cubic.view import print_summary
+from cubic.quality.rules import NOT_RESOLVED
+from cubic.tune.view import print_summary
 
 
 def _confirmed(trial: int, qps: float, verdict: str, ok: bool) -> dict:

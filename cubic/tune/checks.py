@@ -2,9 +2,9 @@
 
 Three sources of a quality verdict, cheapest first (which one counts: `TrialRecord.feasible`):
 1. The in-run estimate (`estimate`): each finished numerics-changing trial's NE over the baseline's
-   samples, from its own per-step losses (`cubic.quality.matched_ne`); free.
+   samples, from its own per-step losses (`cubic.quality.rules.matched_ne`); free.
 2. The screen (`next_run` before the search proposes anything): each numerics change alone, judged by
-   held-out quality runs against the baseline's (`cubic.screen`); a change that fails is out of the
+   held-out quality runs against the baseline's (`cubic.quality.screen`); a change that fails is out of the
    search, and every trial that uses it fails with it.
 3. Held-out checks of the incumbent (`next_run` while searching): the fastest trial faster than the
    baseline that no held-out run has judged, when it changes numerics. Why while searching and not only at
@@ -23,12 +23,12 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from cubic.quality import EARLY_REJECT, judge, matched_ne, paired_mean, sequential, within
-from cubic.record import TrialRecord
-from cubic.runner import Pending
-from cubic.screen import ATTR as SCREEN_ATTR
-from cubic.screen import Screened, decide, failing_changes, single_changes
-from cubic.screen import load as load_screen
+from cubic.execution.runner import Pending
+from cubic.quality.rules import EARLY_REJECT, judge, matched_ne, paired_mean, sequential, within
+from cubic.quality.screen import ATTR as SCREEN_ATTR
+from cubic.quality.screen import Screened, decide, failing_changes, single_changes
+from cubic.quality.screen import load as load_screen
+from cubic.study.record import TrialRecord
 from cubic.tune.context import Tuning
 from cubic.tune.work import CheckRun, ScreenRun
 from cubic_harness.config import TrialConfig, TrialResult, json_safe
@@ -41,7 +41,7 @@ class QualityChecks:
         self.ctx = ctx
         self.base: TrialRecord | None = None  # the completed baseline trial, once known
         self.judged: dict[tuple, TrialRecord] = {}  # numerics key -> the trial a search-time check judged
-        self.screen: list[Screened] = []  # each numerics change alone (`cubic.screen`)
+        self.screen: list[Screened] = []  # each numerics change alone (`cubic.quality.screen`)
 
     def start(self) -> None:
         """Pick up what a resumed study already knows: its judged models and the runs its screen paid for."""
@@ -229,7 +229,7 @@ class QualityChecks:
     def heldout(self, t: TrialRecord, base: TrialRecord | None) -> tuple[bool | None, str]:
         """t's held-out verdict from its quality runs and the baseline's, with its reason (None while its
         seeds are still to run): a failed run fails, so does one far past the tolerance after its first
-        seeds (`early_reject`), else the paired judgement over all seeds (`cubic.quality.judge`)."""
+        seeds (`early_reject`), else the paired judgement over all seeds (`cubic.quality.rules.judge`)."""
         qr = self.ctx.space.quality_runs
         ne = t.quality_eval_ne
         bne = base.quality_eval_ne if base is not None else []
@@ -246,7 +246,7 @@ class QualityChecks:
         return j["ok"], j["reason"]
 
     def sequential(self, t: TrialRecord, base: TrialRecord | None) -> tuple[str, dict[str, Any] | None]:
-        """t's confirm verdict from its quality runs so far (`cubic.quality.sequential`): a failed run of
+        """t's confirm verdict from its quality runs so far (`cubic.quality.rules.sequential`): a failed run of
         either side, or a candidate far past the tolerance after its first seeds (`early_reject`), fails."""
         qr = self.ctx.space.quality_runs
         ne = t.quality_eval_ne

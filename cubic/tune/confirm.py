@@ -15,7 +15,7 @@ the very numbers that pick the winner):
    candidates needed runs of their own. One that trains a model already rejected inherits the verdict.
 3. A candidate that changes numerics gets one re-measurement first. If neither it nor its search run beat
    the baseline's re-measured median, it cannot win: it fails without a quality run. Otherwise its quality
-   runs decide (`cubic.quality.sequential`: the first `seeds`, then one more pair while the interval
+   runs decide (`cubic.quality.rules.sequential`: the first `seeds`, then one more pair while the interval
    straddles the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's
    samples. Only a candidate that passes gets its other `repeats - 1` re-measurements.
 4. The verdict and its reason go to every screened record (`quality_ok`, `quality_reason`).
@@ -30,9 +30,9 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from cubic.quality import MORE, NOT_RESOLVED, covering, matched_ne, noise_floor, within
-from cubic.record import TrialRecord
-from cubic.runner import Pending
+from cubic.execution.runner import Pending
+from cubic.quality.rules import MORE, NOT_RESOLVED, covering, matched_ne, noise_floor, within
+from cubic.study.record import TrialRecord
 from cubic.tune.checks import QualityChecks, early_reject, paired_diff, reused
 from cubic.tune.context import Tuning
 from cubic.tune.work import GateRun, RemeasureRun
@@ -73,7 +73,7 @@ class Confirm:
             return True
         if self.qr is not None and not t.quality_eval_ne and self.cannot_win(t) is not None:
             return False
-        if self.qr is not None:  # quality runs decide, sequentially (`cubic.quality.sequential`)
+        if self.qr is not None:  # quality runs decide, sequentially (`cubic.quality.rules.sequential`)
             state, _ = self.checks.sequential(t, self.base)
             if state == MORE or not t.confirm_qps:  # seeds or its speed still to come
                 return None

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cubic.lease import TunerLease
-from cubic.record import TrialRecord
-from cubic.runner import Runner
-from cubic.space import SearchSpace
-from cubic.store import Store
+from cubic.execution.runner import Runner
+from cubic.space.search_space import SearchSpace
+from cubic.study.lease import TunerLease
+from cubic.study.record import TrialRecord
+from cubic.study.store import Store
 from cubic.tune.policy import Policy
-from cubic.view import TuneView
+from cubic.tune.view import TuneView
 
 
 @dataclass

@@ -2,12 +2,12 @@
 
 The lifecycle of one tune, written once (each step's role in its own module):
 
-1. Hold the study's lease (`cubic.lease`): a second tuner on the same study refuses to start rather than
+1. Hold the study's lease (`cubic.study.lease`): a second tuner on the same study refuses to start rather than
    fail this one's running trials.
 2. Resume: the store is the truth. Trials left RUNNING by a dead tuner become FAIL(interrupted) and their
    configurations are enqueued again; the baseline is enqueued unless it ran.
 3. Search (`Tuner._search`), until the budget of trials that ran is spent or the searcher has nothing left:
-   - ask the searcher (an Optuna sampler, `cubic.samplers`) for a configuration and launch it on the
+   - ask the searcher (an Optuna sampler, `cubic.search.samplers`) for a configuration and launch it on the
      cluster unless it is a duplicate (`TrialConfig.key()`) or the memory model says it cannot fit;
    - between trials, the quality runs the search pays for (`cubic.tune.checks`): the baseline's seeds,
      the screen of each numerics change alone, held-out checks of the incumbent;
@@ -29,21 +29,21 @@ import optuna
 from optuna.trial import TrialState
 from rich.console import Console
 
-from cubic.lease import TunerLease, describe
-from cubic.memory_check import refusal as memory_refusal
-from cubic.quality_store import QualityStore, ReusingRunner
-from cubic.record import NOT_RUN
-from cubic.runner import Pending, Runner
-from cubic.samplers import distributions, make_sampler
-from cubic.space import SearchSpace
-from cubic.store import Store, safe_url
+from cubic.execution.memory_check import refusal as memory_refusal
+from cubic.execution.runner import Pending, Runner
+from cubic.quality.store import QualityStore, ReusingRunner
+from cubic.search.samplers import distributions, make_sampler
+from cubic.space.search_space import SearchSpace
+from cubic.study.lease import TunerLease, describe
+from cubic.study.record import NOT_RUN
+from cubic.study.store import Store, safe_url
 from cubic.tune.checks import QualityChecks
 from cubic.tune.confirm import Confirm
 from cubic.tune.context import Tuning
 from cubic.tune.policy import Policy
 from cubic.tune.summary import summary
+from cubic.tune.view import TuneView
 from cubic.tune.work import QUALITY_RUNS, CheckRun, ScreenRun, SearchRun
-from cubic.view import TuneView
 from cubic_harness.config import TrialResult
 from cubic_harness.errors import ConfigError
 

@@ -2,7 +2,7 @@
 
 A measured trial trains a model: it has losses (the in-run NE estimate), can be re-measured (the machine
 is noisy, the first measurement was picked for being high) and its numerics can be judged by held-out
-quality runs. A simulated trial (`cubic.sim_runner`) predicts speed and memory and trains nothing: the
+quality runs. A simulated trial (`cubic.execution.sim_runner`) predicts speed and memory and trains nothing: the
 same prediction again says nothing new, and there is no quality to judge (a real tune of its winner
 does that)."""
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cubic.quality import QualityRuns
-from cubic.space import SearchSpace
+from cubic.space.quality_runs import QualityRuns
+from cubic.space.search_space import SearchSpace
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from cubic.quality_store import ReusingRunner
-from cubic.record import NOT_RUN, TrialRecord
-from cubic.store import safe_url
+from cubic.quality.store import ReusingRunner
+from cubic.study.record import NOT_RUN, TrialRecord
+from cubic.study.store import safe_url
 from cubic.tune.checks import QualityChecks
 from cubic.tune.confirm import median_finite
 from cubic.tune.context import Tuning
-from cubic.view import short_config
+from cubic.tune.view import short_config
 
 
 def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], searcher: str,

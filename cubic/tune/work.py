@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import optuna
 
-from cubic.record import TrialRecord
-from cubic.screen import Screened
+from cubic.quality.screen import Screened
+from cubic.study.record import TrialRecord
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,7 +28,7 @@ class CheckRun:
 
 @dataclass(frozen=True, eq=False)
 class ScreenRun:
-    """A quality-screen run: one numerics change alone (`cubic.screen`), at `seed`."""
+    """A quality-screen run: one numerics change alone (`cubic.quality.screen`), at `seed`."""
 
     change: Screened
     seed: int

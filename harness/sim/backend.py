@@ -27,7 +27,7 @@ def sim_env(cfg: TrialConfig, c: Cluster) -> dict:
     nodes = math.ceil(cfg.world_size / c.devices_per_node)
     return {"backend": "sim", "cluster": c.name, "torch": None, "fbgemm": None, "device": c.device.type,
             "device_name": f"simulated {c.device.type} ({c.name})", "world_size": cfg.world_size,
-            "hostname": "", "cpus": c.device.cores or c.devices, "omp_wait_policy": "n/a",
+            "hostname": "", "cpus": c.device.cores or c.devices, "omp_wait_policy": "n/a", "niceness": None,
             "ids": cfg.workload.ids_record(), "env_overrides": env_overrides(),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "placement": "simulated",
             "nodes": nodes, "rank_nodes": [f"{c.name}-node{c.node_of(r)}" for r in range(cfg.world_size)],

@@ -1,0 +1,306 @@
+"""`cubic export`: the winning configuration in the form production needs.
+
+- yaml: the full TrialConfig; `cubic trial --config FILE` runs it again as it is.
+- json: the config plus metrics, spread, speed-up and provenance (study, trial, versions, machine).
+- torchrec: plain JSON a TorchRec job turns into ParameterConstraints / a sharding plan, DMP or
+  DMPCollection (2D), a train pipeline and a QCommsConfig (names checked against torchrec 1.8).
+Plain data only (yaml.safe_dump / json), so loading an export never executes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cubic.results import analysis
+from cubic.study import record
+from cubic.study.store import storage_url
+from cubic_harness.config import TrialConfig, json_safe
+from cubic_harness.errors import ConfigError, write_text
+
+FORMATS = ("yaml", "json", "torchrec")
+METRICS = ("qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne")
+
+# TorchRec names (torchrec 1.8): the train pipeline that keeps `pipeline_depth` batches' input
+# distribution in flight; TrainPipelineBase only overlaps the host-to-device copy.
+TRAIN_PIPELINES = {0: "TrainPipelineBase", 1: "TrainPipelineSparseDist", 2: "PrefetchTrainPipelineSparseDist"}
+# torchrec.distributed.fbgemm_qcomm_codec.CommType names
+COMM_TYPES = {"fp32": "FP32", "bf16": "BF16", "fp16": "FP16"}
+DATA_TYPES = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}  # torchrec.types.DataType
+EMB_OPTIMIZERS = {"rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
+                  "momentum_scaled_rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
+                  "sgd": "torch.optim.SGD"}
+
+
+def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) -> dict[str, Any]:
+    """Everything an export needs about the winner: its trial's attrs, the winner summary and the study."""
+    st, storage = analysis.open_store(run_dir_or_storage_url, study)
+    recs = record.load(storage.engine, st.study_name, st.get_trials(deepcopy=False))
+    df = analysis.study_frame(st, storage, analysis.safe_url(storage_url(run_dir_or_storage_url)), records=recs)
+    analysis.require_completed(df, str(run_dir_or_storage_url))
+    win = df.attrs["winner"]
+    rec = next(r for r in recs if r.number == win["trial"])
+    trial = rec.trial
+    ua = dict(trial.user_attrs) | rec.findings()
+    result = dict(ua.get("result") or {})
+    cfg = win.get("config") or ua.get("config") or result.get("config")
+    if not cfg:
+        raise ConfigError(f"{analysis.safe_url(str(run_dir_or_storage_url))}: winning trial #{trial.number} has no "
+                          "config recorded")
+    where = f"{df.attrs['study']} trial #{trial.number}"
+    cfg = TrialConfig.from_dict(cfg, where=where).validate(where).to_dict()
+    return {"study": df.attrs["study"], "storage": df.attrs["storage"], "trial": trial.number, "attrs": ua,
+            "result": result, "winner": win, "config": cfg, "baseline_qps": df.attrs.get("baseline_qps"),
+            "baseline_trial": int(analysis.baseline_rows(df)["number"].iloc[0]) if len(df) else None,
+            "confirmed": bool(win.get("confirmed", True))}
+
+
+# ---------------------------------------------------------------------------------------------- yaml
+def to_yaml(rec: dict[str, Any]) -> str:
+    """The full TrialConfig as YAML, with a comment header saying where it came from."""
+    w = rec["winner"]
+    sp = w.get("speedup")
+    head = [f"# cubic export: study {rec['study']!r}, trial #{rec['trial']}"
+            f" ({'confirmed winner' if rec['confirmed'] else 'best measured trial, not confirmed'})",
+            f"# qps {w.get('qps', float('nan')):.1f}"
+            + (f", {sp:.3f}x the baseline" if sp and sp == sp else ""),
+            "# run it again: cubic trial --config THIS_FILE"]
+    return "\n".join(head) + "\n" + yaml.safe_dump(rec["config"], sort_keys=False, default_flow_style=None)
+
+
+# ---------------------------------------------------------------------------------------------- json
+def _versions(env: dict[str, Any]) -> dict[str, Any]:
+    from importlib import metadata
+
+    def ver(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"trial": {k: env.get(k) for k in ("torch", "fbgemm") if k in env},
+            "export": {"cubic": ver("cubic"), "optuna": ver("optuna"), "python": platform.python_version()}}
+
+
+def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
+    """Config + metrics + spread + speed-up + provenance: enough to trust and to reproduce the number."""
+    res, ua, w = rec["result"], rec["attrs"], rec["winner"]
+    window = [float(x) for x in res.get("window_qps") or []]
+    confirm = [float(x) for x in ua.get("confirm_qps") or []]
+    spread = w.get("qps_spread") or ([min(confirm), max(confirm)] if confirm else
+                                     [min(window), max(window)] if window else None)
+    env = res.get("env") or {}
+    out = {
+        "format": "cubic-winner/1",
+        "config": rec["config"],
+        "metrics": {**{m: res.get(m, ua.get(m)) for m in METRICS},
+                    "breakdown_ms": res.get("breakdown_ms") or {}},
+        "qps": w.get("qps"),
+        "spread": {"qps_min_max": spread, "window_qps": window, "confirm_qps": confirm},
+        "speedup": w.get("speedup"),
+        "baseline_qps": w.get("baseline_qps", rec["baseline_qps"]),
+        "quality": {k: ua.get(k) for k in ("quality_ok", "quality_reason", "confirm_ne", "quality_eval_ne",
+                                           "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
+                                           "quality_resolved", "quality_ci", "quality_verdict")},
+        "sharding_plan": res.get("plan") or [],
+        "provenance": {
+            "study": rec["study"], "storage": analysis.safe_url(rec["storage"]), "trial": rec["trial"],
+            # "sim": a prediction (env.cluster says for which cluster), not a measurement
+            "backend": env.get("backend", "real"),
+            "baseline_trial": rec["baseline_trial"], "confirmed": rec["confirmed"],
+            "phase": ua.get("phase"), "searcher": ua.get("searcher"), "config_key": ua.get("config_key"),
+            "versions": _versions(env), "machine": env,
+            "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "exported_on": platform.node(),
+        },
+    }
+    return json_safe(out)
+
+
+# ---------------------------------------------------------------------------------------------- torchrec
+def train_pipeline_for(depth: int, device: str) -> str:
+    """TorchRec's pipeline for cubic's pipeline_depth. PrefetchTrainPipelineSparseDist's prefetch stage runs
+    on CUDA streams only (on CPU its forward asserts, checked with torchrec 1.8), so depth 2 on CPU maps to
+    TrainPipelineSparseDist, the deepest synchronous pipeline that runs there."""
+    if depth == 2 and device != "cuda":
+        return TRAIN_PIPELINES[1]
+    return TRAIN_PIPELINES[depth]
+
+
+def _placement(tp: dict[str, Any], kind: str, group: int, ranks_per_node: int) -> dict[str, Any]:
+    """Exact placement of one table for torchrec.distributed.sharding_plan's generators
+    (table_wise(rank), row_wise(), column_wise(ranks, size_per_rank), table_row_wise(host_index),
+    data_parallel()), so a job can reproduce the measured plan instead of re-planning."""
+    shards = sorted(tp.get("shards") or [], key=lambda s: (s["col_start"], s["row_start"], s["rank"]))
+    ranks = [int(s["rank"]) for s in shards]
+    out: dict[str, Any] = {"sharding_type": kind}
+    if kind == "table_wise" and ranks:
+        out["rank"] = ranks[0]
+    elif kind == "column_wise":
+        out["ranks"] = ranks
+        out["size_per_rank"] = [int(s["col_end"]) - int(s["col_start"]) for s in shards]
+    elif kind == "row_wise":
+        out["ranks"] = ranks
+        out["rows_per_rank"] = [int(s["row_end"]) - int(s["row_start"]) for s in shards]
+    elif kind == "table_row_wise" and ranks:
+        out["host_index"] = ranks[0] // max(1, min(ranks_per_node, group))
+        out["ranks"] = ranks
+    return out
+
+
+def torchrec_model(wl: Any, notes: list[str]) -> dict[str, Any] | None:
+    """TorchRec's model class and constructor arguments for the workload's family (torchrec.models.dlrm):
+    DLRM for `dot`, DLRM_DCN (LowRankCrossNet: the same x_0 * (W (V x) + b) + x layers) for `dcn`.
+    Wukong has no TorchRec model: None, and a note (the tables, plan and optimizers still apply)."""
+    args = {"dense_in_features": wl.dense_features, "dense_arch_layer_sizes": list(wl.bottom_mlp),
+            "over_arch_layer_sizes": list(wl.top_mlp)}
+    if wl.interaction == "dot":
+        return {"class": "torchrec.models.dlrm.DLRM", **args}
+    if wl.interaction == "dcn":
+        rank = wl.dcn_rank
+        if rank == 0:  # LowRankCrossNet has no full-rank form; rank = width has at least its capacity
+            rank = wl.num_features * wl.dim
+            notes.append(f"dcn_rank=0 (full-rank cross layers) has no TorchRec form: DLRM_DCN's LowRankCrossNet "
+                         f"with dcn_low_rank_dim={rank} (the input width) can express it, with twice the weights")
+        return {"class": "torchrec.models.dlrm.DLRM_DCN", **args, "dcn_num_layers": wl.dcn_layers,
+                "dcn_low_rank_dim": rank}
+    notes.append(f"interaction={wl.interaction!r} (Wukong) has no TorchRec model class: build its dense "
+                 "arch from 'dense' (the layers of harness/model.py's WukongStack) around TorchRec's "
+                 "EmbeddingBagCollection; the tables, sharding plan, pipeline and optimizers below apply as "
+                 "they are")
+    return None
+
+
+def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
+    """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for the loader)."""
+    cfg = TrialConfig.from_dict(rec["config"])
+    wl = cfg.workload
+    plan = {}
+    for p in rec["result"].get("plan") or []:  # the harness names tables by "name" (and indexes by "table")
+        t = p.get("table")
+        name = p.get("name") or (t if isinstance(t, str) else wl.tables[t].name)
+        plan[name] = p
+    notes: list[str] = []
+    if not plan:
+        notes.append("the winning trial recorded no sharding plan: sharding_types left to TorchRec's planner")
+    tables, constraints, placements = [], {}, {}
+    dtype = DATA_TYPES[cfg.emb_precision]
+    # cubic's kernels pool in fp32 whatever the dense precision (bf16 autocast lives inside the MLPs, and
+    # the all-to-all carries comm_precision: qcomms_config below); BF16 here would halve traffic unmeasured
+    out_dtype = "FP32"
+    for i, t in enumerate(wl.tables):
+        # an imported model keeps its own feature names; each feature's pooling factor is its mean bag
+        features = t.features or [f"f{i}"]
+        per_feature = t.lookups(wl.profiled) / len(features)
+        tables.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim,
+                       "feature_names": features, "pooling": "SUM", "data_type": dtype,
+                       "mean_pooling_factor": t.pooling if not wl.profiled else round(per_feature, 4),
+                       "id_distribution": t.id_dist if not wl.profiled else wl.id_source})
+        c: dict[str, Any] = {"pooling_factors": [float(max(per_feature, 1))] * len(features),
+                             "output_dtype": out_dtype}
+        tp = plan.get(t.name)
+        if tp is not None:
+            kind = tp["kind"]
+            c["sharding_types"] = [kind]
+            # torchrec 1.8 trains model-parallel tables only with FBGEMM's fused TBE, data-parallel ones dense
+            c["compute_kernels"] = ["dense" if kind == "data_parallel" else "fused"]
+            pl = _placement(tp, kind, cfg.group_size, cfg.ranks_per_node)
+            if kind == "column_wise" and pl.get("size_per_rank"):
+                c["min_partition"] = min(pl["size_per_rank"])
+            placements[t.name] = pl
+        constraints[t.name] = c
+    two_d = cfg.group_size < cfg.world_size
+    if two_d and cfg.sparse_sync != "weight_avg":
+        notes.append("DMPCollection syncs replicas by weight averaging; cubic measured sparse_sync="
+                     f"{cfg.sparse_sync} (gradient all-reduce), which TorchRec does not offer for 2D")
+    pipeline = train_pipeline_for(cfg.pipeline_depth, cfg.device)
+    if cfg.pipeline_depth == 2:
+        why = " that runs on CPU (PrefetchTrainPipelineSparseDist needs CUDA)" if cfg.device != "cuda" else ""
+        notes.append("pipeline_depth=2 keeps two batches' input distribution in flight; TorchRec has no "
+                     f"exact equivalent: {pipeline} is the nearest{why}")
+    if cfg.kernel != "fbgemm":
+        notes.append(f"cubic measured kernel={cfg.kernel}; TorchRec's model-parallel tables use FBGEMM TBE "
+                     "(fused)")
+    if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and two_d and cfg.sparse_sync == "weight_avg":
+        notes.append("momentum-scaled row-wise AdaGrad: DMPCollection.sync() averages replica weights and state "
+                     "(plain row-wise AdaGrad's rule); cubic merged the replicas' summed step instead "
+                     "(harness/sharding/replica_sync.py), which needs DMPCollection's custom_all_reduce to "
+                     "reproduce")
+    dp = [name for name, p in placements.items() if p["sharding_type"] == "data_parallel"]
+    if dp:
+        notes.append(f"data-parallel tables ({', '.join(dp)}): cubic synced them by all-gathering ids and pooled "
+                     "gradients into one fused row-wise update; TorchRec's 'dense' kernel all-reduces each whole "
+                     "table's gradient and uses the dense optimizer: slower for big tables and other "
+                     "optimizer numerics, so measure before keeping them data-parallel")
+    if cfg.device == "cpu" and any(p["sharding_type"] in ("row_wise", "table_row_wise")
+                                   for p in placements.values()):
+        notes.append("TorchRec runs row_wise / table_row_wise only on CUDA; cubic's harness ran them on CPU")
+    model = torchrec_model(wl, notes)
+    w = rec["winner"]
+    out = {
+        "format": "cubic-torchrec/1",
+        "source": {"study": rec["study"], "trial": rec["trial"], "qps": w.get("qps"),
+                   "speedup": w.get("speedup"), "confirmed": rec["confirmed"]},
+        "world_size": cfg.world_size,
+        "sharding_group_size": cfg.group_size,
+        "replicas": cfg.replicas,
+        "model_parallel": "DMPCollection" if two_d else "DistributedModelParallel",
+        "sparse_sync": cfg.sparse_sync,
+        # DMPCollection(use_inter_host_allreduce=True) keeps a sharding group's ranks contiguous (intra_node)
+        "dmp_collection": ({"sharding_group_size": cfg.group_size, "world_size": cfg.world_size,
+                            "use_inter_host_allreduce": cfg.group_placement == "intra_node",
+                            "group_placement": cfg.group_placement,
+                            "sync_interval_batches": cfg.sparse_sync_interval} if two_d else None),
+        "ranks_per_node": cfg.ranks_per_node,
+        "batch_size_per_rank": cfg.batch_size,
+        "device": cfg.device,
+        "tables": tables,
+        "parameter_constraints": constraints,
+        "placements": placements,
+        "train_pipeline": {"class": pipeline,
+                           "module": "torchrec.distributed.train_pipeline",
+                           "pipeline_depth": cfg.pipeline_depth,
+                           **({"dmp_collection_sync_interval_batches": cfg.sparse_sync_interval} if two_d else {})},
+        "qcomms_config": {"forward_precision": COMM_TYPES[cfg.comm_precision],
+                          "backward_precision": COMM_TYPES[cfg.comm_precision]},
+        # DistributedModelParallel(data_parallel_wrapper=DefaultDataParallelWrapper(allreduce_comm_precision=...))
+        "ddp": {"allreduce_comm_precision": cfg.allreduce_comm_precision},
+        "embedding_optimizer": {"class": EMB_OPTIMIZERS[cfg.emb_optimizer], "lr": cfg.emb_lr,
+                                "name": cfg.emb_optimizer},
+        "dense": {"optimizer": "torch.optim.Adagrad", "lr": cfg.dense_lr, "precision": cfg.dense_precision,
+                  "dense_features": wl.dense_features, "bottom_mlp": wl.bottom_mlp, "top_mlp": wl.top_mlp,
+                  "interaction": wl.interaction,
+                  **{k: getattr(wl, k) for k in wl.interaction_keys()}},
+        "model": model,
+        "notes": notes,
+    }
+    return json_safe(out)
+
+
+# ---------------------------------------------------------------------------------------------- entry
+def export_text(run_dir_or_storage_url: str | Path, fmt: str, study: str | None = None) -> str:
+    """The export as text; ConfigError (one line) on an unknown format, no study or no completed trial."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r} is not supported; choose one of {list(FORMATS)}")
+    rec = winner_record(run_dir_or_storage_url, study)
+    if fmt == "yaml":
+        return to_yaml(rec)
+    data = to_json_dict(rec) if fmt == "json" else to_torchrec_dict(rec)
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+
+
+def write_export(run_dir_or_storage_url: str | Path, fmt: str, out: str | Path | None,
+                 study: str | None = None) -> str:
+    """Write to `out` (or stdout when None); returns the text."""
+    text = export_text(run_dir_or_storage_url, fmt, study)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        write_text(Path(out), text, "export")
+    return text

@@ -1,0 +1,140 @@
+"""The quality screen: each numerics change of a space judged alone by held-out quality, before the search.
+
+Why: a tune's fastest configurations are often fast *because* they change numerics (a 4x batch, SGD
+tables, low precision), and held-out quality runs judged them one model at a time. Three tunes of the
+default space spent 15-22 quality runs rejecting new combinations of the same two or three harmful
+changes, because the searcher learns per configuration and kept proposing the next one; one of them
+ended with the baseline as its winner. Judging each change alone costs one run per change (a second
+only where the first is ambiguous); configurations that contain a change that fails are then out of
+the search (`cubic.search.samplers.base.Observations.seen`) and out of the confirm, so the whole trial budget
+goes to the region that can win.
+
+The assumption, stated: a change that costs eval NE alone is not repaired by another knob of the same
+space. It does not hold for a batch change in a space that lists learning rates as knobs, so global
+batch changes are not screened there. A combination of changes that pass is still judged by its own
+quality runs (the search-time checks and the confirm, `cubic.tune`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cubic.quality.rules import EARLY_REJECT, judge, paired_mean
+from cubic.space.quality_runs import QualityRuns
+from cubic.space.search_space import SearchSpace
+
+ATTR = "quality_screen"  # the study's user attr: a list of Screened.to_dict()
+LR_KNOBS = ("emb_lr", "dense_lr")
+VERDICTS = {True: "passes", False: "ruled out", None: "undecided"}
+
+
+@dataclass
+class Screened:
+    """One numerics change alone (the baseline with one knob changed) and its quality runs so far."""
+
+    name: str  # what trains differently (SearchSpace.numerics_changes): emb_optimizer, global_batch, replicas
+    value: Any
+    params: dict[str, Any]  # the baseline's params with this change
+    eval_ne: list[float | None]
+    eval_auc: list[float | None]
+    ok: bool | None = None  # None: undecided
+    reason: str = ""
+
+    @property
+    def change(self) -> tuple[str, Any]:
+        return (self.name, self.value)
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[self.ok]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}={self.value}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "params": self.params, "eval_ne": self.eval_ne,
+                "eval_auc": self.eval_auc, "ok": self.ok, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Screened:
+        return cls(d["name"], d["value"], dict(d["params"]), list(d["eval_ne"]), list(d["eval_auc"]),
+                   d.get("ok"), d.get("reason", ""))
+
+
+def single_changes(space: SearchSpace) -> list[Screened]:
+    """Every numerics change a knob of the space makes alone on the baseline (one per change: the
+    sharding types that are not column-wise are one change), in knob order; none where the space has
+    no quality runs or turns the screen off."""
+    qr = space.quality_runs
+    if qr is None or not qr.screen:
+        return []
+    lr_knobs = set(LR_KNOBS) & set(space.knobs)
+    base = space.baseline_params()
+    out: dict[tuple[str, Any], Screened] = {}
+    for k, kn in space.knobs.items():
+        for v in kn.choices:
+            p = {**base, k: v}
+            if space.tup(p) == space.tup(base) or not space.valid(p):
+                continue
+            changes = space.numerics_changes(p)
+            if len(changes) != 1:  # layout only, or a knob that only means something with another one
+                continue
+            (name, value), = changes
+            if name == "global_batch" and lr_knobs:  # its verdict depends on the learning-rate knobs
+                continue
+            out.setdefault((name, value), Screened(name, value, space.params_of(space.tup(p)), [], []))
+    return list(out.values())
+
+
+def decide(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> tuple[bool | None, str]:
+    """A change's verdict from its quality runs paired by seed with the baseline's (None: run the next
+    seed). One seed decides where it is clear: within the tolerance the change passes for now (every
+    configuration that uses it is still judged by its own runs), far past it (EARLY_REJECT x) it fails;
+    in between, all seeds and the paired judgement of the gate (`cubic.quality.rules.judge`)."""
+    n = min(len(s.eval_ne), len(base_ne))
+    if n == 0:
+        return None, ""
+    if None in s.eval_ne[:n]:
+        return False, "its quality run failed"
+    d = paired_mean(s.eval_ne, base_ne)
+    if d is None:  # the baseline's run failed: the tune's gate says so
+        return None, ""
+    if n < qr.seeds:
+        if d <= qr.tolerance:
+            return True, f"eval NE {d:+.3%} vs baseline after {n} seed(s), within {qr.tolerance:.2%}"
+        if d > EARLY_REJECT * qr.tolerance:
+            return False, (f"eval NE {d:+.3%} vs baseline after {n} seed(s), over {EARLY_REJECT:g} x the "
+                           f"{qr.tolerance:.2%} tolerance")
+        return None, ""
+    j = judge(s.eval_ne[:qr.seeds], base_ne[:qr.seeds], qr.tolerance)  # type: ignore[arg-type]
+    return j["ok"], j["reason"]
+
+
+def load(attrs: dict[str, Any]) -> list[Screened]:
+    """The screen stored in a study's user attrs (empty if none ran)."""
+    return [Screened.from_dict(d) for d in attrs.get(ATTR) or []]
+
+
+def ruled_out(attrs: dict[str, Any]) -> frozenset[tuple[str, Any]]:
+    """The changes the stored screen failed."""
+    return frozenset(s.change for s in load(attrs) if s.ok is False)
+
+
+def failing_changes(space: SearchSpace, params: dict[str, Any], out: frozenset[tuple[str, Any]]) -> list[str]:
+    """The changes of params that the screen ruled out, as labels ("emb_optimizer=sgd")."""
+    if not out:
+        return []
+    return sorted(f"{n}={v}" for n, v in space.numerics_changes(params) & out)
+
+
+def excluded_tuples(space: SearchSpace, out: frozenset[tuple[str, Any]]) -> frozenset[tuple]:
+    """Every enumerable configuration of the space that contains a ruled-out change (cached per space
+    and verdicts: samplers ask on every proposal); empty for spaces too large to enumerate."""
+    if not out or space.all_tuples is None:
+        return frozenset()
+    if out not in space._excluded:
+        space._excluded[out] = frozenset(t for t in space.all_tuples
+                                         if space.numerics_changes(space.params_of(t)) & out)
+    return space._excluded[out]

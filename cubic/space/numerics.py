@@ -1,0 +1,84 @@
+"""The numerics rule, once: which knobs change what a run learns, and through what.
+
+Two configurations that agree on every *aspect* below train the same model on the same samples, so one
+quality run answers for both; a configuration whose aspect differs from the baseline's must pass the
+quality gate. Each knob maps to the aspect it changes:
+
+- most knobs are their own aspect (a precision, an optimizer, a learning rate, the 2D sync rule);
+- `batch_size` and `world_size` act only through the global batch they make (2 x 64 trains as 1 x 128);
+- `sharding_group_size` acts through the number of replicas it makes (world / group) in 2D;
+- `sharding` acts only through column-wise shards keeping their own row-wise AdaGrad state (as in
+  FBGEMM and TorchRec); every other sharding type, and any sharding under SGD, trains the same model.
+
+`NUMERICS`' keys are also a space's default `quality_knobs`; a space may name others, each its own aspect.
+Knobs outside the table (kernels, pipelining, threads, placement) move where and when the same math runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+from cubic_harness.config import TrialConfig
+
+
+@dataclass(frozen=True)
+class Aspect:
+    """What trains differently when a knob changes: its name (the quality screen's label) and its value."""
+
+    name: str
+    of: Callable[[TrialConfig], Any]
+
+
+def _own(knob: str) -> Aspect:
+    return Aspect(knob, attrgetter(knob))
+
+
+GLOBAL_BATCH = Aspect("global_batch", attrgetter("global_batch"))
+NUMERICS: dict[str, Aspect] = {
+    **{k: _own(k) for k in ("emb_precision", "dense_precision", "comm_precision", "allreduce_comm_precision")},
+    "batch_size": GLOBAL_BATCH,
+    "world_size": GLOBAL_BATCH,
+    **{k: _own(k) for k in ("emb_optimizer", "emb_lr", "dense_lr")},
+    "sharding": Aspect("sharding", lambda c: "column_wise" if c.sharding == "column_wise"
+                       and c.emb_optimizer != "sgd" else "not column_wise"),
+    **{k: _own(k) for k in ("sparse_sync", "sparse_sync_interval")},
+    "sharding_group_size": Aspect("replicas", attrgetter("replicas")),
+}
+
+#: Knobs that change where and when the same math runs, not what is trained, unless their aspect says
+#: otherwise for a value (column-wise shards keep their own optimizer state): a quality run of a
+#: configuration resets them to the baseline's where the aspects stay equal (`SearchSpace.model_params`).
+MODEL_NEUTRAL = ("pipeline_depth", "threads_per_rank", "sharding")
+
+
+def aspect(knob: str) -> Aspect:
+    return NUMERICS.get(knob) or _own(knob)
+
+
+def key(cfg: TrialConfig, knobs: Iterable[str]) -> tuple:
+    """What decides the numerics of `cfg` under the quality knobs `knobs`: equal keys, the same model."""
+    return tuple(sorted({(a.name, a.of(cfg)) for a in map(aspect, knobs)}, key=lambda p: p[0]))
+
+
+def changed_knobs(cfg: TrialConfig, base: TrialConfig, knobs: Iterable[str]) -> list[str]:
+    """The quality knobs through which `cfg` trains differently from `base`, in `knobs`' order.
+
+    A knob is named when its aspect differs and the knob itself changed; where an aspect differs and none
+    of its knobs changed (the replicas, when the world size moves under a fixed group size), its knobs are
+    named, since that is where the change shows in the space."""
+    knobs = list(knobs)
+    moved = {a.name for a in map(aspect, knobs) if a.of(cfg) != a.of(base)}
+    own = {k for k in knobs if aspect(k).name in moved and getattr(cfg, k) != getattr(base, k)}
+    shown = {aspect(k).name for k in own}
+    return [k for k in knobs if k in own or (aspect(k).name in moved and aspect(k).name not in shown)]
+
+
+def changes(cfg: TrialConfig, base: TrialConfig, knobs: Iterable[str],
+            searched: Iterable[str]) -> frozenset[tuple[str, Any]]:
+    """`changed_knobs` that are `searched` (a space's knobs), as what trains differently, one (aspect, value)
+    each: ("global_batch", 4096), ("replicas", 2), ("sharding", "column_wise"), ("emb_optimizer", "sgd")."""
+    searched = set(searched)
+    return frozenset((aspect(k).name, aspect(k).of(cfg)) for k in changed_knobs(cfg, base, knobs) if k in searched)

@@ -1,0 +1,52 @@
+"""A space's `quality:` section as the tuner uses it: the budget, seeds and confidence of held-out quality runs.
+
+It lives with the space, below the quality rules that use it (`cubic/quality/rules.py`), because a space is
+loaded before any quality run exists and the loader builds it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from cubic_harness.config import TrialConfig
+
+
+@dataclass(frozen=True)
+class QualityRuns:
+    """A space's `quality:` section: how the confirm step judges a numerics-changing candidate.
+
+    The baseline and the candidate each train `samples` samples of one non-repeating stream, then are
+    evaluated on `eval_samples` held-out samples (eval NE and AUC), once per seed 0..seeds-1 (the seed
+    sets the data, the teacher and the initialisation; candidate and baseline are paired by seed).
+    The baseline's seed-to-seed spread is the noise floor.
+
+    The confirm's verdict is sequential (`sequential`): after the first `seeds` pairs, one more paired seed
+    at a time until the `confidence` interval of the mean paired difference lies wholly on one side of the
+    tolerance, or `max_seeds` pairs are spent and the verdict is "not resolved". Why not a fixed count: a
+    standard error from two pairs is itself a guess (a winner passed at +0.083% +- 0.010% on seeds 0-1 and
+    came out at +0.108% +- 0.051% on seeds 2-5), and a fixed count large enough for every candidate would
+    be paid by the many that are clear after two."""
+
+    samples: int = 1 << 20
+    eval_samples: int = 1 << 16
+    seeds: int = 3
+    tolerance: float = 0.001
+    screen: bool = True  # judge each numerics change alone before the search (cubic/quality/screen.py)
+    confidence: float = 0.9  # two-sided, of the mean paired difference; the verdict needs it on one side
+    max_seeds: int = 6  # the sequential verdict's seed budget per candidate (and the baseline)
+
+    def config(self, cfg: TrialConfig, seed: int) -> TrialConfig:
+        """`cfg` as a quality run: the budget's steps on a stream that does not repeat within it, one
+        window (its speed is not the point), held-out evaluation, this seed, and time for all of it."""
+        wl = cfg.workload
+        if wl.sample_cycle < self.samples:
+            wl = dataclasses.replace(wl, sample_cycle=1 << max(self.samples - 1, 1).bit_length())
+        steps = max(2, self.samples // cfg.global_batch)
+        return cfg.replace(workload=wl, warmup_steps=1, measure_steps=steps - 1, windows=1,
+                           eval_samples=self.eval_samples, seed=seed,
+                           timeout_s=max(cfg.timeout_s, cfg.timeout_s * steps / max(1, cfg.warmup_steps
+                                                                                    + cfg.measure_steps)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
