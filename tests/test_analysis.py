@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,20 +30,29 @@ def cubic_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subp
 
 
 def tiny_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Run directory of one real `cubic tune` on search_spaces/tiny.yaml, shared by this session's modules
-    (the tune is the slow part, so it runs once and later modules reuse it)."""
-    run = tmp_path_factory.getbasetemp() / "tiny_tune"
-    done, failed = run / ".tune_done", run.with_name("tiny_tune.failed")
-    if failed.exists():  # one failed tune is enough: do not rerun it for every test
-        pytest.fail(failed.read_text(), pytrace=False)
-    if not done.exists():
-        r = cubic_cli("tune", "--space", "search_spaces/tiny.yaml", "--run-dir", str(run),
-                      "--trials", str(TUNE_TRIALS))
-        if r.returncode != 0:
-            failed.write_text(f"cubic tune failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    """A copy, for the calling module, of one real `cubic tune` on search_spaces/tiny.yaml.
+
+    The tune is the slow part, so a session runs it once: the first module to ask (on any xdist worker) tunes
+    into the session's shared temp root under a file lock while the others wait for it, and each module then
+    works on its own copy (the commands it runs write reports and exports into the run directory)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the root the workers share
+    run = shared / "tiny_tune"
+    done, failed = run / ".tune_done", shared / "tiny_tune.failed"
+    with open(shared / "tiny_tune.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if failed.exists():  # one failed tune is enough: do not rerun it for every module
             pytest.fail(failed.read_text(), pytrace=False)
-        done.write_text("ok")
-    return run
+        if not done.exists():
+            r = cubic_cli("tune", "--space", "search_spaces/tiny.yaml", "--run-dir", str(run),
+                          "--trials", str(TUNE_TRIALS))
+            if r.returncode != 0:
+                failed.write_text(f"cubic tune failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+                pytest.fail(failed.read_text(), pytrace=False)
+            done.write_text("ok")
+    own = tmp_path_factory.mktemp("tiny_tune")
+    shutil.copytree(run, own, dirs_exist_ok=True)
+    return own
 
 
 @pytest.fixture(scope="module")
