@@ -69,11 +69,11 @@ def changed_knobs(cfg: TrialConfig, base: TrialConfig, knobs: Iterable[str]) -> 
     A knob is named when its aspect differs and the knob itself changed; where an aspect differs and none
     of its knobs changed (the replicas, when the world size moves under a fixed group size), its knobs are
     named, since that is where the change shows in the space."""
-    knobs = list(knobs)
-    moved = {a.name for a in map(aspect, knobs) if a.of(cfg) != a.of(base)}
-    own = {k for k in knobs if aspect(k).name in moved and getattr(cfg, k) != getattr(base, k)}
-    shown = {aspect(k).name for k in own}
-    return [k for k in knobs if k in own or (aspect(k).name in moved and aspect(k).name not in shown)]
+    of = {k: aspect(k) for k in knobs}
+    moved = {a.name for a in of.values() if a.of(cfg) != a.of(base)}
+    own = {k for k, a in of.items() if a.name in moved and getattr(cfg, k) != getattr(base, k)}
+    shown = {of[k].name for k in own}
+    return [k for k, a in of.items() if k in own or (a.name in moved and a.name not in shown)]
 
 
 def changes(cfg: TrialConfig, base: TrialConfig, knobs: Iterable[str],
