@@ -46,6 +46,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "group_placement": ("intra_node", "cross_node"),
     "emb_optimizer": ("rowwise_adagrad", "momentum_scaled_rowwise_adagrad", "sgd"),
     "pipeline_depth": (0, 1, 2),
+    "comm_overlap": ("none", "forward", "forward_backward"),
     "device": ("cpu", "cuda"),
 }
 #: Bytes per element of every precision a knob can name (tables, dense, comm): the planner's memory and the
@@ -82,6 +83,9 @@ class TrialConfig:
     emb_lr: float = 0.01
     dense_lr: float = 0.01
     pipeline_depth: int = 0
+    # the pooled all-to-all beside the bottom MLP: forward, and the gradients' beside its backward and DDP's
+    # all-reduce (harness/sharding/comm.py InFlight); the same numbers as none, in another order
+    comm_overlap: str = "none"
     # --- execution
     device: str = "cpu"
     threads_per_rank: int = 1
@@ -206,7 +210,7 @@ class TrialConfig:
 
 #: Knobs added after studies were stored: at these values they stay out of `to_dict` (and `key()`), so a
 #: stored trial's config key is unchanged and a resumed study neither loses nor re-runs it.
-KEYLESS_DEFAULTS = {"allreduce_comm_precision": "fp32"}
+KEYLESS_DEFAULTS = {"allreduce_comm_precision": "fp32", "comm_overlap": "none"}
 #: Fields removed from TrialConfig, each at the value every stored production trial had: `key()` keeps them (the
 #: keys of stored trials stay as they were), `from_dict` drops them (stored configs, exports and old YAML load).
 RETIRED = {"inject_fault": "none"}

@@ -18,6 +18,8 @@ harness/train.py), never woven into it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -142,9 +144,11 @@ class DenseArch(nn.Module):
         feats = torch.cat([x.unsqueeze(1), pooled.view(-1, self.num_tables, self.dim).to(x.dtype)], dim=1)
         return self.inter(feats)
 
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """dense [B, F], pooled [B, T*D] (table-major columns) -> logits [B]."""
-        return self.top(self.interact(self.bottom(dense), pooled)).squeeze(-1)
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor | Callable[[], torch.Tensor]) -> torch.Tensor:
+        """dense [B, F], pooled [B, T*D] (table-major columns) -> logits [B]. `pooled` may be a call that
+        waits for the embeddings' all-to-all: made after the bottom MLP, which runs beside it (`comm_overlap`)."""
+        x = self.bottom(dense)
+        return self.top(self.interact(x, pooled() if callable(pooled) else pooled)).squeeze(-1)
 
 
 def build_dense_arch(wl: Workload, seed: int) -> DenseArch:

@@ -39,7 +39,7 @@ def test_predicted_peak_memory_is_near_the_measured_peak_rss(knobs: dict) -> Non
         res = run_trial(cfg)
     assert res.status == "ok", res.error
     assert p is not None and len(p.mem_mb) == 2
-    assert abs(p.peak_mb / res.peak_mem_mb - 1) < BOUND, (p.peak_mb, res.peak_mem_mb)
+    assert abs(p.peak_mb / res.peak_mem_mb - 1) < BOUND, (p.peak_mb, res.peak_mem_mb, res.env["rank_start"])
 
 
 def test_the_refusal_names_the_prediction_the_limit_and_what_it_is() -> None:

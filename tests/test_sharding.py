@@ -135,3 +135,16 @@ def test_plan_is_readable_and_serialises():
     console = Console(record=True, width=120)
     console.print(plan.rich_table())
     assert "row_wise" in console.export_text()
+
+
+@pytest.mark.parametrize("overlap", ["forward", "forward_backward"])
+@pytest.mark.parametrize("sharding,comm", [("row_wise", "fp16"), ("data_parallel", "fp32"), ("column_wise", "bf16")])
+def test_comm_overlap_computes_exactly_what_the_step_without_it_computes(overlap, sharding, comm):
+    """The pooled all-to-all beside the bottom MLP (and its gradients' beside the bottom's backward) reorders
+    the step, never its arithmetic: losses and every table bit for bit equal to comm_overlap=none (fp16's
+    gradient scale included; data-parallel tables' lookup moves beside the collective)."""
+    kw = {"world_size": 2, "sharding": sharding, "comm_precision": comm}
+    losses, tables = train(tiny_cfg(**kw, comm_overlap=overlap))
+    ref_losses, ref_tables = train(tiny_cfg(**kw))
+    assert losses == ref_losses
+    assert max_diff(tables, ref_tables) == 0.0

@@ -178,6 +178,9 @@ def test_cubic_calibrate_short_writes_a_cluster_file_that_loads(tmp_path: Path,
     c = load_cluster(out)
     assert c.device.type == "cpu" and c.device.mem_bw_gbs > 0 and c.intra_node.bandwidth_gbs > 0
     assert {"native", "torch"} <= set(c.device.embedding) and c.device.dense_gflops["fp32"] > 0
+    ov = yaml.safe_load(out.read_text())["source"]["overlap"]  # a collective beside compute, measured
+    assert ov["comm_ms"] > 0 and ov["compute_ms"] > 0 and ov["both_ms"] > 0
+    assert c.device.overlap_hidden == pytest.approx(ov["hidden"], abs=1e-3) and -1 <= ov["hidden"] <= 1
     assert simulate(TrialConfig(), c).status == "ok"
     assert (shipped.read_bytes() if shipped.exists() else None) == before  # the checkout's file untouched
     local_cluster.cache_clear()
@@ -301,6 +304,66 @@ def test_collective_formulas_match_hand_computed_cases() -> None:
     assert ar == pytest.approx(ms(2 * mb * 7 / 8, 370) + ms(2 * mb / 8 / 2, 46) + 2 * lat(16))
 
 
+def test_switches_that_reduce_send_an_all_reduces_buffer_once_not_twice() -> None:
+    """In-network reduction (SHARP, NVLink SHARP) as a property of a link: over 16 nodes each of a node's 8 NICs
+    carries 1/8 of the buffer once instead of a ring's 2 x 15/16 of it, in one latency instead of two; inside
+    a node, the buffer once instead of 2 x 7/8."""
+    import dataclasses
+
+    from cubic_harness.sim import collectives as coll
+
+    c = load_cluster(shipped_cluster("h100-4096.yaml"))
+    sharp = dataclasses.replace(c, network=dataclasses.replace(c.network, in_network_reduction=True))
+    nvls = dataclasses.replace(sharp, intra_node=dataclasses.replace(c.intra_node, in_network_reduction=True))
+    mb = 64 * 2**20
+
+    def ms(nbytes: float, gbs: float) -> float:
+        return nbytes / (gbs * 1e6)
+
+    def lat(n: int) -> float:
+        return 25 * math.log2(n) / 1e3
+
+    def ar(n: int, cl) -> float:
+        return coll.all_reduce(mb, coll.span(list(range(n)), cl), cl)
+
+    assert ar(128, sharp) == pytest.approx(ms(2 * mb * 7 / 8, 370) + ms(mb / 8, 46) + lat(128))
+    assert ar(128, c) == pytest.approx(ms(2 * mb * 7 / 8, 370) + ms(2 * mb / 8 * 15 / 16, 46) + 2 * lat(128))
+    assert ar(8, nvls) == pytest.approx(ms(mb, 370) + lat(8))
+    assert ar(128, nvls) == pytest.approx(ms(mb, 370) + ms(mb / 8, 46) + lat(128))
+    assert ar(8, sharp) == ar(8, c)  # one node: the NICs' switches take no part
+    bad = {**yaml.safe_load(shipped_cluster("h100-8.yaml").read_text())}
+    bad["network"] = {**bad["network"], "in_network_reduction": "sometimes"}
+    with pytest.raises(Exception, match="in_network_reduction"):
+        cluster_from_dict(bad, "x.yaml")
+
+
+def test_comm_overlap_hides_the_shorter_of_the_pooled_all_to_all_and_the_bottom_mlp() -> None:
+    """The model prices comm_overlap as the harness runs it: each direction of the pooled all-to-all beside the
+    bottom MLP's forward (and backward) hides min(collective, bottom) x the device's measured share; the step
+    shortens by exactly that, and the result reports it apart as a real trial does."""
+    import dataclasses
+
+    from cubic_harness.dense_cost import dense_cost
+    from cubic_harness.sim.perf import gemm_ms
+
+    c = load_cluster(shipped_cluster("h100-128.yaml"))
+    c = dataclasses.replace(c, device=dataclasses.replace(c.device, overlap_hidden=0.8))
+    cfg = TrialConfig(workload=Workload.preset("mlperf-dcnv2"), world_size=64, batch_size=2112, device="cuda",
+                      kernel="triton", sharding="column_wise", emb_precision="fp16", dense_precision="bf16",
+                      comm_precision="fp16", ranks_per_node=8)
+    res = {ov: simulate(cfg.replace(comm_overlap=ov), c) for ov in ("none", "forward", "forward_backward")}
+    pooled = res["none"].extra["sim"]["comm_ms"]["pooled_a2a"] / 2
+    wl = cfg.workload
+    dc = dense_cost(wl)
+    bf, bb = gemm_ms(dataclasses.replace(dc, gemms=dc.gemms[:len(wl.bottom_mlp)]), cfg.batch_size,
+                     c.device.dense_gflops["bf16"], c.device.gemm_half_mflop)
+    for ov, hidden in (("forward", min(pooled, bf)), ("forward_backward", min(pooled, bf) + min(pooled, bb))):
+        assert res[ov].extra["comm_hidden_ms"] == pytest.approx(0.8 * hidden)
+        assert res["none"].step_ms_p50 - res[ov].step_ms_p50 == pytest.approx(0.8 * hidden)
+    assert "comm_hidden_ms" not in res["none"].extra
+    assert res["forward_backward"].qps > res["forward"].qps > res["none"].qps
+
+
 def test_the_full_size_mlperf_model_is_for_the_simulator_only() -> None:
     from cubic_harness.errors import ConfigError
     from cubic_harness.trial import check_config
@@ -411,6 +474,30 @@ def test_simulator_predicts_published_mlperf_scaling_from_one_8_gpu_point() -> N
         for k, v in want.items():
             assert abs(got[rnd][k] - v) <= MLPERF_SLACK, (rnd, k, f"{got[rnd][k]:+.3f}", f"expected {v:+.3f}")
 
+
+
+# The same rounds priced as HugeCTR runs them (bench_mlperf.py's "rates, overlap + SHARP": the all-to-all beside the
+# bottom MLP, SHARP on the fabric): the scaling gap closes from -7..-13% at 128 GPUs to +0..+7%
+MLPERF_OVERLAP_SHARP = {"v3.1": {64: +0.054, 128: +0.066, "ratio": +0.011},
+                        "v4.0": {64: +0.041, 128: +0.032, "ratio": -0.009},
+                        "v4.1": {64: +0.019, 128: +0.004, "ratio": -0.014}}
+
+
+def test_overlap_and_in_network_reduction_close_the_mlperf_scaling_gap() -> None:
+    """With comm_overlap and SHARP as HugeCTR's submissions run them, 64 and 128 H100 are predicted within 5% on
+    v4.0 and v4.1 and within 7% on v3.1, the 64 -> 128 ratio within 2%, from the one 8-GPU fit per round; and
+    each figure stays within 3 points of what the closing note reports."""
+    b = _bench("bench_mlperf")
+    base = load_cluster(shipped_cluster("h100-128.yaml"))
+    meas = b.measured()
+    for rnd, want in MLPERF_OVERLAP_SHARP.items():
+        res = b.validate(base, meas[rnd], "rates, overlap + SHARP")
+        r = res[res["pick"]]
+        got = {64: r["err"][64], 128: r["err"][128], "ratio": b.ratio_err(r)}
+        assert abs(got["ratio"]) <= 0.02 and max(abs(got[64]), abs(got[128])) <= (0.07 if rnd == "v3.1" else 0.05), \
+            (rnd, got)
+        for k, v in want.items():
+            assert abs(got[k] - v) <= MLPERF_SLACK, (rnd, k, f"{got[k]:+.3f}", f"expected {v:+.3f}")
 
 def test_a_16_bit_gradient_all_reduce_moves_half_the_bytes() -> None:
     """allreduce_comm_precision prices DDP's dense all-reduce at its wire width: across 8 nodes the all-reduce

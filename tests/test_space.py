@@ -184,3 +184,17 @@ def test_the_numerics_rule_is_one_table_of_aspects() -> None:
     assert numerics.changes(wider, two_d, knobs, ["world_size"]) == frozenset()  # not a searched knob's change
     # a knob a space names beyond the table is its own aspect
     assert numerics.changed_knobs(base.replace(kernel="torch"), base, ("kernel",)) == ["kernel"]
+
+
+def test_comm_overlap_is_a_knob_that_changes_no_numerics(tmp_path: Path) -> None:
+    """comm_overlap's whole path from YAML: a space searches it, a configuration carries it, the quality gate
+    needs no run for it (the same math in another order), and a value it does not have is one line."""
+    text = ("name: ov\nworkload: {preset: tiny}\nbaseline: {world_size: 2, sharding: table_wise, batch_size: 64}\n"
+            "knobs:\n  comm_overlap: [none, forward, forward_backward]\n")
+    (tmp_path / "s.yaml").write_text(text)
+    space = load_space(tmp_path / "s.yaml")
+    assert space.config({"comm_overlap": "forward_backward"}).comm_overlap == "forward_backward"
+    assert space.numerics_changes({"comm_overlap": "forward_backward"}) == frozenset()
+    (tmp_path / "b.yaml").write_text(text.replace("forward_backward]", "sometimes]"))
+    with pytest.raises(ConfigError, match=r"comm_overlap.*'sometimes' is not allowed"):
+        load_space(tmp_path / "b.yaml")

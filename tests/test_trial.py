@@ -28,9 +28,10 @@ def cubic(*args: str, timeout: int = 180, env: dict[str, str] | None = None) -> 
 
 
 def _children() -> list[psutil.Process]:
-    """Rank processes still alive (multiprocessing's shared resource tracker is not one)."""
+    """Rank processes still alive (multiprocessing's resource tracker and the ranks' fork server, which lives
+    as long as this process, are not; the ranks it forked are its children, so they are found)."""
     return [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and "resource_tracker" not in " ".join(p.cmdline())]
+            if p.is_running() and not any(s in " ".join(p.cmdline()) for s in ("resource_tracker", "forkserver"))]
 
 
 def test_ok_trial_fills_the_result_schema():
@@ -300,3 +301,14 @@ def test_no_dense_features_gives_a_finite_ne() -> None:
     r = run_trial(tiny_cfg(world_size=1, workload=Workload.from_dict({**wl.to_dict(), "dense_features": 0})))
     assert r.status == "ok", r.error
     assert 0.5 < r.ne < 1.5, r.ne
+
+
+def test_comm_overlap_reports_exposed_and_hidden_communication_apart():
+    """With the pooled all-to-all beside the bottom MLP, the breakdown's `comm` is only the waits for it, and the
+    time it ran beside compute is reported on its own (`comm_hidden_ms`), which a step without overlap lacks."""
+    r = run_trial(tiny_cfg(world_size=2, comm_overlap="forward_backward", measure_steps=8))
+    assert r.status == "ok", r.error
+    assert r.extra["comm_hidden_ms"] > 0 and r.breakdown_ms["comm"] >= 0
+    assert r.config["comm_overlap"] == "forward_backward"
+    plain = run_trial(tiny_cfg(world_size=2, measure_steps=8))
+    assert "comm_hidden_ms" not in plain.extra and "comm_overlap" not in plain.config  # the key stored before

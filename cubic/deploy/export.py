@@ -224,6 +224,12 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         why = " that runs on CPU (PrefetchTrainPipelineSparseDist needs CUDA)" if cfg.device != "cuda" else ""
         notes.append("pipeline_depth=2 keeps two batches' input distribution in flight; TorchRec has no "
                      f"exact equivalent: {pipeline} is the nearest{why}")
+    if cfg.comm_overlap != "none":
+        notes.append(f"comm_overlap={cfg.comm_overlap}: cubic ran the pooled all-to-all beside the bottom MLP"
+                     + (" and its gradients' beside the bottom's backward" if cfg.comm_overlap == "forward_backward"
+                        else "") + "; TorchRec's sharded modules return that all-to-all as a LazyAwaitable, waited "
+                     "on where the embeddings are first used, so the forward overlap needs the model to compute "
+                     "its dense part before it reads them; TorchRec has no setting for the backward's")
     if cfg.kernel != "fbgemm":
         notes.append(f"cubic measured kernel={cfg.kernel}; TorchRec's model-parallel tables use FBGEMM TBE "
                      "(fused)")

@@ -11,7 +11,8 @@ quality gate. Each knob maps to the aspect it changes:
   FBGEMM and TorchRec); every other sharding type, and any sharding under SGD, trains the same model.
 
 `NUMERICS`' keys are also a space's default `quality_knobs`; a space may name others, each its own aspect.
-Knobs outside the table (kernels, pipelining, threads, placement) move where and when the same math runs.
+Knobs outside the table (kernels, pipelining, communication overlap, threads, placement) move where and when
+the same math runs.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ NUMERICS: dict[str, Aspect] = {
 #: Knobs that change where and when the same math runs, not what is trained, unless their aspect says
 #: otherwise for a value (column-wise shards keep their own optimizer state): a quality run of a
 #: configuration resets them to the baseline's where the aspects stay equal (`SearchSpace.model_params`).
-MODEL_NEUTRAL = ("pipeline_depth", "threads_per_rank", "sharding")
+MODEL_NEUTRAL = ("pipeline_depth", "comm_overlap", "threads_per_rank", "sharding")
 
 
 def aspect(knob: str) -> Aspect:

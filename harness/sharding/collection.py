@@ -47,6 +47,7 @@ worth choosing for more than tiny tables.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +55,16 @@ import torch.distributed as dist
 
 from cubic_harness.config import TrialConfig
 from cubic_harness.model import init_table
-from cubic_harness.sharding.comm import Groups, PooledAllToAll, all_gather_varlen, all_to_all, grad_scale
+from cubic_harness.sharding.comm import (
+    Groups,
+    InFlight,
+    PooledAllToAll,
+    PooledStart,
+    PooledWait,
+    all_gather_varlen,
+    all_to_all,
+    grad_scale,
+)
 from cubic_harness.sharding.plan import ShardingPlan
 from cubic_harness.sharding.replica_sync import ReplicaSync
 from cubic_harness.timers import TIMERS
@@ -178,18 +188,38 @@ class ShardedEmbeddingCollection:
     # ------------------------------------------------------------------ forward
     def forward(self, kin: KernelInput) -> torch.Tensor:
         """Pooled embeddings [B, T*D] (differentiable; backward updates the tables)."""
+        return self.forward_overlapped(kin, "none")()
+
+    def forward_overlapped(self, kin: KernelInput, overlap: str) -> Callable[[], torch.Tensor]:
+        """Look up and launch the pooled all-to-all; the returned call waits for it and assembles [B, T*D].
+        What runs between the two (the bottom MLP: `comm_overlap`) runs beside the collective; with
+        `forward_backward` its backward runs beside the gradients' all-to-all too (comm.InFlight)."""
         B, G = kin.batch_size, self.G
-        blocks = []
-        if self.has_mp:
-            local = _Lookup.apply(self._dummy, self, kin)
-            recv_splits = [B * d for d in self.recv_dims]
-            recv = PooledAllToAll.apply(local, [B * self.local_dim] * G, recv_splits, self.g.mp, G,
-                                        self.comm_dtype, grad_scale(B))
-            blocks = [r.view(B, d) for r, d in zip(recv.split(recv_splits), self.recv_dims, strict=True)]
-        if kin.dp is not None:
-            blocks.append(_Lookup.apply(self._dummy, self, kin.dp, True))
-        cat = torch.cat(blocks, dim=1)
-        return torch.zeros(B, self.T * self.D, device=cat.device, dtype=cat.dtype).index_add(1, self.col_index, cat)
+        local = _Lookup.apply(self._dummy, self, kin) if self.has_mp else None
+        recv_splits = [B * d for d in self.recv_dims]
+        send_splits = [B * self.local_dim] * G
+        fl = None
+        if local is not None and overlap != "none":
+            dtype = self.comm_dtype if G > 1 else local.dtype
+            fl = InFlight(send_splits, recv_splits, self.g.mp, G, dtype,
+                          grad_scale(B) if dtype == torch.float16 else 1.0, backward=overlap == "forward_backward")
+            launched = PooledStart.apply(local, fl)
+        # the data-parallel tables' lookup: beside the collective when it is in flight, else after it (as always)
+        dp = _Lookup.apply(self._dummy, self, kin.dp, True) if kin.dp is not None and fl is not None else None
+
+        def assemble() -> torch.Tensor:
+            blocks = []
+            if local is not None:
+                recv = (PooledWait.apply(launched, fl) if fl is not None else
+                        PooledAllToAll.apply(local, send_splits, recv_splits, self.g.mp, G, self.comm_dtype,
+                                             grad_scale(B)))
+                blocks = [r.view(B, d) for r, d in zip(recv.split(recv_splits), self.recv_dims, strict=True)]
+            if kin.dp is not None:
+                blocks.append(dp if dp is not None else _Lookup.apply(self._dummy, self, kin.dp, True))
+            cat = torch.cat(blocks, dim=1)
+            return torch.zeros(B, self.T * self.D, device=cat.device, dtype=cat.dtype).index_add(1, self.col_index,
+                                                                                                   cat)
+        return assemble
 
     # ------------------------------------------------------------------ backward / update
     def _update(self, kin: KernelInput, grad: torch.Tensor, data_parallel: bool = False) -> None:

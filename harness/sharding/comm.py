@@ -9,7 +9,9 @@ background thread) never interleave on one group.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -96,6 +98,83 @@ class PooledAllToAll(torch.autograd.Function):
         all_to_all(out, src, send, recv, group, n)
         back = out.to(xdtype)
         return (back / scale if scale != 1.0 else back).view(xshape), None, None, None, None, None, None
+
+
+class InFlight:
+    """One pooled all-to-all run beside compute (`comm_overlap`), forward and backward, in four steps:
+
+    1. `PooledStart` (forward) casts the pooled rows and launches the all-to-all; the caller computes what does
+       not need its result (the bottom MLP).
+    2. `PooledWait` (forward) waits for it: only this wait is exposed communication.
+    3. `PooledWait` (backward) receives the pooled rows' gradient, the first the backward makes, and launches
+       the reverse all-to-all; with `backward=True` it returns at once, so autograd runs the branch that does not
+       need it (the bottom MLP's backward, whose DDP buckets launch their all-reduce) meanwhile.
+    4. `PooledStart` (backward) waits for it and hands the kernel its gradients.
+
+    The values sent are those PooledAllToAll sends (same casts, same gradient scale): the losses are equal.
+    Timed apart: `comm` is the waits (exposed), `comm_hidden` the time the collective ran before its wait began.
+    """
+
+    def __init__(self, send: list[int], recv: list[int], group, n: int, dtype: torch.dtype, scale: float,
+                 backward: bool) -> None:
+        self.send, self.recv, self.group, self.n, self.backward = send, recv, group, n, backward
+        self.dtype, self.scale = dtype, scale
+        self.work: dict[str, Any] = {}
+        self.kept: dict[str, torch.Tensor] = {}  # what a running collective reads or writes: alive until its wait
+        self.xdtype, self.xshape = torch.float32, torch.Size()
+
+    def launch(self, name: str, out: torch.Tensor, src: torch.Tensor, out_splits: list[int],
+               in_splits: list[int]) -> None:
+        self.kept[name], self.kept[name + "_src"] = out, src
+        if self.n == 1:
+            out.copy_(src)
+            return
+        done: list[float] = []
+        work = dist.all_to_all_single(out, src, out_splits, in_splits, group=self.group, async_op=True)
+        work.get_future().add_done_callback(lambda _: done.append(time.perf_counter()))
+        self.work[name] = (work, time.perf_counter(), done)
+
+    def wait(self, name: str) -> torch.Tensor:
+        if name in self.work:
+            work, launched, done = self.work.pop(name)
+            began = time.perf_counter()
+            TIMERS.add("comm_hidden", (done[0] if done else began) - launched)
+            with TIMERS.phase("comm"):
+                work.wait()
+        self.kept.pop(name + "_src", None)
+        return self.kept.pop(name)
+
+
+class PooledStart(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fl: InFlight):
+        ctx.fl = fl
+        fl.xdtype, fl.xshape = x.dtype, x.shape
+        fl.launch("fwd", torch.empty(sum(fl.recv), dtype=fl.dtype, device=x.device), x.reshape(-1).to(fl.dtype),
+                  fl.recv, fl.send)
+        return fl.kept["fwd"]
+
+    @staticmethod
+    def backward(ctx, _launched: torch.Tensor):
+        fl = ctx.fl
+        back = fl.wait("bwd").to(fl.xdtype)
+        return (back / fl.scale if fl.scale != 1.0 else back).view(fl.xshape), None
+
+
+class PooledWait(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, fl: InFlight):
+        ctx.fl = fl
+        return fl.wait("fwd").to(fl.xdtype, copy=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        fl = ctx.fl
+        src = (grad * fl.scale if fl.scale != 1.0 else grad).contiguous().to(fl.dtype).reshape(-1)
+        fl.launch("bwd", torch.empty(sum(fl.send), dtype=fl.dtype, device=grad.device), src, fl.send, fl.recv)
+        if not fl.backward:
+            fl.kept["bwd"] = fl.wait("bwd")  # waited here: nothing runs beside it
+        return src, None  # (PooledStart's backward reads the reverse all-to-all's result, not this)
 
 
 def grad_scale(batch_size: int) -> float:

@@ -51,6 +51,8 @@ def simulate(cfg: TrialConfig, c: Cluster) -> TrialResult:
     limit = min(est.mem_limit_mb, cfg.mem_cap_mb or math.inf)
     extra["sim"] = {"comm_ms": est.comm_ms, "mem_mb": est.mem_mb, "mem_limit_mb": limit,
                     "emb_fwd_ms": est.per_rank["emb_fwd"], "emb_bwd_ms": est.per_rank["emb_bwd"]}
+    if cfg.comm_overlap != "none":  # as a real trial reports it
+        extra["comm_hidden_ms"] = est.comm_hidden_ms
     if est.offload:  # Neo's hierarchy: shards in host memory behind a device-side cache, per group position
         extra["sim"]["offload"] = {str(p): v for p, v in est.offload.items()}
     if peak > limit:

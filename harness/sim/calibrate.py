@@ -185,6 +185,7 @@ def _pair_rank(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
                 loaded.append((time.perf_counter() - t0) * 1e3)
             out[name].append([s, statistics.median(synced[3:]), statistics.mean(loaded[3:])])
     out["jitter"] = _jitter(a, reps)
+    out["overlap"] = _overlap(a, reps)
     if rank == 0:
         q.put(out)
     dist.barrier()
@@ -211,6 +212,34 @@ def _jitter(a: torch.Tensor, reps: int) -> dict[str, float]:
         res[n] = (burst, statistics.mean(waits[3:]))
     (b2, w2), (b16, w16) = res[2], res[16]
     return {"burst_ms": [b2, b16], "wait_ms": [w2, w16], "per_compute_ms": max(0.0, (w16 - w2) / (b16 - b2))}
+
+
+def _overlap(a: torch.Tensor, reps: int, nbytes: int = 8 << 20) -> dict[str, float]:
+    """How much of a collective beside compute is hidden (`comm_overlap`): an all-to-all of `nbytes` alone
+    (t_c), a burst of GEMMs alone (t_p, sized near t_c), and the all-to-all launched asynchronously with the
+    burst run before its wait (t_o). Hidden: t_c + t_p - t_o of the shorter, min(t_c, t_p): 1 when they
+    overlap perfectly, 0 when they serialise, below 0 when together they take longer than one after the other
+    (on CPU the collective's copies and waits take cores from the compute)."""
+    import torch.distributed as dist
+
+    x, y = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    cpu, reps = torch.device("cpu"), 5 * reps  # (a single pass varied 0-0.35 here)
+    dist.barrier()
+    comm = _median_ms(lambda: (dist.barrier(), dist.all_to_all_single(y, x)), cpu, reps) - \
+        _median_ms(dist.barrier, cpu, reps)
+    one = _median_ms(lambda: _burst(a, 1), cpu, reps)
+    n = max(1, round(comm / max(one, 1e-3)))
+    compute = _median_ms(lambda: _burst(a, n), cpu, reps)
+
+    def overlapped() -> None:
+        dist.barrier()
+        w = dist.all_to_all_single(y, x, async_op=True)
+        _burst(a, n)
+        w.wait()
+
+    both = _median_ms(overlapped, cpu, reps) - _median_ms(dist.barrier, cpu, reps)
+    hidden = (comm + compute - both) / max(min(comm, compute), 1e-6)
+    return {"comm_ms": comm, "compute_ms": compute, "both_ms": both, "hidden": min(1.0, max(-1.0, hidden))}
 
 
 def _collection_glue(rank: int, reps: int) -> dict[str, float]:
@@ -298,7 +327,7 @@ def pair(sizes: list[int], reps: int) -> dict:
             if p.is_alive():
                 p.kill()
     fits: dict = {"shared": {k: round(min(1.0, v), 3) for k, v in out["shared"].items()}, "merge": out["merge"],
-                  "glue": out["glue"], "jitter": out["jitter"]}
+                  "glue": out["glue"], "jitter": out["jitter"], "overlap": out["overlap"]}
     for name in ("all_to_all", "all_reduce"):
         pts = out[name]
         factor = 0.5 if name == "all_to_all" else 1.0  # (n-1)/n and 2(n-1)/n of the buffer at n = 2
@@ -468,6 +497,7 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
         src["replica_merge"] = {"measured": fits["merge"], "merge_gbs": merge}
         src["collection_glue"] = {k: round(v, 3) for k, v in fits["glue"].items()}
         src["jitter"] = fits["jitter"]
+        src["overlap"] = fits["overlap"]
         link = {"bandwidth_gbs": round(a2a["bandwidth_gbs"], 4), "latency_us": round(a2a["latency_us"], 1)}
 
     progress("framework step")
@@ -497,6 +527,7 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
             **({"replica_merge_gbs": src["replica_merge"]["merge_gbs"]} if "replica_merge" in src else {}),
             **({"glue_ns_per_id": src["collection_glue"]["ns_per_id"]} if "collection_glue" in src else {}),
             **({"jitter": round(src["jitter"]["per_compute_ms"], 4)} if "jitter" in src else {}),
+            **({"overlap_hidden": round(src["overlap"]["hidden"], 3)} if "overlap" in src else {}),
             "step_overhead_ms": round(fw["step_ms"], 3),
             "process_mb": round(fw["peak_mem_mb"], 1),
         },

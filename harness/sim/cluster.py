@@ -12,6 +12,8 @@ TrialConfig): Calculon's system / model / execution split. One file describes
 - `intra_node`: the link between devices of a node (bandwidth per direction, latency per collective);
 - `network`: each device's own NIC (an all-to-all cannot aggregate NICs), bandwidth and latency;
   optionally `pod_nodes` (nodes per pod, non-blocking inside) and `oversubscription` (above the pod);
+- on either link, `in_network_reduction`: its switches reduce (NVLink SHARP in a node, SHARP on InfiniBand):
+  an all-reduce sends each buffer once and receives the sum once instead of a ring's twice;
 - `host_memory_gb` per node.
 
 Every key is checked at load against the typed model `ClusterFile` (`cubic schema cluster` exports it
@@ -87,6 +89,9 @@ class Device:
     jitter: float = 0.0  # the wait at a collective per ms of compute before it (ranks drift apart)
     replica_merge_gbs: dict[str, float] = field(default_factory=dict)  # 2D weight_avg merge, beyond its wire:
     #   GB/s of the replicas' payload (rows x (width + state)), per transport (sparse, dense)
+    overlap_hidden: float = 0.0  # of a collective run beside compute (comm_overlap), the share of the shorter
+    #   of the two that is hidden: 1 = perfectly, 0 = they serialise, < 0 = together they take longer (CPU:
+    #   measured by `cubic calibrate`)
 
     def kernel(self, backend: str, precision: str) -> KernelEff | None:
         per = self.embedding.get(backend) or {}
@@ -99,6 +104,7 @@ class Link:
     latency_us: float  # per collective call between two ranks
     pod_nodes: int = 0  # network only: nodes per pod (a non-blocking fabric inside); 0 = one pod
     oversubscription: float = 1.0  # network only: traffic that leaves a pod shares links this much
+    in_network_reduction: bool = False  # the switches reduce: an all-reduce's bytes are not doubled
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,8 @@ DensePrecision = Literal[DENSE_PRECISIONS]  # type: ignore[valid-type]
 class LinkSpec(Strict):
     bandwidth_gbs: Pos = Field(description="per direction, per device, GB/s")
     latency_us: NonNeg = Field(description="per collective call between two ranks")
+    in_network_reduction: bool = Field(False, description="its switches reduce (NVLink SHARP, SHARP): an "
+                                       "all-reduce sends and receives each buffer once")
 
 
 class NetworkSpec(LinkSpec):
@@ -181,6 +189,8 @@ class DeviceSpec(Strict):
     glue_ns_per_id: NonNeg = 0.0
     jitter: NonNeg = 0.0
     host_link_gbs: NonNeg = 0.0
+    overlap_hidden: Annotated[float, Field(ge=-1, le=1)] = Field(
+        0.0, description="of a collective beside compute, the share of the shorter hidden (1 = all, < 0: costs)")
 
     @model_validator(mode="after")
     def _cpu_cores(self) -> DeviceSpec:
@@ -212,11 +222,13 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
         dict(dv.thread_exp), dv.step_overhead_ms, dv.cores or 0, process_mb=dv.process_mb,
         elementwise_gbs={k: dict(v) for k, v in dv.elementwise_gbs.items()}, shared_speed=dict(dv.shared_speed),
         glue_ns_per_id=dv.glue_ns_per_id, host_link_gbs=dv.host_link_gbs, jitter=dv.jitter,
-        replica_merge_gbs=dict(dv.replica_merge_gbs))
+        replica_merge_gbs=dict(dv.replica_merge_gbs), overlap_hidden=dv.overlap_hidden)
     net = f.network
-    intra = Link(f.intra_node.bandwidth_gbs, f.intra_node.latency_us)
+    intra = Link(f.intra_node.bandwidth_gbs, f.intra_node.latency_us,
+                 in_network_reduction=f.intra_node.in_network_reduction)
     return Cluster(f.name, f.nodes, f.devices_per_node, device, intra,
-                   Link(net.bandwidth_gbs, net.latency_us, net.pod_nodes or 0, net.oversubscription),
+                   Link(net.bandwidth_gbs, net.latency_us, net.pod_nodes or 0, net.oversubscription,
+                        net.in_network_reduction),
                    f.host_memory_gb, f.about, dict(f.source))
 
 

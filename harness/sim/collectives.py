@@ -5,7 +5,9 @@ nodes -> each device's own NIC for the inter-node part (an all-to-all cannot agg
 intra-node part runs on the node link at the same time); bytes that leave a pod cross links
 oversubscribed `network.oversubscription` times. Bus-bandwidth factors are nccl-tests':
 all-to-all / all-gather (n-1)/n of a rank's buffer, all-reduce 2(n-1)/n (ring), hierarchical across
-nodes (reduce-scatter in the node, all-reduce of 1/m over the NICs, all-gather in the node). Latency
+nodes (reduce-scatter in the node, all-reduce of 1/m over the NICs, all-gather in the node); where a link's
+switches reduce (`in_network_reduction`: NVLink SHARP, InfiniBand SHARP), each rank sends its buffer once
+and receives the sum once on that link, (n-1)/n -> 1/2 of a ring's 2(n-1)/n, in one tree latency. Latency
 grows with log2 of the ranks (tree-like schedules; published all-to-all latencies grow ~2.5x from 8 to
 256 ranks). Times in ms.
 """
@@ -85,9 +87,15 @@ def all_reduce(nbytes: float, s: Span, c: Cluster, concurrent: int = 1) -> float
     concurrent x m NICs' worth of uplink, and slow down only past the pod's share."""
     if s.n <= 1:
         return 0.0
+    node, net = c.intra_node, c.network
     if s.k <= 1:
-        return _ms(2 * nbytes * (s.n - 1) / s.n, c.intra_node.bandwidth_gbs) + 2 * _lat(c.intra_node.latency_us, s.n)
-    t = _ms(2 * nbytes * (s.m - 1) / s.m, c.intra_node.bandwidth_gbs) if s.m > 1 else 0.0
-    wire = 2 * nbytes / s.m * (s.k - 1) / s.k
-    t += _ms(wire, c.network.bandwidth_gbs) * (_uplink_share(concurrent * s.m, c) if s.p > 1 else 1.0)
-    return t + 2 * _lat(c.network.latency_us, s.n)
+        if node.in_network_reduction:
+            return _ms(nbytes, node.bandwidth_gbs) + _lat(node.latency_us, s.n)
+        return _ms(2 * nbytes * (s.n - 1) / s.n, node.bandwidth_gbs) + 2 * _lat(node.latency_us, s.n)
+    t = 0.0
+    if s.m > 1:
+        t = _ms(nbytes if node.in_network_reduction else 2 * nbytes * (s.m - 1) / s.m, node.bandwidth_gbs)
+    # the NICs' part, 1/m of the buffer each: the switches' sum sent and received once, or a ring's twice
+    wire = nbytes / s.m if net.in_network_reduction else 2 * nbytes / s.m * (s.k - 1) / s.k
+    t += _ms(wire, net.bandwidth_gbs) * (_uplink_share(concurrent * s.m, c) if s.p > 1 else 1.0)
+    return t + (1 if net.in_network_reduction else 2) * _lat(net.latency_us, s.n)

@@ -12,7 +12,9 @@ same plan, so position p's ranks all carry the same load):
 - emb_bwd[p]: the fused backward+optimizer's bytes (rows and row state read and written, gradient
   rows read): with 2D `grad_allreduce` the union of the R replicas' bags;
 - comm: the input distribution (lengths and ids all-to-all in the group; hidden by pipelining as
-  far as the hardware allows), the pooled all-to-all forward and backward in the comm precision,
+  far as the hardware allows), the pooled all-to-all forward and backward in the comm precision
+  (with `comm_overlap`, less what runs beside the bottom MLP's forward and backward: the shorter of the
+  two, times the share the device hides, `overlap_hidden`),
   the data-parallel tables' sparse sync (all-gather of ids and pooled gradients over the world),
   DDP's dense all-reduce in `allreduce_comm_precision` (only what the backward does not hide), 2D's replica traffic
   (`grad_allreduce`: all-gather of the replicas' ids and gradients every step; `weight_avg`: the
@@ -28,6 +30,7 @@ and a backend's speed-up with threads is the measured exponent.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -186,6 +189,7 @@ class Estimate:
     features: dict[str, float]
     per_rank: dict[str, list[float]] = field(default_factory=dict)  # emb_fwd / emb_bwd per position
     offload: dict[int, list[dict]] = field(default_factory=dict)  # position -> shards in host memory
+    comm_hidden_ms: float = 0.0  # comm_overlap: communication beside compute, not in the step
 
 
 def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
@@ -285,6 +289,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
 
     # communication
     comm: dict[str, float] = {}
+    hidden_ms = 0.0  # comm_overlap: the pooled all-to-all's time beside compute (not in the step)
     if G > 1 and recv_cols:
         # an all-to-all takes as long as its busiest rank: every rank sends its own bags' ids (and receives
         # its pooled rows), but the rank holding the hot shards receives (and sends back) the most
@@ -293,7 +298,13 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         if cfg.pipeline_depth > 0:
             inp = _overlapped(inp, coll.all_to_all(0.0, g_span, c), cfg, c, s)
         comm["input_a2a"] = inp
-        comm["pooled_a2a"] = 2 * coll.all_to_all(max(B * recv_cols, G * B * max(held_cols)) * cb, g_span, c)
+        pooled = coll.all_to_all(max(B * recv_cols, G * B * max(held_cols)) * cb, g_span, c)  # one direction
+        if cfg.comm_overlap != "none":  # beside the bottom MLP's forward (and backward): what of it is hidden
+            bf, bb = gemm_ms(dataclasses.replace(dc, gemms=dc.gemms[:len(wl.bottom_mlp)]), B,
+                             c.device.dense_gflops[prec] * s.dense_speed, c.device.gemm_half_mflop)
+            hidden = min(pooled, bf) + (min(pooled, bb) if cfg.comm_overlap == "forward_backward" else 0.0)
+            hidden_ms = c.device.overlap_hidden * hidden
+        comm["pooled_a2a"] = 2 * pooled - hidden_ms
     if dp and W > 1:
         comm["dp_sync"] = coll.all_gather(sum(B * (p * ID_BYTES + t.dim * 4 + ID_BYTES) for t, p in dp),
                                           w_span, c)
@@ -341,7 +352,8 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         "est_qps": qps,
         **{f"est_{k}_ms": v for k, v in bd.items()},
     }
-    return Estimate(step, qps, bd, comm, mem, mem_limit, features, {"emb_fwd": fwd, "emb_bwd": bwd}, offload)
+    return Estimate(step, qps, bd, comm, mem, mem_limit, features, {"emb_fwd": fwd, "emb_bwd": bwd}, offload,
+                    hidden_ms)
 
 
 @dataclass(frozen=True)
