@@ -1,5 +1,6 @@
-"""Fault injection, a test hook: a rank that crashes, hangs, runs out of memory or is killed, chosen by the
-environment and never by a `TrialConfig`, so no production configuration carries a test knob.
+"""Fault injection, a test hook: a rank that crashes, hangs, runs out of memory, is killed, or stops until a test
+continues it (SIGSTOP, then the test's SIGCONT: a trial held running for exactly as long as the test needs),
+chosen by the environment and never by a `TrialConfig`, so no production configuration carries a test knob.
 
 `CUBIC_INJECT_FAULT` holds comma-separated rules, each `FAULT` (every trial) or `FIELD=VALUE:FAULT` (trials
 whose config has that value, compared as text: `batch_size=48:oom`); the first rule that matches wins. The
@@ -21,7 +22,7 @@ from cubic_harness.config import TrialConfig
 from cubic_harness.errors import ConfigError
 
 ENV = "CUBIC_INJECT_FAULT"
-FAULTS = ("crash", "hang", "oom", "kill")
+FAULTS = ("crash", "hang", "oom", "kill", "stop")
 
 
 def fault_for(cfg: TrialConfig) -> str | None:
@@ -50,6 +51,8 @@ def maybe_fault(cfg: TrialConfig, rank: int, step: int, rss_mb: Callable[[], flo
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "hang":
         time.sleep(1e6)
+    if fault == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
     if fault == "oom":
         hog = []
         cap = cfg.mem_cap_mb or 1024

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 import optuna
+import psutil
 import pytest
 from optuna.trial import TrialState
 
@@ -166,33 +169,57 @@ def test_tuners_starting_at_the_same_moment_get_exactly_one_lease(tmp_path: Path
             assert all(o == "won" or "being tuned" in o or "same moment" in o for o in out), out
 
 
+def _stopped(pid: int) -> list[psutil.Process]:
+    """The processes under `pid` that stopped themselves (the fault hook's `stop`)."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [k for k in kids if _status(k) == psutil.STATUS_STOPPED]
+
+
+def _status(p: psutil.Process) -> str:
+    try:
+        return p.status()
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def test_a_second_tune_on_a_running_study_exits_2_and_the_first_finishes_intact(tmp_path: Path) -> None:
     """Before the lease, the second tuner marked the first's running trials interrupted and re-ran
-    them, and the first crashed with a traceback when it stored their results."""
+    them, and the first crashed with a traceback when it stored their results. The first tuner is held
+    mid-tune by an event, not a window: its pipelined trials' rank stops itself (the fault hook, grid order
+    reaches them third) and runs on when this test continues it, after the second tuner has been refused."""
     space = space_file(tmp_path, FAST.replace("confirm_top_k: 1", "confirm_top_k: 0"))
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cubic", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
-    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [sys.executable, "-m", "cubic", "tune", "--no-live", "--space", str(space), "--run-dir", str(run),
+           "--searcher", "grid"]
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 - closed below (a file: a pipe nobody reads can fill)
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "CUBIC_INJECT_FAULT": "pipeline_depth=1:stop"})
+
+    def output() -> str:
+        return (tmp_path / "first.log").read_text()[-2000:]
+
     try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            time.sleep(0.3)
-            assert first.poll() is None, first.communicate()[0][-2000:]
-            try:
-                if any(t.state == TrialState.RUNNING for t in load(run, "fast").get_trials()):
-                    break
-            except Exception:  # the study is being created
-                continue
-        else:
-            pytest.fail("the first tuner never ran a trial")
-        second = cubic_tune("--space", str(space), "--run-dir", str(run))
+        deadline = time.monotonic() + 150  # a bound on a bug, not a window: the stop is what the loop waits for
+        while not _stopped(first.pid):
+            assert first.poll() is None, output()
+            assert time.monotonic() < deadline, "the first tuner never reached its stopping trial"
+            time.sleep(0.2)
+        second = cubic_tune("--space", str(space), "--run-dir", str(run), "--searcher", "grid")
         assert second.returncode == 2, second.stdout + second.stderr
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1 and f"is being tuned by pid {first.pid} on " in lines[0], second.stderr
-        out, _ = first.communicate(timeout=540)  # a bound, not a budget: a 2-core machine under load is slow
+        while first.poll() is None:  # let every stopped trial run on, until the first tuner ends
+            for p in _stopped(first.pid):
+                p.send_signal(signal.SIGCONT)
+            time.sleep(0.2)
     finally:
+        log.close()
         if first.poll() is None:
             first.kill()
+    out = output()
     assert first.returncode == 0, out[-2000:]
     trials = load(run, "fast").get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 5, [(t.number, t.user_attrs.get("status"))

@@ -34,11 +34,17 @@ budget: {trials: 4, confirm_top_k: 0}
 
 
 def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path: Path) -> None:
+    """The tuner is killed while a trial runs. Which trial runs is fixed, not caught by timing: grid order
+    (#0 the baseline, #1 fp16 tables, then pipeline_depth=1) with the pipelined configurations hanging (the
+    fault hook, in the killed tuner's environment only), so #0 and #1 complete and #2 stays running until
+    the kill, however fast trials are. The resumed tune runs without the hook."""
     space = space_file(tmp_path, FAST.replace("confirm_top_k: 1", "confirm_top_k: 0"))
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cubic", "tune", "--no-live", "--space", str(space), "--run-dir", str(run)]
+    searcher = ("--searcher", "grid")
+    cmd = [sys.executable, "-m", "cubic", "tune", "--no-live", "--space", str(space), "--run-dir", str(run), *searcher]
     log = open(tmp_path / "tune.log", "w")  # noqa: SIM115 - closed below; the tuner writes to it
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "CUBIC_INJECT_FAULT": "pipeline_depth=1:hang"})
     try:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
@@ -72,7 +78,7 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
     running = [t for t in load(run, "fast").get_trials() if t.state == TrialState.RUNNING]
     assert len(before) >= 2 and running
 
-    r = cubic_tune("--space", str(space), "--run-dir", str(run))
+    r = cubic_tune("--space", str(space), "--run-dir", str(run), *searcher)
     assert r.returncode == 0, r.stdout + r.stderr
     trials = load(run, "fast").get_trials()
     done = [t for t in trials if t.state == TrialState.COMPLETE]
