@@ -206,6 +206,47 @@ def other_gpus(base: Cluster, meas: dict, results: dict) -> list[dict]:
     return out
 
 
+# Every other system in the logs, predicted from its GPU's preset (clusters/*.yaml, each figure's source there) with
+# the round's one fit on NVIDIA's 8-H100 point (v5.0 has none: v4.1's), nothing refitted. A fabric known to be
+# Ethernet takes the RoCE preset's network. (accelerator substring, preset); the first match wins.
+PRESETS = (("H100-SXM5", "h100-8"), ("H200-SXM5", "h200-8"), ("A100-SXM", "a100-80-8"), ("GB200", "gb200-nvl72"),
+           ("B200", "b200-8"))
+ETHERNET = {"JuniperNetworks": "h100-64-roce"}  # Juniper's A100 submission ran on its own Ethernet switches
+
+
+def all_systems(meas: dict, results: dict) -> list[dict]:
+    """One row per system in the logs that is not a fitted or validated NVIDIA H100 point: measured,
+    predicted, error; or why there is no prediction (a GPU without a preset)."""
+    fitted = {name for rnd in meas.values() for name in rnd["systems"].values()}
+    rows = []
+    for rnd, data in logs().items():
+        fit_rnd = rnd if rnd in results else ROUNDS[-1]
+        k = results[fit_rnd]["column_wise"]["fit"]
+        for name, s in sorted(data["systems"].items()):
+            if name in fitted:
+                continue
+            row = {"round": rnd, "system": name, "org": s["org"], "accelerator": s["accelerator"], "gpus": s["gpus"],
+                   "nodes": s["nodes"], "meas": s["rate"], "fit_round": fit_rnd}
+            preset = next((pr for key, pr in PRESETS if key in s["accelerator"]), None)
+            if preset is None or not s["gpus"]:
+                row["why_not"] = f"no preset for {s['accelerator']}"
+                rows.append(row)
+                continue
+            c = load_cluster(shipped_cluster(f"{preset}.yaml"))
+            if preset != "gb200-nvl72":  # (the NVL72's node is its NVLink domain: every GPU of the rack)
+                c = dataclasses.replace(c, nodes=s["nodes"], devices_per_node=s["gpus"] // s["nodes"])
+            if s["org"] in ETHERNET:
+                c = dataclasses.replace(c, network=load_cluster(shipped_cluster(f"{ETHERNET[s['org']]}.yaml")).network)
+            cfg = config(s["gpus"], s["global_batch"], "column_wise").replace(
+                ranks_per_node=min(s["gpus"], c.devices_per_node))
+            r = simulate(cfg, hugectr_rates(c, k))
+            row.update(preset=preset, pred=r.qps if r.status == "ok" else None,
+                       err=r.qps / s["rate"] - 1 if r.status == "ok" else None,
+                       why_not="" if r.status == "ok" else r.error)
+            rows.append(row)
+    return rows
+
+
 def ratio_err(r: dict) -> float:
     return r["ratio_pred"] / r["ratio_meas"] - 1
 
@@ -255,6 +296,22 @@ def main() -> None:
         console.print(f"other GPU, 8 per node, no refit: {o['gpu']} ({o['round']}, {o['system']}): predicted "
                       f"{o['pred'] / 1e6:.2f}M, measured {o['meas'] / 1e6:.2f}M ({o['err']:+.0%}); vs that round's "
                       f"8 H100: {o['vs_h100_pred']:.2f}x predicted, {o['vs_h100_meas']:.2f}x measured")
+    out["all_systems"] = all_systems(meas, out["results"]["rates"])
+    tab = Table(title="every other system in the logs, predicted from its GPU's preset with the round's H100 fit")
+    for col in ("round", "system", "org", "accelerator", "GPUs", "preset", "measured", "predicted", "error"):
+        tab.add_column(col, justify="right")
+    for o in out["all_systems"]:
+        tab.add_row(o["round"], o["system"], o["org"], o["accelerator"], str(o["gpus"]), o.get("preset", "-"),
+                    f"{o['meas'] / 1e6:.2f}M", f"{o['pred'] / 1e6:.2f}M" if o.get("pred") else o["why_not"],
+                    f"{o['err']:+.0%}" if o.get("err") is not None else "")
+    console.print(tab)
+    errs = sorted(abs(o["err"]) for o in out["all_systems"] if o.get("err") is not None)
+    if errs:
+        out["all_systems_summary"] = {"predicted": len(errs), "median_abs_err": errs[len(errs) // 2],
+                                      "worst_abs_err": errs[-1],
+                                      "not_predicted": sum(1 for o in out["all_systems"] if o.get("err") is None)}
+        console.print(f"  {len(errs)} systems predicted: median |error| {errs[len(errs) // 2]:.0%}, worst "
+                      f"{errs[-1]:.0%}; {out['all_systems_summary']['not_predicted']} without a preset")
     (DATA / "mlperf_validation.json").write_text(json.dumps(out, indent=1, default=str))
     plot(meas, out)
 
@@ -266,7 +323,7 @@ def plot(meas: dict, out: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax_err) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (ax, ax_err, ax_all) = plt.subplots(1, 3, figsize=(19, 4.8))
     for i, (rnd, pts) in enumerate(meas.items()):
         res = out["results"]["rates"][rnd]
         r = res[res["pick"]]
@@ -293,6 +350,20 @@ def plot(meas: dict, out: dict) -> None:
     ax_err.set_ylabel("prediction error, %")
     ax_err.set_title("error after fitting the device rates on 8 GPUs")
     ax_err.legend(fontsize=8)
+    pts = [o for o in out.get("all_systems", []) if o.get("pred")]
+    for i, pr in enumerate(dict.fromkeys(o["preset"] for o in pts)):
+        sel = [o for o in pts if o["preset"] == pr]
+        ax_all.scatter([o["meas"] / 1e6 for o in sel], [o["pred"] / 1e6 for o in sel], color=f"C{i}", label=pr, s=14)
+    if pts:
+        lo, hi = min(o["meas"] for o in pts) / 1.5e6, max(o["meas"] for o in pts) * 1.5e-6
+        ax_all.plot([lo, hi], [lo, hi], color="black", linewidth=0.5)
+        ax_all.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="green", alpha=0.1)
+        ax_all.set_xscale("log")
+        ax_all.set_yscale("log")
+    ax_all.set_xlabel("measured M samples/s")
+    ax_all.set_ylabel("predicted M samples/s")
+    ax_all.set_title("every other MLPerf system, from its preset (no refit)")
+    ax_all.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(DATA / "mlperf_validation.png", dpi=100)
 

@@ -244,7 +244,8 @@ def test_a_simulated_study_warm_starts_another(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "no study of search space 'tiny'" in bad.output, bad.output
 
 
-@pytest.mark.parametrize("name", ["h100-8", "h100-64", "h100-128", "h100-4096", "a100-zionex-128"])
+@pytest.mark.parametrize("name", ["h100-8", "h100-64", "h100-128", "h100-4096", "a100-zionex-128", "a100-80-8",
+                                  "h200-8", "b200-8", "gb200-nvl72", "h100-64-roce"])
 def test_cluster_presets_load_and_price_the_full_mlperf_model(name: str) -> None:
     c = load_cluster(shipped_cluster(f"{name}.yaml"))
     wl = Workload.preset("mlperf-dcnv2")
@@ -481,6 +482,24 @@ def test_simulator_predicts_published_mlperf_scaling_from_one_8_gpu_point() -> N
 MLPERF_OVERLAP_SHARP = {"v3.1": {64: +0.054, 128: +0.066, "ratio": +0.011},
                         "v4.0": {64: +0.041, 128: +0.032, "ratio": -0.009},
                         "v4.1": {64: +0.019, 128: +0.004, "ratio": -0.014}}
+
+
+def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_refit() -> None:
+    """Issue 33 item 6: every system in the logs with an A100, H100, H200, B200 or GB200 (NVL72) is predicted from
+    its preset and its round's one 8-H100 fit; today 51 systems, median |error| 8%, worst 40% (a 4-GPU H100 system
+    measured 23% below its peers). A system without a preset says so; none is silently dropped."""
+    b = _bench("bench_mlperf")
+    base = load_cluster(shipped_cluster("h100-128.yaml"))
+    meas = b.measured()
+    results = {rnd: b.validate(base, meas[rnd], "rates") for rnd in b.ROUNDS}
+    rows = b.all_systems(meas, results)
+    fitted = {name for rnd in meas.values() for name in rnd["systems"].values()}
+    assert len(rows) == sum(name not in fitted for d in b.logs().values() for name in d["systems"])
+    done = [r for r in rows if r.get("err") is not None]
+    assert {r["preset"] for r in done} == {"h100-8", "h200-8", "a100-80-8", "b200-8", "gb200-nvl72"}
+    errs = sorted(abs(r["err"]) for r in done)
+    assert len(done) >= 50 and errs[len(errs) // 2] <= 0.11 and errs[-1] <= 0.45, errs
+    assert all(r["why_not"].startswith("no preset for") for r in rows if r.get("err") is None)
 
 
 def test_overlap_and_in_network_reduction_close_the_mlperf_scaling_gap() -> None:
