@@ -332,6 +332,10 @@ def plot(meas: dict, out: dict) -> None:
         ax.plot(GPUS, [r["pred"][g] / 1e6 for g in GPUS], marker="x", linestyle="--", color=color,
                 label=f"{rnd} predicted (fit x{r['fit']:.2f} on 8)")
         ax_err.plot(GPUS[1:], [100 * r["err"][g] for g in GPUS[1:]], marker="o", color=color, label=rnd)
+        ov = out["results"].get("rates, overlap + SHARP", {}).get(rnd)
+        if ov and ov["pick"]:
+            ax_err.plot(GPUS[1:], [100 * ov[ov["pick"]]["err"][g] for g in GPUS[1:]], marker="x", linestyle=":",
+                        color=color, label=f"{rnd}, with overlap + SHARP")
     for o in out["other_gpus"]:
         ax.scatter([8], [o["meas"] / 1e6], marker="s", color="gray")
         ax.annotate(f"{o['gpu']}: {o['err']:+.0%}", (8, o["meas"] / 1e6), textcoords="offset points",
@@ -348,7 +352,7 @@ def plot(meas: dict, out: dict) -> None:
     ax_err.set_xticks(GPUS[1:], [str(g) for g in GPUS[1:]])
     ax_err.set_xlabel("GPUs")
     ax_err.set_ylabel("prediction error, %")
-    ax_err.set_title("error after fitting the device rates on 8 GPUs")
+    ax_err.set_title("error after fitting the device rates on 8 GPUs (dotted: overlap + SHARP)")
     ax_err.legend(fontsize=8)
     pts = [o for o in out.get("all_systems", []) if o.get("pred")]
     for i, pr in enumerate(dict.fromkeys(o["preset"] for o in pts)):
