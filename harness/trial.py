@@ -199,6 +199,11 @@ def _native_view(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(LOAD_TIME_ENV)}
 
 
+def trial_env(cfg: TrialConfig) -> dict[str, str]:
+    """The environment a trial's ranks run with: this process's, and `rank_env`'s overrides."""
+    return {**os.environ, **rank_env(cfg)}
+
+
 def rank_context(env: dict[str, str]) -> Any:
     """How to start a rank whose environment is `env`: forked from a fork server that imported
     RANK_PRELOAD once per trial-running process (started at the first trial, with this process's own
@@ -216,7 +221,7 @@ def rank_context(env: dict[str, str]) -> Any:
 
 def run_ranks(cfg: TrialConfig, collect_tables: bool = False) -> tuple[str, str, dict[int, dict]]:
     """Start the rank processes and wait: (status, one-line error, {rank: output})."""
-    env = {**os.environ, **rank_env(cfg)}
+    env = trial_env(cfg)
     ctx = rank_context(env)
     store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=cfg.timeout_s),
                           wait_for_workers=False)
@@ -314,7 +319,7 @@ def run_trial(cfg: TrialConfig) -> TrialResult:
                                   cfg, env=env)
     t0, started_at = time.perf_counter(), time.time()
     env.update(placement="local", nodes=1, rank_nodes=[platform.node()] * cfg.world_size,
-               rank_start=rank_context({**os.environ, **rank_env(cfg)}).get_start_method())
+               rank_start=rank_context(trial_env(cfg)).get_start_method())
     try:
         status, error, outs = run_ranks(cfg)
     except Exception as e:  # could not even start the processes
