@@ -6,7 +6,7 @@ trained on (TrialConfig.eval_samples: eval NE and AUC, harness/train.py `evaluat
 `--seeds` data/initialisation seeds; differences are paired by seed (the same data and teacher). The
 baseline's seed-to-seed spread is the noise floor a quality gate has to live with.
 
-    python benchmarks/bench_quality.py [--budget 524288] [--seeds 3] [--curve]
+    python benchmarks/bench_quality.py [--budget 524288] [--seeds 3] [--curve] [--only A,B] [--workload PRESET]
 
 --curve first prints the baseline's eval NE at growing budgets (how the budget was chosen).
 Writes benchmarks/data/quality_cpu.json.
@@ -48,6 +48,10 @@ VARIANTS: dict[str, tuple[dict, str]] = {  # name -> (knobs, lr scaling rule)
     "4x batch": ({"batch_size": 4096}, "none"),
     "4x batch, sqrt lr": ({"batch_size": 4096}, "sqrt"),
     "4x batch, linear lr": ({"batch_size": 4096}, "linear"),
+    # 2D sparse parallelism on the 2 ranks: groups of 1, 2 replicas training apart and merging every k steps
+    # (weight_avg): the sync interval that decides a step across data centers (bench_scale_across.py)
+    **{f"2D k={k}": ({"sharding_group_size": 1, "sparse_sync": "weight_avg", "sparse_sync_interval": k}, "none")
+       for k in (1, 8, 32, 128)},
 }
 
 
@@ -66,10 +70,12 @@ def main() -> None:
     ap.add_argument("--curve", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / "quality_cpu.json")
+    ap.add_argument("--workload", default="", help="a preset instead of the default space's (e.g. small)")
     a = ap.parse_args()
     con = Console()
     space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
-    wl = Workload.from_dict({**space.baseline.workload.to_dict(), "sample_cycle": 1 << 26})
+    wl = Workload.preset(a.workload) if a.workload else space.baseline.workload
+    wl = Workload.from_dict({**wl.to_dict(), "sample_cycle": 1 << 26})
     base = space.baseline.replace(workload=wl)
     old = json.loads(a.out.read_text()) if a.out.exists() else {}
     out: dict = {"budget": a.budget, "eval_samples": a.eval_samples, "seeds": a.seeds,
@@ -101,16 +107,17 @@ def main() -> None:
     sd = statistics.stdev(b.values()) if len(b) > 1 else float("nan")
     tab = Table(title=f"eval NE after {a.budget:,} samples (held-out {a.eval_samples:,}), {a.seeds} seeds; baseline "
                 f"seed-to-seed sd {sd / statistics.mean(b.values()):.3%}")
-    for c in ("config", "eval NE (mean)", "paired diff vs baseline (mean, min..max)", "eval AUC (mean)"):
+    for c in ("config", "eval NE (mean)", "paired diff vs baseline (mean, min..max)", "s.e.", "eval AUC (mean)"):
         tab.add_column(c)
     for n, rs in out["runs"].items():
         ok = [x for x in rs if x["eval_ne"] is not None]
         if not ok:
-            tab.add_row(n, "failed", "", "")
+            tab.add_row(n, "failed", "", "", "")
             continue
         d = [(x["eval_ne"] - b[x["seed"]]) / b[x["seed"]] for x in ok]
+        se = statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else float("nan")
         tab.add_row(n, f"{statistics.mean(x['eval_ne'] for x in ok):.5f}",
-                    f"{statistics.mean(d):+.3%} ({min(d):+.3%}..{max(d):+.3%})",
+                    f"{statistics.mean(d):+.3%} ({min(d):+.3%}..{max(d):+.3%})", f"{se:.3%}",
                     f"{statistics.mean(x['eval_auc'] for x in ok):.4f}")
     con.print(tab)
 

@@ -88,7 +88,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _replica(rank: int, port: int, rule: str, q) -> None:
+def _replica(rank: int, port: int, rule: str, q, transport: str = "auto") -> None:
     """One of 2 replicas of a 2-table shard set: 3 local steps on its own ids, sync, 3 more, sync."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(0)
@@ -96,6 +96,7 @@ def _replica(rank: int, port: int, rule: str, q) -> None:
     kernel.load([torch.randn(50, 8) * 0.1, torch.randn(30, 8) * 0.1])  # the same start on both replicas
     sync = ReplicaSync(kernel, 2, dist.group.WORLD, interval=3, momentum_scaled=rule == "momentum",
                        comm_dtype=torch.float32)
+    sync.transport = transport
     g = torch.Generator().manual_seed(100 + rank)  # each replica its own samples
     snaps = []
     for step in range(6):
@@ -106,21 +107,40 @@ def _replica(rank: int, port: int, rule: str, q) -> None:
         if sync.due(step, last=step == 5):
             sync.sync()
         snaps.append([w.clone() for w in kernel.weights()])
-    q.put((rank, [[w.numpy() for w in s] for s in snaps], sync.stats.syncs))
+    q.put((rank, [[w.numpy() for w in s] for s in snaps], [s.numpy() for s in kernel.states()]))
     dist.destroy_process_group()
+
+
+def _two_replicas(rule: str, transport: str = "auto") -> dict:
+    ctx = mp.get_context("spawn")
+    q, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_replica, args=(r, port, rule, q, transport)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {r: (snaps, states) for r, snaps, states in (q.get(timeout=120) for _ in range(2))}
+    for p in procs:
+        p.join(30)
+    return got
+
+
+def test_the_dense_average_in_place_is_the_same_merge_as_the_sparse_deltas():
+    """The plain rule's dense transport all-reduces the weights and states where they live (sum_k w_k / R) instead
+    of deltas from the last merge (w0 + sum_k Δ_k / R): the same merge up to fp32 rounding, every replica the same
+    bits, and the next interval's deltas start from the merged rows (two syncs in a row agree)."""
+    dense, sparse = _two_replicas("average", "dense"), _two_replicas("average", "sparse")
+    for step in (2, 5):
+        for x, y in zip(dense[0][0][step], sparse[0][0][step], strict=True):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)
+        for x, y in zip(dense[0][0][step], dense[1][0][step], strict=True):
+            np.testing.assert_array_equal(x, y)
+    for x, y in zip(dense[0][1], sparse[0][1], strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("rule", ["average", "momentum"])
 def test_replicas_hold_identical_shards_right_after_each_sync_and_differ_between(rule):
-    ctx = mp.get_context("spawn")
-    q, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_replica, args=(r, port, rule, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=120)[:2] for _ in range(2))
-    for p in procs:
-        p.join(30)
-    a, b = got[0], got[1]
+    got = _two_replicas(rule)
+    a, b = got[0][0], got[1][0]
     for step in range(6):
         same = all(np.array_equal(x, y) for x, y in zip(a[step], b[step], strict=True))
         assert same == (step in (2, 5)), f"step {step}: identical={same}"

@@ -132,6 +132,16 @@ BAD = [
     ({"set": (None, "devices_per_node", "eight")}, "devices_per_node: 'eight' is not an integer"),
     ({"set": ("device", "type", "tpu")}, "device.type: 'tpu' is not allowed; choose one of ['cpu', 'gpu']"),
     ({"set": (None, "colour", "red")}, "colour: unknown key"),
+    # data-center tiers: no links between them, a negative latency, a placement the nodes cannot hold
+    ({"set": (None, "datacenters", {"count": 2, "bandwidth_gbs": 0, "latency_ms": 1})},
+     "datacenters.bandwidth_gbs: 0 must be > 0"),
+    ({"set": (None, "datacenters", {"count": 1, "bandwidth_gbs": 10, "latency_ms": 1})},
+     "datacenters.count: 1 must be >= 2"),
+    ({"set": (None, "datacenters", {"count": 2, "bandwidth_gbs": 10, "latency_ms": -1})},
+     "datacenters.latency_ms: -1 must be >= 0"),
+    ({"set": (None, "datacenters", {"count": 3, "bandwidth_gbs": 10, "latency_ms": 1})},
+     "datacenters.count=3 does not divide nodes=1"),
+    ({"set": (None, "base", "h100-9999")}, "base: 'h100-9999': choose one of ["),
 ]
 
 
@@ -550,3 +560,120 @@ def test_the_simulator_breaks_a_step_into_the_phases_a_real_trial_times() -> Non
     assert list(avg.breakdown_ms) == list(gather.breakdown_ms) == list(PHASES)
     assert avg.breakdown_ms["sync"] > 0 and gather.breakdown_ms["sync"] == 0
     assert sum(avg.breakdown_ms.values()) <= avg.step_ms_p50 * (1 + 1e-9)
+
+
+def test_traffic_between_data_centers_pays_the_interconnect_and_its_milliseconds() -> None:
+    """h100-16384-4dc: 4 sites of 4,096 GPUs (2,048-GPU pods 7:1 above), each GPU's flow to another site at 46
+    GB/s, a site's flows together at 1/16 of its NICs', 0.6 ms one way. An all-to-all over all 16,384 ranks
+    sends 3/4 of its bytes between sites, all sites' devices at once (x16), plus one one-way latency; an
+    all-reduce reduces inside each site, then each of a site's 4,096 ranks its 1/4,096 with its 3 peers (a ring:
+    2 x 3/4 of it, 2 log2(4) latencies). A group inside one site pays nothing for the tier."""
+    import dataclasses
+
+    from cubic_harness.sim import collectives as coll
+
+    c = resolve("h100-16384-4dc")
+    one_site = dataclasses.replace(c, datacenters=None)
+    mb = 64 * 2**20
+
+    def ms(nbytes: float, gbs: float) -> float:
+        return nbytes / (gbs * 1e6)
+
+    def lat(us: float, n: int) -> float:
+        return us * math.log2(n) / 1e3
+
+    world = coll.span(list(range(16384)), c)
+    assert (world.d, world.r, world.p, world.q) == (4, 4096, 8, 2048)
+    nic = ms(mb * (2040 + 14336 * 7) / 16384, 46)
+    dci = ms(mb * 12288 / 16384, 46) * 16
+    assert dci > nic
+    assert coll.all_to_all(mb, world, c) == pytest.approx(dci + lat(25, 16384) + 0.6)
+    site = coll.span(list(range(4096)), c)
+    inside = coll.all_reduce(mb, site, c)
+    assert coll.all_reduce(mb, world, c) == pytest.approx(
+        inside + ms(2 * mb / 4096 * 3 / 4, 46) * 16 + 2 * lat(600, 4))
+    assert coll.all_to_all(mb, site, c) == pytest.approx(coll.all_to_all(mb, site, one_site))
+    assert inside == pytest.approx(coll.all_reduce(mb, site, one_site))
+    # a strided group (one rank per site) crosses on 1 rank's flow per site: under the interconnect's share
+    strided = coll.span([0, 4096, 8192, 12288], c)
+    assert coll.all_reduce(mb, strided, c) == pytest.approx(ms(2 * mb * 3 / 4, 46) + 2 * lat(600, 4))
+
+
+def test_placement_decides_what_crosses_between_data_centers() -> None:
+    """2D groups of one site's 4,096 GPUs: side by side (`intra_node`) each group stays in a site and only the
+    replica sync every k steps crosses; strided (`cross_node`) every group spans the 4 sites and its pooled
+    all-to-all crosses every step while the replicas sync inside a site. The tier costs each where it crosses
+    and nothing elsewhere."""
+    import dataclasses
+
+    c = resolve("h100-16384-4dc")
+    one_site = dataclasses.replace(c, datacenters=None)
+    wl = Workload.preset("mlperf-dcnv2-x16")
+    cfg = TrialConfig(workload=wl, world_size=16384, batch_size=1024, device="cuda", kernel="triton",
+                      sharding="column_wise", emb_precision="fp16", dense_precision="bf16", comm_precision="bf16",
+                      ranks_per_node=8, sharding_group_size=4096, sparse_sync="weight_avg", sparse_sync_interval=32)
+
+    def comm(cf: TrialConfig, cl) -> dict[str, float]:
+        r = simulate(cf, cl)
+        assert r.status == "ok", r.error
+        return r.extra["sim"]["comm_ms"]
+
+    inside, flat = comm(cfg, c), comm(cfg, one_site)
+    assert inside["pooled_a2a"] == pytest.approx(flat["pooled_a2a"])
+    # (inside one site the sync already crosses its pods' 7:1 uplinks; between sites, the 16:1 interconnect)
+    assert inside["replica_sync"] > 1.1 * flat["replica_sync"]
+    strided = cfg.replace(group_placement="cross_node")
+    across, flat = comm(strided, c), comm(strided, one_site)
+    assert across["pooled_a2a"] > 1.5 * flat["pooled_a2a"]
+    assert across["replica_sync"] == pytest.approx(flat["replica_sync"])
+
+
+def test_a_gpus_pipelined_input_distribution_hides_only_up_to_the_step_beside_it() -> None:
+    """Pipelined (pipeline_depth=1), the next batch's ids travel beside this step: a step of `rest` ms with an
+    input all-to-all of `raw` ms takes max(rest, raw). At 64 GPUs it hides; full model parallelism over 16,384
+    GPUs sends every table's ids to its few column shards' holders, longer than the step: the rest is exposed.
+    A framework that reads each rank's ids itself (HugeCTR, `reads_own_ids`) runs none."""
+    import dataclasses
+
+    wl = Workload.preset("mlperf-dcnv2-x16")
+    for name, world in (("h100-4096", 64), ("h100-16384-4dc", 16384)):
+        c = resolve(name)
+        cfg = TrialConfig(workload=wl, world_size=world, batch_size=1024, device="cuda", kernel="triton",
+                          sharding="column_wise", emb_precision="fp16", dense_precision="bf16",
+                          comm_precision="bf16", ranks_per_node=8, pipeline_depth=0)
+        plain, piped = simulate(cfg, c), simulate(cfg.replace(pipeline_depth=1), c)
+        raw = plain.extra["sim"]["comm_ms"]["input_a2a"]
+        rest = plain.step_ms_p50 - raw
+        assert raw > 0 and piped.step_ms_p50 == pytest.approx(max(rest, raw))
+        assert (raw > rest) == (world == 16384), (name, raw, rest)
+        own = dataclasses.replace(c, device=dataclasses.replace(c.device, reads_own_ids=True))
+        assert simulate(cfg, own).extra["sim"]["comm_ms"]["input_a2a"] == 0.0
+
+
+def test_an_unbalanced_all_to_all_waits_on_its_busiest_nic_not_on_everyone_sending_as_much() -> None:
+    """Over 4,096 ranks (two pods, 7:1 above): when one rank sends 64 MiB and the mean rank 1 MiB, the
+    oversubscribed uplinks carry the mean's traffic; the busiest rank's own NIC carries its 64 MiB at full rate.
+    Balanced (mean = busiest), the formula is the oversubscribed one."""
+    from cubic_harness.sim import collectives as coll
+
+    c = load_cluster(shipped_cluster("h100-4096.yaml"))
+    world = coll.span(list(range(4096)), c)
+    mb = 64 * 2**20
+    lat = 25 * math.log2(4096) / 1e3
+    own_nic = mb * 4088 / 4096 / 46e6
+    assert coll.all_to_all(mb, world, c, mb / 64) == pytest.approx(own_nic + lat)
+    assert coll.all_to_all(mb, world, c, mb) == pytest.approx(coll.all_to_all(mb, world, c))
+    assert coll.all_to_all(mb, world, c) == pytest.approx(mb * (3064 + 1024 * 7) / 4096 / 46e6 + lat)
+
+
+def test_a_cluster_file_states_only_how_it_differs_from_its_base_preset(tmp_path: Path) -> None:
+    """`base: PRESET` merges the file over a shipped preset, nested keys one by one: h100-16384-4dc is h100-4096's
+    device and NICs with 4x the nodes, smaller pods and a data-center tier."""
+    big, site = resolve("h100-16384-4dc"), resolve("h100-4096")
+    assert big.device == site.device and big.intra_node == site.intra_node
+    assert (big.nodes, big.network.pod_nodes, big.network.bandwidth_gbs) == (2048, 256, site.network.bandwidth_gbs)
+    assert big.datacenters is not None and big.dc_devices == 4096
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({"base": "h100-8", "name": "mine", "device": {"memory_gb": 141}}))
+    mine = load_cluster(path)
+    assert mine.device.memory_gb == 141 and mine.device.mem_bw_gbs == resolve("h100-8").device.mem_bw_gbs

@@ -115,6 +115,10 @@ def trial(
             from cubic_harness.trial import check_config
 
             check_config(cfg)
+        else:
+            from cubic_harness.sim.backend import check_holds
+
+            check_holds(cfg, sim_cluster, " + ".join(sources) or "config")
     except ConfigError as e:
         _fail(str(e))
     if sim_cluster is not None:

@@ -80,6 +80,10 @@ def tune(
         if sim_cluster is not None and address is not None:
             raise ConfigError("--address: simulated trials run in this process, not on Ray; leave it out")
         sp = load_space(space or default_space())
+        if sim_cluster is not None:
+            from cubic_harness.sim.backend import check_holds
+
+            check_holds(sp.baseline, sim_cluster, f"{space or default_space()}: baseline")
         warm = []  # read (and judged) before this tune's own store is made: bad input writes nothing
         if warm_start:
             from cubic.search.warm_start import load_warm_start

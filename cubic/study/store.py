@@ -388,7 +388,7 @@ class Store:
 
     def finish(self, trial: optuna.Trial, result: TrialResult) -> TrialRecord:
         """Store the whole result, then COMPLETE (value = qps) or FAIL with status and reason."""
-        rd = json_safe(result.to_dict())
+        rd = result.to_json_dict()
         trial.set_user_attr("result", rd)
         for k in FLAT_KEYS:
             trial.set_user_attr(k, rd.get(k))

@@ -14,6 +14,7 @@ passes: harness/planning.py), then partition onto ranks under the memory cap.
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Protocol
 
@@ -35,23 +36,41 @@ class PlanError(ConfigError):
     """No legal plan (e.g. over the memory cap, illegal column split): the config is infeasible."""
 
 
-def _greedy_positions(costs: dict[int, float], sizes: dict[int, int], G: int, cap: float | None,
-                      load: list[float] | None = None, used: list[float] | None = None) -> dict[int, int]:
-    """Place items (largest cost first) on the least-loaded position that still fits the cap."""
-    load = load if load is not None else [0.0] * G
-    used = used if used is not None else [0.0] * G
-    out = {}
-    for t in sorted(costs, key=lambda t: (-costs[t], t)):
-        fits = [p for p in range(G) if cap is None or used[p] + sizes[t] <= cap]
-        if not fits:
-            raise PlanError(f"sharding plan cannot fit mem_cap_mb={cap / 2**20:.0f} per rank: table t{t} needs "
-                            f"{sizes[t] / 2**20:.1f} MB and the ranks already hold "
-                            f"{[round(u / 2**20, 1) for u in used]} MB")
-        p = min(fits, key=lambda p: (load[p], p))
-        out[t] = p
-        load[p] += costs[t]
-        used[p] += sizes[t]
-    return out
+class _Positions:
+    """The group's positions by load, for greedy placement: each item goes to the least-loaded position
+    (ties to the lower one) that still fits the memory cap. A heap keeps that a log-G step instead of a
+    scan of every position (16,384 of them for full model parallelism at the largest scale); an entry is
+    stale once its position's load has moved on (loads only grow), and is then skipped."""
+
+    def __init__(self, load: list[float], used: list[float], cap: float | None) -> None:
+        self.load, self.used, self.cap = load, used, cap
+        self._heap = [(x, p) for p, x in enumerate(load)]
+        heapq.heapify(self._heap)
+
+    def place(self, cost: float, size: float, what: str) -> int:
+        skipped = []
+        while self._heap:
+            x, p = heapq.heappop(self._heap)
+            if x != self.load[p]:
+                continue
+            if self.cap is None or self.used[p] + size <= self.cap:
+                break
+            skipped.append((x, p))
+        else:
+            raise PlanError(f"sharding plan cannot fit mem_cap_mb={self.cap / 2**20:.0f} per rank: {what} needs "
+                            f"{size / 2**20:.1f} MB and the ranks already hold "
+                            f"{_held(self.used)} MB")
+        self.load[p] += cost
+        self.used[p] += size
+        for e in (*skipped, (self.load[p], p)):
+            heapq.heappush(self._heap, e)
+        return p
+
+
+def _held(used: list[float]) -> str:
+    """What the ranks hold, in MB: each rank's up to 16 of them, else the range."""
+    mb = [round(u / 2**20, 1) for u in used]
+    return str(mb) if len(mb) <= 16 else f"{min(mb)}..{max(mb)} (over {len(mb)} ranks)"
 
 
 def make_plan(cfg: TrialConfig, cost: TableCost, check_memory: bool = True) -> ShardingPlan:
@@ -93,13 +112,14 @@ def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memor
                 load[s.rank] += c * s.rows / t.rows
 
     # column-wise: shards of width w placed greedily
+    positions = _Positions(load, used, cap)
     for i, t in enumerate(wl.tables):
         if kinds[i] == "column_wise":
             w = cfg.column_width(t.dim, t.name)
             n = t.dim // w
             c = cost.table(t, cfg) / n
             for k in range(n):
-                pos = _greedy_positions({0: c}, {0: t.rows * (w * wbytes + 4)}, G, cap, load, used)[0]
+                pos = positions.place(c, t.rows * (w * wbytes + 4), f"table t{i}'s column shard")
                 tables[i].shards.append(Shard(i, pos, 0, t.rows, k * w, (k + 1) * w))
 
     # table-row-wise: tables to nodes, rows across the node's ranks
@@ -119,8 +139,8 @@ def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memor
     tw = [i for i in range(wl.num_tables) if kinds[i] == "table_wise"]
     if tw:
         costs = {i: _tw_cost(cfg, cost, i) for i in tw}
-        pos = _greedy_positions(costs, {i: sizes[i] for i in tw}, G, cap, load, used)
-        for i, p in pos.items():
+        for i in sorted(tw, key=lambda i: (-costs[i], i)):
+            p = positions.place(costs[i], sizes[i], f"table t{i}")
             tables[i].shards.append(Shard(i, p, 0, wl.tables[i].rows, 0, wl.tables[i].dim))
 
     plan = ShardingPlan(G, cfg.world_size, [tables[i] for i in range(wl.num_tables)], [t.dim for t in wl.tables])

@@ -55,12 +55,12 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from cubic_harness.sharding.comm import all_gather_varlen
 from cubic_kernels.base import EmbeddingBagKernel
 
 # A sparse merge costs about twice a dense one per byte moved (the all-gather's padding, the union's
@@ -78,6 +78,10 @@ class SyncStats:
     sparse: int = 0
     seconds: list[float] = field(default_factory=list)
     touched_frac: list[float] = field(default_factory=list)
+    # where a sync's time goes, summed over the syncs: building the payloads (`payload`), the collectives
+    # (`wire`, with the casts to and from the comm precision), the sum over the replicas' rows and writing the
+    # merged rows back (`apply`)
+    parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("payload", "wire", "apply"), 0.0))
 
     def to_dict(self, interval: int, measured_steps: int, measured_s: float) -> dict:
         s = sorted(self.seconds)
@@ -85,7 +89,20 @@ class SyncStats:
                 "dense_syncs": self.syncs - self.sparse,
                 "sync_ms_p50": s[len(s) // 2] * 1e3 if s else 0.0,
                 "sync_ms_per_step": measured_s * 1e3 / max(1, measured_steps),
-                "touched_frac_max": max(self.touched_frac, default=0.0)}
+                "touched_frac_max": max(self.touched_frac, default=0.0),
+                "ms_per_sync": {k: v * 1e3 / max(1, self.syncs) for k, v in self.parts.items()}}
+
+
+class _Clock:
+    """Adds the time since the last mark to one of SyncStats.parts."""
+
+    def __init__(self, parts: dict[str, float]) -> None:
+        self.parts, self.t = parts, time.perf_counter()
+
+    def mark(self, part: str) -> None:
+        now = time.perf_counter()
+        self.parts[part] += now - self.t
+        self.t = now
 
 
 class ReplicaSync:
@@ -203,6 +220,7 @@ class ReplicaSync:
         """Merge now: sparse where the touched rows' payloads, at SPARSE_BYTE_COST per byte, cost less than a
         dense all-reduce of the shards (below ~25% of rows touched with 2 replicas), else dense."""
         t0 = time.perf_counter()
+        clock = _Clock(self.stats.parts)
         ids = [t.nonzero().squeeze(1) for t in self.touched]
         counts = torch.tensor([x.numel() for x in ids], dtype=torch.int64, device=self.device)
         most = counts.sum().reshape(1)
@@ -212,41 +230,97 @@ class ReplicaSync:
         sparse_bytes = SPARSE_BYTE_COST * self.R * int(most) * (8 + max(self.widths) * cb)
         dense_bytes = 2 * (self.R - 1) * sum(r * w for r, w in zip(rows, self.widths, strict=True)) * cb // self.R
         sparse = self.transport == "sparse" or (self.transport != "dense" and sparse_bytes < dense_bytes)
+        clock.mark("payload")
         if sparse:
-            self._sparse(ids, counts)
+            self._sparse(ids, counts, clock)
             self.stats.sparse += 1
+        elif self._averages_in_place():
+            self._average_in_place(clock)
         else:
             payloads = [self._payload(i, None) for i in range(len(rows))]
+            clock.mark("payload")
             scale = self._scale(payloads)
             for i, p in enumerate(payloads):  # one all-reduce per shard: no whole-collection copy
                 buf = self._to_wire(p, scale)
                 dist.all_reduce(buf, group=self.group)
-                self._apply(i, self._from_wire(buf, scale), None)
+                total = self._from_wire(buf, scale)
+                clock.mark("wire")
+                self._apply(i, total, None)
+                clock.mark("apply")
         for t in self.touched:
             t.zero_()
         self.stats.syncs += 1
         self.stats.seconds.append(time.perf_counter() - t0)
         self.stats.touched_frac.append(float(counts.sum()) / max(1, sum(rows)))
 
-    def _sparse(self, ids: list[torch.Tensor], counts: torch.Tensor) -> None:
-        """All-gather every replica's touched rows and payloads; sum them per row; apply to the union."""
+    def _averages_in_place(self) -> bool:
+        """The plain rule with fp32 weights on an fp32 wire: the replicas' mean is that of the rows themselves."""
+        return (not self.momentum_scaled and self.dtype == torch.float32
+                and all(w.dtype == torch.float32 for w in self.kernel.weights()))
+
+    def _average_in_place(self, clock: _Clock) -> None:
+        """Dense, plain rule: w0 + sum_k Δ_k / R is sum_k w_k / R (and the same for the state), so each shard's
+        weights and state are all-reduced where the kernel keeps them and divided by R: no payload is built, no
+        delta taken or added back, and one more pass keeps the copy the next interval's deltas start from
+        (three passes over a shard instead of eight: at k >= 8 most of every row is touched and this is the
+        transport)."""
+        for i, w in enumerate(self.kernel.weights()):
+            pairs = [(w, self.w0[i])] + ([(self.kernel.states()[i], self.s0[i])] if self.adagrad else [])
+            for live, kept in pairs:
+                dist.all_reduce(live, group=self.group)
+                clock.mark("wire")
+                live.div_(self.R)
+                kept.copy_(live)
+                clock.mark("apply")
+
+    def _sparse(self, ids: list[torch.Tensor], counts: torch.Tensor, clock: _Clock) -> None:
+        """All-gather every replica's touched rows and payloads; sum them per row; apply to the union.
+
+        1. Each replica's row counts per shard (one small all-gather) size everything after it: the ids and the
+           payloads then travel in one all-gather each, written straight into the padded send buffer.
+        2. Per shard, the union of the replicas' rows in ascending order from a mark per row (a cumulative sum
+           gives each row its place), not a sort of the gathered ids.
+        3. Each replica's payload is added at its rows' places in replica order: the same sums, in the same
+           order, as one add over them all."""
         payloads = [self._payload(i, x) for i, x in enumerate(ids)]
+        clock.mark("payload")
         scale = self._scale(payloads)
         all_counts = [torch.empty_like(counts) for _ in range(self.R)]
         dist.all_gather(all_counts, counts, group=self.group)
-        all_ids = all_gather_varlen(torch.cat(ids), self.group, self.R)
-        vals = self._to_wire(torch.cat([p.reshape(-1) for p in payloads]), scale)
-        all_vals = all_gather_varlen(vals, self.group, self.R)
-        per_shard_ids: list[list[torch.Tensor]] = [[] for _ in ids]
-        per_shard_vals: list[list[torch.Tensor]] = [[] for _ in ids]
-        for r in range(self.R):
-            c = all_counts[r].tolist()
-            for i, (x, v) in enumerate(zip(all_ids[r].split(c), all_vals[r].split(
-                    [n * w for n, w in zip(c, self.widths, strict=True)]), strict=True)):
-                per_shard_ids[i].append(x)
-                per_shard_vals[i].append(v.view(-1, self.widths[i]))
-        for i in range(len(ids)):
-            union, inv = torch.unique(torch.cat(per_shard_ids[i]), return_inverse=True)
+        per = [c.tolist() for c in all_counts]
+        all_ids = self._gather(ids, [sum(c) for c in per], torch.int64)
+        cast = scale != 1.0 or self.dtype != torch.float32  # else the fp32 payloads go as they are
+        all_vals = self._gather([p.reshape(-1) for p in payloads],
+                                [sum(n * w for n, w in zip(c, self.widths, strict=True)) for c in per],
+                                self.dtype, (lambda x: self._to_wire(x, scale)) if cast else None)
+        clock.mark("wire")
+        ids_of = [all_ids[r].split(per[r]) for r in range(self.R)]
+        vals_of = [all_vals[r].split([n * w for n, w in zip(per[r], self.widths, strict=True)])
+                   for r in range(self.R)]
+        for i, rows in enumerate(self.kernel.rows):
+            mark = torch.zeros(rows, dtype=torch.bool, device=self.device)
+            for r in range(self.R):
+                mark[ids_of[r][i]] = True
+            union = mark.nonzero().squeeze(1)
+            place = mark.cumsum(0).sub_(1)
             total = torch.zeros(union.numel(), self.widths[i], device=self.device)
-            total.index_add_(0, inv, self._from_wire(torch.cat(per_shard_vals[i]), scale))
+            for r in range(self.R):
+                total.index_add_(0, place[ids_of[r][i]], self._from_wire(vals_of[r][i].view(-1, self.widths[i]),
+                                                                           scale))
             self._apply(i, total, union)
+        clock.mark("apply")
+
+    def _gather(self, parts: list[torch.Tensor], sizes: list[int], dtype: torch.dtype,
+                wire: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Every replica's `parts`, concatenated (`sizes[r]` elements from replica r, known beforehand): gloo's
+        all-gather needs equal sizes, so each sends a buffer of the largest size. Without a cast on the way
+        (`wire`: to the comm precision) the parts are written into it directly."""
+        buf = torch.zeros(max(sizes), dtype=dtype, device=self.device)
+        n = sum(p.numel() for p in parts)
+        if wire is None:
+            torch.cat(parts, out=buf[:n])
+        elif n:
+            buf[:n] = wire(torch.cat(parts))
+        outs = [torch.empty_like(buf) for _ in range(self.R)]
+        dist.all_gather(outs, buf, group=self.group)
+        return [o[:k] for o, k in zip(outs, sizes, strict=True)]

@@ -30,8 +30,30 @@ def sim_env(cfg: TrialConfig, c: Cluster) -> dict:
             "hostname": "", "cpus": c.device.cores or c.devices, "omp_wait_policy": "n/a", "niceness": None,
             "ids": cfg.workload.ids_record(), "env_overrides": env_overrides(),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "placement": "simulated",
-            "nodes": nodes, "rank_nodes": [f"{c.name}-node{c.node_of(r)}" for r in range(cfg.world_size)],
+            # a simulated rank's node is rank // devices_per_node, not a measurement: not listed (16,384 names would
+            # be most of each stored trial of a large study, read back by every proposal)
+            "nodes": nodes, "rank_nodes": [],
             "wall_s": 0.0, "startup_s": 0.0}
+
+
+POSITIONS_LISTED = 1024  # a larger group's per-position figures are stored as a summary
+
+
+def per_position(xs: list[float]) -> list[float] | dict[str, float]:
+    """One figure per group position, or beyond POSITIONS_LISTED its max (and where), mean and count: what a
+    reader of a 16,384-GPU trial looks at, and `cubic trial --backend sim --config` re-derives the rest."""
+    if len(xs) <= POSITIONS_LISTED:
+        return xs
+    worst = max(range(len(xs)), key=xs.__getitem__)
+    return {"max": xs[worst], "argmax": worst, "mean": sum(xs) / len(xs), "positions": len(xs)}
+
+
+def check_holds(cfg: TrialConfig, c: Cluster, where: str) -> None:
+    """ConfigError (one line) when the cluster cannot hold `cfg`'s ranks at all: bad input, not a failed trial
+    (a tune's own proposals that do not fit fail as trials; its baseline must fit)."""
+    if cfg.world_size > c.devices:
+        raise ConfigError(f"{where}: world_size={cfg.world_size}: cluster {c.name} holds {c.devices:,} devices "
+                          f"({c.nodes} nodes x {c.devices_per_node})")
 
 
 def simulate(cfg: TrialConfig, c: Cluster) -> TrialResult:
@@ -49,8 +71,9 @@ def simulate(cfg: TrialConfig, c: Cluster) -> TrialResult:
     worst = max(range(len(est.mem_mb)), key=lambda p: est.mem_mb[p])
     peak = est.mem_mb[worst]
     limit = min(est.mem_limit_mb, cfg.mem_cap_mb or math.inf)
-    extra["sim"] = {"comm_ms": est.comm_ms, "mem_mb": est.mem_mb, "mem_limit_mb": limit,
-                    "emb_fwd_ms": est.per_rank["emb_fwd"], "emb_bwd_ms": est.per_rank["emb_bwd"]}
+    extra["sim"] = {"comm_ms": est.comm_ms, "mem_mb": per_position(est.mem_mb), "mem_limit_mb": limit,
+                    "emb_fwd_ms": per_position(est.per_rank["emb_fwd"]),
+                    "emb_bwd_ms": per_position(est.per_rank["emb_bwd"])}
     if cfg.comm_overlap != "none":  # as a real trial reports it
         extra["comm_hidden_ms"] = est.comm_hidden_ms
     if est.offload:  # Neo's hierarchy: shards in host memory behind a device-side cache, per group position

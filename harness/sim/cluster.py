@@ -14,8 +14,13 @@ TrialConfig): Calculon's system / model / execution split. One file describes
   optionally `pod_nodes` (nodes per pod, non-blocking inside) and `oversubscription` (above the pod);
 - on either link, `in_network_reduction`: its switches reduce (NVLink SHARP in a node, SHARP on InfiniBand):
   an all-reduce sends each buffer once and receives the sum once instead of a ring's twice;
-- `host_memory_gb` per node.
+- `host_memory_gb` per node;
+- optionally `datacenters`, a tier above the pods: `count` data centers with the nodes split evenly
+  between them (node i in data center i // (nodes / count); a pod never straddles two), joined by links
+  with their own per-device `bandwidth_gbs`, `latency_ms` and `oversubscription` (a data center's NICs
+  over its interconnect's capacity): what crosses it pays milliseconds, not microseconds.
 
+A file may start from a shipped preset (`base: h100-4096`) and state only what differs.
 Every key is checked at load against the typed model `ClusterFile` (`cubic schema cluster` exports it
 as JSON Schema), with one line naming the file, the key and what is allowed (exit 2 at the CLI).
 `cubic calibrate` writes these files from measurements; hand-written
@@ -92,6 +97,8 @@ class Device:
     overlap_hidden: float = 0.0  # of a collective run beside compute (comm_overlap), the share of the shorter
     #   of the two that is hidden: 1 = perfectly, 0 = they serialise, < 0 = together they take longer (CPU:
     #   measured by `cubic calibrate`)
+    reads_own_ids: bool = False  # the framework's data reader hands each rank the ids of the shards it holds
+    #   (HugeCTR's), so no input all-to-all runs; cubic's harness and TorchRec distribute them (False)
 
     def kernel(self, backend: str, precision: str) -> KernelEff | None:
         per = self.embedding.get(backend) or {}
@@ -108,6 +115,16 @@ class Link:
 
 
 @dataclass(frozen=True)
+class DataCenters:
+    """The tier above the pods: `count` data centers of equal size joined by an interconnect (DCI)."""
+
+    count: int
+    bandwidth_gbs: float  # per direction, per device: one flow's rate across the DCI
+    latency_us: float  # one way between two data centers (fibre: ~5 us per km, plus the switches)
+    oversubscription: float = 1.0  # a data center's NIC bandwidth over its DCI capacity
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     nodes: int
@@ -118,6 +135,7 @@ class Cluster:
     host_memory_gb: float
     about: str = ""
     source: dict[str, Any] = field(default_factory=dict)
+    datacenters: DataCenters | None = None  # None: one data center
 
     @property
     def devices(self) -> int:
@@ -128,6 +146,15 @@ class Cluster:
 
     def pod_of(self, rank: int) -> int:
         return self.node_of(rank) // self.network.pod_nodes if self.network.pod_nodes else 0
+
+    def dc_of(self, rank: int) -> int:
+        dc = self.datacenters
+        return self.node_of(rank) // (self.nodes // dc.count) if dc else 0
+
+    @property
+    def dc_devices(self) -> int:
+        """Devices in one data center (all of them with one)."""
+        return self.devices // (self.datacenters.count if self.datacenters else 1)
 
     def rank_memory_mb(self, ranks_on_node: int) -> float:
         """What one rank may hold: its device's memory (GPU), or its share of the node's host memory."""
@@ -157,6 +184,14 @@ class LinkSpec(Strict):
 class NetworkSpec(LinkSpec):
     pod_nodes: PosInt | None = Field(None, description="nodes per pod (non-blocking inside); absent: one pod")
     oversubscription: Annotated[float, Field(ge=1)] = Field(1.0, description="above the pod; 1 = non-blocking")
+
+
+class DataCentersSpec(Strict):
+    count: Annotated[int, Field(ge=2)] = Field(description="data centers; the nodes split evenly between them")
+    bandwidth_gbs: Pos = Field(description="per direction, per device, across the interconnect, GB/s")
+    latency_ms: NonNeg = Field(description="one way between two data centers, milliseconds")
+    oversubscription: Annotated[float, Field(ge=1)] = Field(
+        1.0, description="a data center's NIC bandwidth over its interconnect's; 1 = non-blocking")
 
 
 class FwdBwd(Strict):
@@ -191,6 +226,8 @@ class DeviceSpec(Strict):
     host_link_gbs: NonNeg = 0.0
     overlap_hidden: Annotated[float, Field(ge=-1, le=1)] = Field(
         0.0, description="of a collective beside compute, the share of the shorter hidden (1 = all, < 0: costs)")
+    reads_own_ids: bool = Field(False, description="the framework reads each rank's shards' ids itself "
+                                "(HugeCTR): no input all-to-all")
 
     @model_validator(mode="after")
     def _cpu_cores(self) -> DeviceSpec:
@@ -209,8 +246,24 @@ class ClusterFile(Strict):
     intra_node: LinkSpec
     network: NetworkSpec
     host_memory_gb: Pos
+    datacenters: DataCentersSpec | None = Field(None, description="a tier above the pods; absent: one")
+    base: str | None = Field(None, description="a shipped preset this file states the differences from")
     about: str = ""
     source: dict[str, Any] = Field({}, description="what measured this file, when")
+
+    @model_validator(mode="after")
+    def _datacenters_hold_whole_pods(self) -> ClusterFile:
+        dc = self.datacenters
+        if dc is None:
+            return self
+        if self.nodes % dc.count:
+            raise ValueError(f"datacenters.count={dc.count} does not divide nodes={self.nodes} "
+                             f"(each data center holds nodes / count)")
+        per, pod = self.nodes // dc.count, self.network.pod_nodes
+        if pod and per % pod:
+            raise ValueError(f"network.pod_nodes={pod} does not divide the {per} nodes of a data center "
+                             f"(a pod cannot straddle two)")
+        return self
 
 
 def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
@@ -222,25 +275,53 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
         dict(dv.thread_exp), dv.step_overhead_ms, dv.cores or 0, process_mb=dv.process_mb,
         elementwise_gbs={k: dict(v) for k, v in dv.elementwise_gbs.items()}, shared_speed=dict(dv.shared_speed),
         glue_ns_per_id=dv.glue_ns_per_id, host_link_gbs=dv.host_link_gbs, jitter=dv.jitter,
-        replica_merge_gbs=dict(dv.replica_merge_gbs), overlap_hidden=dv.overlap_hidden)
+        replica_merge_gbs=dict(dv.replica_merge_gbs), overlap_hidden=dv.overlap_hidden,
+        reads_own_ids=dv.reads_own_ids)
     net = f.network
     intra = Link(f.intra_node.bandwidth_gbs, f.intra_node.latency_us,
                  in_network_reduction=f.intra_node.in_network_reduction)
+    dcs = f.datacenters
     return Cluster(f.name, f.nodes, f.devices_per_node, device, intra,
                    Link(net.bandwidth_gbs, net.latency_us, net.pod_nodes or 0, net.oversubscription,
                         net.in_network_reduction),
-                   f.host_memory_gb, f.about, dict(f.source))
+                   f.host_memory_gb, f.about, dict(f.source),
+                   DataCenters(dcs.count, dcs.bandwidth_gbs, dcs.latency_ms * 1e3, dcs.oversubscription)
+                   if dcs else None)
 
 
 def load_cluster(path: str | Path) -> Cluster:
     """A cluster file, or ConfigError (one line: the file, the key, what is allowed)."""
-    path = Path(path)
+    return cluster_from_dict(cluster_mapping(path), str(path))
+
+
+def cluster_mapping(path: str | Path) -> Any:
+    """A cluster file's mapping as the loader checks it: with its `base` preset merged under it."""
+    return _raw(Path(path), ())
+
+
+def _raw(path: Path, seen: tuple[str, ...]) -> Any:
+    """A cluster file's mapping, with `base: PRESET` (a shipped preset it differs from) merged under it:
+    the file's keys win, nested mappings merge key by key. A site built of a preset's nodes then states
+    only what differs, and each hardware figure keeps one home (and one source comment)."""
     try:
         raw = yaml.safe_load(read_text(path, "cluster file"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML") from None
-    return cluster_from_dict(raw, str(path))
+    if not isinstance(raw, dict) or "base" not in raw:
+        return raw
+    base = raw.pop("base")
+    presets = sorted(p.stem for p in shipped_cluster("local.yaml").parent.glob("*.yaml") if p.stem != "local")
+    if not isinstance(base, str) or base not in presets or base in seen:
+        why = "a preset cannot be its own base" if base in seen else f"choose one of {presets}"
+        raise ConfigError(f"{path}: base: {base!r}: {why}")
+    return _merge(_raw(shipped_cluster(f"{base}.yaml"), (*seen, base)), raw)
+
+
+def _merge(under: Any, over: Any) -> Any:
+    if isinstance(under, dict) and isinstance(over, dict):
+        return {**under, **{k: _merge(under.get(k), v) for k, v in over.items()}}
+    return over
 
 
 def shipped_file(folder: str, package: str, name: str) -> Path:

@@ -10,6 +10,14 @@ switches reduce (`in_network_reduction`: NVLink SHARP, InfiniBand SHARP), each r
 and receives the sum once on that link, (n-1)/n -> 1/2 of a ring's 2(n-1)/n, in one tree latency. Latency
 grows with log2 of the ranks (tree-like schedules; published all-to-all latencies grow ~2.5x from 8 to
 256 ranks). Times in ms.
+
+Across data centers (a cluster's `datacenters` tier) the bytes that leave a data center also cross its
+interconnect: one device's flow at `datacenters.bandwidth_gbs`, and all the data center's flows together at
+its NICs' bandwidth / `datacenters.oversubscription`. An all-to-all's messages fly at once: one one-way
+latency between data centers on top of the network's. An all-reduce is hierarchical, as cross-site
+training runs it: the all-reduce inside each data center (its reduce-scatter before, its all-gather after),
+and between them each of a data center's r ranks reduces its 1/r of the buffer with its peers in the others
+(a ring: twice the bytes, 2 log2(d) one-way latencies).
 """
 
 from __future__ import annotations
@@ -22,22 +30,28 @@ from cubic_harness.sim.cluster import Cluster
 
 @dataclass(frozen=True)
 class Span:
-    """Where a group of n ranks sits: m ranks per node on k nodes; q ranks per pod on p pods."""
+    """Where a group of n ranks sits: m ranks per node on k nodes; q ranks per pod on p pods; r ranks per
+    data center on d data centers."""
 
     n: int
     m: int
     k: int
     q: int = 0
     p: int = 1
+    r: int = 0
+    d: int = 1
 
 
 def span(ranks: list[int], cluster: Cluster) -> Span:
     nodes: dict[int, int] = {}
     pods: dict[int, int] = {}
+    dcs: dict[int, int] = {}
     for r in ranks:
         nodes[cluster.node_of(r)] = nodes.get(cluster.node_of(r), 0) + 1
         pods[cluster.pod_of(r)] = pods.get(cluster.pod_of(r), 0) + 1
-    return Span(len(ranks), max(nodes.values()), len(nodes), max(pods.values()), len(pods))
+        dcs[cluster.dc_of(r)] = dcs.get(cluster.dc_of(r), 0) + 1
+    return Span(len(ranks), max(nodes.values()), len(nodes), max(pods.values()), len(pods),
+                max(dcs.values()), len(dcs))
 
 
 def _nic_ms(in_pod: float, out_pod: float, c: Cluster) -> float:
@@ -60,16 +74,39 @@ def _uplink_share(rings: int, c: Cluster) -> float:
     return max(1.0, rings * c.network.oversubscription / pod_ranks)
 
 
-def all_to_all(bytes_per_rank: float, s: Span, c: Cluster) -> float:
-    """Each rank sends (n-1)/n of its buffer: (m-1)/n to its node's ranks, (n-m)/n through its own NIC."""
+def _dci_ms(nbytes: float, flows: float, c: Cluster) -> float:
+    """Bytes one device sends to other data centers while `flows` devices of its data center do the same:
+    at one flow's rate until they need more than the interconnect's capacity."""
+    dc = c.datacenters
+    assert dc is not None
+    share = max(1.0, flows * dc.oversubscription / c.dc_devices)
+    return _ms(nbytes, dc.bandwidth_gbs) * share
+
+
+def all_to_all(bytes_per_rank: float, s: Span, c: Cluster, mean_bytes: float | None = None) -> float:
+    """Each rank sends (n-1)/n of its buffer: (m-1)/n to its node's ranks, (n-m)/n through its own NIC, of
+    which (n-r)/n also crosses to other data centers. `bytes_per_rank` is the busiest rank's buffer, which its
+    own NIC carries at full rate; the links above the NICs (a pod's uplinks, the interconnect) are shared by
+    all ranks, so they carry the mean rank's (`mean_bytes`; the busiest's when all send alike) at their share.
+    An unbalanced exchange (a few ranks holding hot shards among thousands) waits on the busiest NIC, not on
+    every rank sending as much through the oversubscribed links."""
     if s.n <= 1:
         return 0.0
-    intra = _ms(bytes_per_rank * (s.m - 1) / s.n, c.intra_node.bandwidth_gbs)
+    hot = bytes_per_rank
+    mean = hot if mean_bytes is None else min(mean_bytes, hot)
+    intra = _ms(hot * (s.m - 1) / s.n, c.intra_node.bandwidth_gbs)
     if s.k <= 1:
         return intra + _lat(c.intra_node.latency_us, s.n)
     q = s.q or s.n
-    inter = _nic_ms(bytes_per_rank * (q - s.m) / s.n, bytes_per_rank * (s.n - q) / s.n, c)
-    return max(intra, inter) + _lat(c.network.latency_us, s.n)
+    inter = max(_ms(hot * (s.n - s.m) / s.n, c.network.bandwidth_gbs),
+                _nic_ms(mean * (q - s.m) / s.n, mean * (s.n - q) / s.n, c))
+    lat = _lat(c.network.latency_us, s.n)
+    if s.d > 1 and c.datacenters is not None:  # every group runs its all-to-all at the same moment of the
+        # step: the interconnect carries the mean rank's bytes from every device of the site at once
+        cross = (s.n - s.r) / s.n
+        inter = max(inter, _ms(hot * cross, c.datacenters.bandwidth_gbs), _dci_ms(mean * cross, c.dc_devices, c))
+        lat += c.datacenters.latency_us / 1e3
+    return max(intra, inter) + lat
 
 
 def all_gather(bytes_per_rank: float, s: Span, c: Cluster) -> float:
@@ -87,6 +124,11 @@ def all_reduce(nbytes: float, s: Span, c: Cluster, concurrent: int = 1) -> float
     concurrent x m NICs' worth of uplink, and slow down only past the pod's share."""
     if s.n <= 1:
         return 0.0
+    if s.d > 1 and c.datacenters is not None:  # hierarchical: inside each data center, then between them
+        dc = c.datacenters
+        inside = all_reduce(nbytes, Span(s.r, s.m, -(-s.k // s.d), s.q, -(-s.p // s.d), s.r, 1), c, concurrent)
+        wire = 2 * nbytes / s.r * (s.d - 1) / s.d
+        return inside + _dci_ms(wire, concurrent * s.r, c) + 2 * _lat(dc.latency_us, s.d)
     node, net = c.intra_node, c.network
     if s.k <= 1:
         if node.in_network_reduction:

@@ -11,8 +11,10 @@ same plan, so position p's ranks all carry the same load):
   over the copy bandwidth x the backend's measured efficiency at that row width and precision;
 - emb_bwd[p]: the fused backward+optimizer's bytes (rows and row state read and written, gradient
   rows read): with 2D `grad_allreduce` the union of the R replicas' bags;
-- comm: the input distribution (lengths and ids all-to-all in the group; hidden by pipelining as
-  far as the hardware allows), the pooled all-to-all forward and backward in the comm precision
+- comm: the input distribution (lengths and ids all-to-all in the group; pipelined, it runs beside the
+  previous step: on a GPU hidden up to that step's length, on CPU only its waiting; none where the
+  framework reads each rank's ids itself, `reads_own_ids`), the pooled all-to-all forward and backward
+  in the comm precision
   (with `comm_overlap`, less what runs beside the bottom MLP's forward and backward: the shorter of the
   two, times the share the device hides, `overlap_hidden`),
   the data-parallel tables' sparse sync (all-gather of ids and pooled gradients over the world),
@@ -202,10 +204,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
                          f"({c.nodes} nodes x {c.devices_per_node})")
     s = speeds(cfg, c)
     wb, sb, cb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer], DTYPE_BYTES[cfg.comm_precision]
-    groups = group_ranks(W, G, cfg.group_placement)
-    g_span = coll.span(groups[0], c)
-    r_span = coll.span([g[0] for g in groups], c)
-    w_span = coll.span(list(range(W)), c)
+    g_span, r_span, w_span = _spans(W, G, cfg.group_placement, c)
 
     # embedding work per position
     upd_mult = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
@@ -289,16 +288,20 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
 
     # communication
     comm: dict[str, float] = {}
+    beside = 0.0  # a GPU's pipelined input distribution: its time beside the previous step (hidden up to it)
     hidden_ms = 0.0  # comm_overlap: the pooled all-to-all's time beside compute (not in the step)
     if G > 1 and recv_cols:
         # an all-to-all takes as long as its busiest rank: every rank sends its own bags' ids (and receives
         # its pooled rows), but the rank holding the hot shards receives (and sends back) the most
-        inp = (coll.all_to_all(max(lens_send, max(held_lens)), g_span, c)
-               + coll.all_to_all(max(ids_send, max(held_ids)), g_span, c))
-        if cfg.pipeline_depth > 0:
-            inp = _overlapped(inp, coll.all_to_all(0.0, g_span, c), cfg, c, s)
+        inp = (coll.all_to_all(max(lens_send, max(held_lens)), g_span, c, lens_send)
+               + coll.all_to_all(max(ids_send, max(held_ids)), g_span, c, ids_send))
+        if c.device.reads_own_ids:
+            inp = 0.0
+        elif cfg.pipeline_depth > 0:
+            inp, beside = _overlapped(inp, coll.all_to_all(0.0, g_span, c), cfg, c, s)
         comm["input_a2a"] = inp
-        pooled = coll.all_to_all(max(B * recv_cols, G * B * max(held_cols)) * cb, g_span, c)  # one direction
+        # one direction; every rank receives its bags' B x recv_cols (the mean a rank sends)
+        pooled = coll.all_to_all(max(B * recv_cols, G * B * max(held_cols)) * cb, g_span, c, B * recv_cols * cb)
         if cfg.comm_overlap != "none":  # beside the bottom MLP's forward (and backward): what of it is hidden
             bf, bb = gemm_ms(dataclasses.replace(dc, gemms=dc.gemms[:len(wl.bottom_mlp)]), B,
                              c.device.dense_gflops[prec] * s.dense_speed, c.device.gemm_half_mflop)
@@ -336,6 +339,10 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     # the collection's own work on this rank's ids (routing them to their shards, assembling the pooled rows)
     glue = B * sum(pool) * c.device.glue_ns_per_id / 1e6 / s.emb_speed
     step = emb_fwd + emb_bwd + comm_ms + sync_ms + dense + optim + c.device.step_overhead_ms + glue
+    if beside > step:  # the next batch's ids take longer to arrive than this step: the rest is exposed
+        comm["input_a2a"] = beside - step
+        comm_ms += beside - step
+        step = beside
     qps = W * B / step * 1e3
     bd = {"emb_fwd": emb_fwd, "emb_bwd": emb_bwd, "comm": comm_ms, "sync": sync_ms,
           "dense": dense + c.device.step_overhead_ms + glue, "optim": optim}
@@ -354,6 +361,23 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     }
     return Estimate(step, qps, bd, comm, mem, mem_limit, features, {"emb_fwd": fwd, "emb_bwd": bwd}, offload,
                     hidden_ms)
+
+
+_SPANS: dict[tuple, tuple] = {}  # (cluster id, W, G, placement) -> (the cluster, its spans)
+
+
+def _spans(W: int, G: int, placement: str, c: Cluster) -> tuple[coll.Span, coll.Span, coll.Span]:
+    """Where a group, a position's replicas and the world sit: a walk over every rank (16,384 of them at the
+    largest scale) that a tune of many configurations on one cluster asks for again and again."""
+    key = (id(c), W, G, placement)
+    hit = _SPANS.get(key)
+    if hit is None or hit[0] is not c:
+        if len(_SPANS) >= 256:  # clusters made on the fly (a fit's scaled copies): keep the cache small
+            _SPANS.clear()
+        groups = group_ranks(W, G, placement)
+        hit = _SPANS[key] = (c, (coll.span(groups[0], c), coll.span([g[0] for g in groups], c),
+                                 coll.span(list(range(W)), c)))
+    return hit[1]
 
 
 @dataclass(frozen=True)
@@ -426,14 +450,15 @@ def gemm_ms(dc: DenseCost, B: int, peak: float, half: float) -> tuple[float, flo
     return fwd, bwd  # MFLOP / (GFLOP/s) = ms
 
 
-def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Speeds) -> float:
-    """The pipelined input distribution runs beside the previous step's compute: on a GPU it is hidden;
-    on CPU cores that the ranks already fill, its byte copying still takes them (only the waiting,
-    the latency, is hidden)."""
+def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Speeds) -> tuple[float, float]:
+    """The pipelined input distribution runs beside the previous step's compute: (what it adds to the step,
+    what runs beside it). On a GPU its copy engines and NICs run it apart from the kernels: hidden as long as
+    it takes no longer than the step it runs beside. On CPU cores that the ranks already fill, its byte
+    copying still takes them (only the waiting, the latency, is hidden)."""
     if c.device.type == "gpu":
-        return 0.0
+        return 0.0, inp
     busy = min(1.0, s.ranks_per_node * cfg.threads_per_rank / c.device.cores)
-    return max(0.0, inp - latency) * busy
+    return max(0.0, inp - latency) * busy, 0.0
 
 
 def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held_ids: list[float],

@@ -28,6 +28,11 @@ from cubic.search.proxy import FeatureFn, Proxy, kendall_tau, sim_features
 from cubic.search.samplers.base import Observations, SpaceSampler, distributions
 from cubic.space.search_space import SearchSpace
 
+# TPE proposes n_tpe candidates while a study is small; past this many trials (a simulated tune of a thousand),
+# one: each sample rescans the whole history (the largest cost of a proposal there), and the pool's random
+# configurations and the best trials' neighbours already number over a thousand.
+TPE_FULL_UNTIL = 256
+
 
 class CubicSampler(SpaceSampler):
     name = "cubic"
@@ -120,13 +125,13 @@ class CubicSampler(SpaceSampler):
             for j in self.rng.permutation(len(near))[:8]:
                 further = list(self.space.neighbours(near[j]))
                 pool.update(further[k] for k in self.rng.permutation(len(further))[:3])
-        pool.update(self._tpe(study, trial))
+        pool.update(self._tpe(study, trial, self.n_tpe if len(obs.seen) <= TPE_FULL_UNTIL else 1))
         return sorted(pool - obs.seen, key=str)
 
-    def _tpe(self, study: optuna.Study, trial: FrozenTrial) -> list[tuple]:
+    def _tpe(self, study: optuna.Study, trial: FrozenTrial, n: int) -> list[tuple]:
         out = []
         dists = distributions(self.space)
-        for _ in range(self.n_tpe):
+        for _ in range(n):
             try:
                 params = self.tpe.sample_relative(study, trial, dists)
             except Exception:  # TPE is one candidate source among several
