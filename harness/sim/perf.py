@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cubic_harness import ids as idstats
@@ -122,12 +121,6 @@ class TableCosts:
 
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster  # None (no calibration yet): tables are priced by their bytes alone
-        self._spans: dict[tuple, coll.Span] = {}  # the planner asks per table; a span walks every rank
-
-    def _span(self, ranks_of: tuple[int, int, str], ranks: Callable[[], list[int]]) -> coll.Span:
-        if ranks_of not in self._spans:
-            self._spans[ranks_of] = coll.span(ranks(), self.cluster)
-        return self._spans[ranks_of]
 
     def _speeds(self, cfg: TrialConfig) -> Speeds | None:
         if self.cluster is None:
@@ -161,7 +154,7 @@ class TableCosts:
         pool = t.lookups(cfg.workload.profiled)
         if self.cluster is None:
             return self._lookups(t, B, W * B, cfg) + W * B * (pool * ID_BYTES + t.dim * 4) / 1e6
-        world = self._span((W, W, "world"), lambda: list(range(W)))
+        world = _spans(W, cfg.group_size, cfg.group_placement, self.cluster)[2]
         gather = coll.all_gather(B * (pool * ID_BYTES + t.dim * 4), world, self.cluster) if W > 1 else 0.0
         return self._lookups(t, B, W * B, cfg) + gather
 
@@ -174,8 +167,7 @@ class TableCosts:
         if self.cluster is None:
             return 2 * cfg.batch_size * t.dim * parts * DTYPE_BYTES[cfg.comm_precision] / 1e6
         b = cfg.batch_size * t.dim * parts * DTYPE_BYTES[cfg.comm_precision]
-        s = self._span((cfg.world_size, G, cfg.group_placement),
-                       lambda: group_ranks(cfg.world_size, G, cfg.group_placement)[0])
+        s = _spans(cfg.world_size, G, cfg.group_placement, self.cluster)[0]
         return 2 * max(0.0, coll.all_to_all(b, s, self.cluster) - coll.all_to_all(0.0, s, self.cluster))
 
 
@@ -293,11 +285,10 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     if G > 1 and recv_cols:
         # an all-to-all takes as long as its busiest rank: every rank sends its own bags' ids (and receives
         # its pooled rows), but the rank holding the hot shards receives (and sends back) the most
-        inp = (coll.all_to_all(max(lens_send, max(held_lens)), g_span, c, lens_send)
-               + coll.all_to_all(max(ids_send, max(held_ids)), g_span, c, ids_send))
-        if c.device.reads_own_ids:
-            inp = 0.0
-        elif cfg.pipeline_depth > 0:
+        inp = 0.0 if c.device.reads_own_ids else (
+            coll.all_to_all(max(lens_send, max(held_lens)), g_span, c, lens_send)
+            + coll.all_to_all(max(ids_send, max(held_ids)), g_span, c, ids_send))
+        if inp and cfg.pipeline_depth > 0:
             inp, beside = _overlapped(inp, coll.all_to_all(0.0, g_span, c), cfg, c, s)
         comm["input_a2a"] = inp
         # one direction; every rank receives its bags' B x recv_cols (the mean a rank sends)
@@ -363,7 +354,8 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
                     hidden_ms)
 
 
-_SPANS: dict[tuple, tuple] = {}  # (cluster id, W, G, placement) -> (the cluster, its spans)
+_SPANS: dict[tuple, tuple] = {}  # (cluster id, W, G, placement) -> (the cluster, its spans): the planner's
+#   table costs and the step's estimate, for every configuration of a tune, read the same few
 
 
 def _spans(W: int, G: int, placement: str, c: Cluster) -> tuple[coll.Span, coll.Span, coll.Span]:
