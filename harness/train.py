@@ -86,13 +86,14 @@ class InputPipeline:
             self.pool.shutdown()
 
 
-def rss_mb() -> float:
-    """This process's peak RSS in MB. Linux's VmHWM starts afresh at exec; ru_maxrss does not: a rank
-    spawned by a 1.8 GB notebook or Ray worker would start at that parent's peak (and fail mem_cap)."""
+def rss_mb(now: bool = False) -> float:
+    """This process's peak RSS in MB (`now`: its current RSS). Linux's VmHWM starts afresh at exec; ru_maxrss
+    does not: a rank spawned by a 1.8 GB notebook or Ray worker would start at that parent's peak (and fail
+    mem_cap)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith("VmRSS:" if now else "VmHWM:"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
@@ -103,6 +104,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
                collect_tables: bool = False) -> dict:
     """Run warm-up + measured steps on this rank; return its measurements (rank 0's are the trial's)."""
     wl, W, B = cfg.workload, cfg.world_size, cfg.batch_size
+    start_mb = rss_mb(now=True)  # the framework before any model state (the fork server's pages it counts)
     groups = make_groups(rank, W, cfg.group_size, cfg.group_placement)
     coll = ShardedEmbeddingCollection(cfg, plan, groups, device)
     dense = build_dense_arch(wl, cfg.seed).to(device)
@@ -184,6 +186,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
         "losses": loss_t.tolist(),
         "ne": ne,
         "peak_mem_mb": float(peak.item()),
+        "start_mem_mb": start_mb,
         "breakdown_ms": bd_ms,
         "comm_hidden_ms": hidden_s * 1e3 / cfg.measure_steps,
         "plan_json": plan.to_json(),

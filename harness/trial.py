@@ -327,6 +327,7 @@ def run_trial(cfg: TrialConfig) -> TrialResult:
     env["wall_s"] = round(time.perf_counter() - t0, 2)
     if status == "ok":
         env["startup_s"] = round(outs[0]["first_step_at"] - started_at, 2)
+        env["rank_start_mb"] = round(outs[0]["start_mem_mb"], 1)
     if status != "ok":
         return TrialResult.failed(status, error, cfg, env=env)
     return summarize(cfg, outs[0], env)
