@@ -86,6 +86,7 @@ class InlineRunner:
     records every configuration it was asked to start."""
 
     simulated = False
+    backend = "real"
     cpus = 1.0
 
     def __init__(self) -> None:

@@ -23,10 +23,14 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+BACKENDS = ("real", "sim", "torchrec")  # cubic's harness trains, the simulator predicts, TorchRec trains
+
+
 def sim_cluster_of(backend: str, cluster: str | None):
-    """The cluster `--backend sim --cluster FILE|NAME` names (None for real trials); ConfigError otherwise."""
-    if backend not in ("real", "sim"):
-        raise ConfigError(f"--backend {backend!r}: choose one of ['real', 'sim']")
+    """The cluster `--backend sim --cluster FILE|NAME` names (None for trials that train); ConfigError
+    otherwise."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend!r}: choose one of {list(BACKENDS)}")
     if (backend == "sim") != (cluster is not None):
         raise ConfigError("--cluster FILE goes with --backend sim (and --backend sim needs one)")
     if cluster is None:
@@ -97,7 +101,9 @@ def trial(
     config: Path = typer.Option(None, "--config", help="a full TrialConfig YAML (e.g. from cubic export)"),
     set_: list[str] = typer.Option([], "--set", help="KNOB=VALUE, repeatable"),
     as_json: bool = typer.Option(False, "--json", help="print the TrialResult as one JSON line"),
-    backend: str = typer.Option("real", "--backend", help="real: train; sim: predict with the simulator"),
+    backend: str = typer.Option("real", "--backend", help="real: train in cubic's harness; torchrec: train in "
+                                "TorchRec (the workload's own model where it names a factory); sim: predict "
+                                "with the simulator"),
     cluster: str | None = typer.Option(None, "--cluster", help="cluster file or preset name for --backend sim"),
 ) -> None:
     """Run one real training trial (or simulate it) and print its result (exit 1 when the trial fails:
@@ -111,6 +117,10 @@ def trial(
         # the whole config is checked once, naming what made it (a later source may fix an earlier one)
         sources = [str(p) for p in (space, config, workload) if p] + (["--set"] if set_ else [])
         cfg.validate(" + ".join(sources) or "config")
+        if backend == "torchrec":
+            from cubic_harness.torchrec_trial import check_runs_in_torchrec
+
+            check_runs_in_torchrec(cfg)
         if sim_cluster is None:
             from cubic_harness.trial import check_config
 
@@ -138,12 +148,16 @@ def trial(
         if torch.cuda.device_count() < cfg.world_size:
             typer.echo(f"warning: {cfg.world_size} ranks on {torch.cuda.device_count()} GPU(s): NCCL refuses two "
                        "ranks on one device, falling back to gloo", err=True)
-    from cubic_harness.trial import run_trial
+    if backend == "torchrec":
+        from cubic_harness.torchrec_trial import run_torchrec as run
+    else:
+        from cubic_harness.trial import run_trial as run
 
     if not as_json:
         typer.echo(f"running {cfg.world_size} ranks x batch {cfg.batch_size}, {cfg.sharding}, kernel={cfg.kernel}, "
-                   f"{cfg.warmup_steps} warm-up + {cfg.measure_steps} measured steps ...", err=True)
-    res = run_trial(cfg)
+                   f"{cfg.warmup_steps} warm-up + {cfg.measure_steps} measured steps"
+                   + (" in TorchRec" if backend == "torchrec" else "") + " ...", err=True)
+    res = run(cfg)
     if as_json:
         sys.stdout.write(res.to_json() + "\n")
     else:

@@ -39,7 +39,8 @@ def tune(
                                             "local Ray on this machine]."),
     seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="Seed of the searcher (0 .. 2^32 - 1)."),
     live: bool | None = typer.Option(None, "--live/--no-live", help="Live table [default: on a terminal]."),
-    backend: str = typer.Option("real", "--backend", help="real: training trials on Ray; sim: the simulator "
+    backend: str = typer.Option("real", "--backend", help="real: training trials on Ray; torchrec: training "
+                                "trials in TorchRec on Ray (a space with target: torchrec); sim: the simulator "
                                 "(needs --cluster; no quality gate)."),
     cluster: str | None = typer.Option(None, "--cluster", help="Cluster file (clusters/*.yaml) or preset name "
                                        "for --backend sim."),
@@ -84,6 +85,17 @@ def tune(
             from cubic_harness.sim.backend import check_holds
 
             check_holds(sp.baseline, sim_cluster, f"{space or default_space()}: baseline")
+        if backend == "torchrec":
+            from cubic_harness.torchrec_trial import check_runs_in_torchrec
+
+            if sp.target != "torchrec":
+                raise ConfigError(f"--backend torchrec: {space or default_space()} has target {sp.target!r}; a "
+                                  "TorchRec tune needs a space with `target: torchrec`, which keeps only the knob "
+                                  "values TorchRec runs (e.g. search_spaces/dlrm_cpu_torchrec.yaml)")
+            try:
+                check_runs_in_torchrec(sp.baseline)
+            except ConfigError as e:
+                raise ConfigError(f"{space}: baseline: {e}") from None
         warm = []  # read (and judged) before this tune's own store is made: bad input writes nothing
         if warm_start:
             from cubic.search.warm_start import load_warm_start
@@ -100,7 +112,8 @@ def tune(
 
             qstore = open_quality_store(quality_store)
         if run_dir is None and storage is None:
-            run_dir = Path("runs") / (sp.name if sim_cluster is None else f"{sp.name}-sim-{sim_cluster.name}")
+            run_dir = Path("runs") / (f"{sp.name}-sim-{sim_cluster.name}" if sim_cluster is not None else
+                                      f"{sp.name}-torchrec" if backend == "torchrec" else sp.name)
         if run_dir is not None:
             check_run_dir(run_dir, holds_store=storage is None)
             try:
@@ -109,13 +122,13 @@ def tune(
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
         url = storage or storage_url(run_dir, must_exist=False)
         rdb = open_storage(url, None if storage else f"--run-dir {run_dir}")
-        store = Store(sp, rdb, run_dir, backend="real" if sim_cluster is None else f"sim:{sim_cluster.name}")
+        store = Store(sp, rdb, run_dir, backend=f"sim:{sim_cluster.name}" if sim_cluster is not None else backend)
         if sim_cluster is not None:
             from cubic.execution.sim_runner import SimRunner
 
             runner = SimRunner(sim_cluster)
         else:
-            runner = RayRunner(address, sp.isolation).check()
+            runner = RayRunner(address, sp.isolation, backend).check()
         if qstore is None and sim_cluster is None and sp.quality_runs is not None:
             from cubic.quality.store import QualityStore
 

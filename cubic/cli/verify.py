@@ -52,6 +52,9 @@ def _print(out: dict, fidelity: bool) -> None:
     from rich.table import Table
 
     con = Console()
+    if out.get("needs_nothing"):
+        con.print(out["needs_nothing"] + ": nothing to verify")
+        return
     if fidelity:
         t = Table(title=f"{out['study']}: {out['configs']} configurations, cubic vs TorchRec")
         for c in ("trial", "cubic samples/s", "TorchRec samples/s", "substitutions"):

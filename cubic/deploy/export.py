@@ -23,6 +23,7 @@ from cubic.study import record
 from cubic.study.store import storage_url
 from cubic_harness.config import TrialConfig, json_safe
 from cubic_harness.errors import ConfigError, write_text
+from cubic_harness.torchrec_trial import placement_of, torchrec_job
 
 FORMATS = ("yaml", "json", "torchrec")
 METRICS = ("qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne")
@@ -133,50 +134,6 @@ def train_pipeline_for(depth: int, device: str) -> str:
     return TRAIN_PIPELINES[depth]
 
 
-def _placement(tp: dict[str, Any], kind: str, group: int, ranks_per_node: int) -> dict[str, Any]:
-    """Exact placement of one table for torchrec.distributed.sharding_plan's generators
-    (table_wise(rank), row_wise(), column_wise(ranks, size_per_rank), table_row_wise(host_index),
-    data_parallel()), so a job can reproduce the measured plan instead of re-planning."""
-    shards = sorted(tp.get("shards") or [], key=lambda s: (s["col_start"], s["row_start"], s["rank"]))
-    ranks = [int(s["rank"]) for s in shards]
-    out: dict[str, Any] = {"sharding_type": kind}
-    if kind == "table_wise" and ranks:
-        out["rank"] = ranks[0]
-    elif kind == "column_wise":
-        out["ranks"] = ranks
-        out["size_per_rank"] = [int(s["col_end"]) - int(s["col_start"]) for s in shards]
-    elif kind == "row_wise":
-        out["ranks"] = ranks
-        out["rows_per_rank"] = [int(s["row_end"]) - int(s["row_start"]) for s in shards]
-    elif kind == "table_row_wise" and ranks:
-        out["host_index"] = ranks[0] // max(1, min(ranks_per_node, group))
-        out["ranks"] = ranks
-    return out
-
-
-def torchrec_model(wl: Any, notes: list[str]) -> dict[str, Any] | None:
-    """TorchRec's model class and constructor arguments for the workload's family (torchrec.models.dlrm):
-    DLRM for `dot`, DLRM_DCN (LowRankCrossNet: the same x_0 * (W (V x) + b) + x layers) for `dcn`.
-    Wukong has no TorchRec model: None, and a note (the tables, plan and optimizers still apply)."""
-    args = {"dense_in_features": wl.dense_features, "dense_arch_layer_sizes": list(wl.bottom_mlp),
-            "over_arch_layer_sizes": list(wl.top_mlp)}
-    if wl.interaction == "dot":
-        return {"class": "torchrec.models.dlrm.DLRM", **args}
-    if wl.interaction == "dcn":
-        rank = wl.dcn_rank
-        if rank == 0:  # LowRankCrossNet has no full-rank form; rank = width has at least its capacity
-            rank = wl.num_features * wl.dim
-            notes.append(f"dcn_rank=0 (full-rank cross layers) has no TorchRec form: DLRM_DCN's LowRankCrossNet "
-                         f"with dcn_low_rank_dim={rank} (the input width) can express it, with twice the weights")
-        return {"class": "torchrec.models.dlrm.DLRM_DCN", **args, "dcn_num_layers": wl.dcn_layers,
-                "dcn_low_rank_dim": rank}
-    notes.append(f"interaction={wl.interaction!r} (Wukong) has no TorchRec model class: build its dense "
-                 "arch from 'dense' (the layers of harness/model.py's WukongStack) around TorchRec's "
-                 "EmbeddingBagCollection; the tables, sharding plan, pipeline and optimizers below apply as "
-                 "they are")
-    return None
-
-
 def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for the loader)."""
     cfg = TrialConfig.from_dict(rec["config"])
@@ -210,7 +167,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
             c["sharding_types"] = [kind]
             # torchrec 1.8 trains model-parallel tables only with FBGEMM's fused TBE, data-parallel ones dense
             c["compute_kernels"] = ["dense" if kind == "data_parallel" else "fused"]
-            pl = _placement(tp, kind, cfg.group_size, cfg.ranks_per_node)
+            pl = placement_of(tp, kind, cfg.group_size, cfg.ranks_per_node)
             if kind == "column_wise" and pl.get("size_per_rank"):
                 c["min_partition"] = min(pl["size_per_rank"])
             placements[t.name] = pl
@@ -247,7 +204,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     if cfg.device == "cpu" and any(p["sharding_type"] in ("row_wise", "table_row_wise")
                                    for p in placements.values()):
         notes.append("TorchRec runs row_wise / table_row_wise only on CUDA; cubic's harness ran them on CPU")
-    model = torchrec_model(wl, notes)
+    job = torchrec_job(cfg, list(plan.values()), notes)
     w = rec["winner"]
     out = {
         "format": "cubic-torchrec/1",
@@ -259,10 +216,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "model_parallel": "DMPCollection" if two_d else "DistributedModelParallel",
         "sparse_sync": cfg.sparse_sync,
         # DMPCollection(use_inter_host_allreduce=True) keeps a sharding group's ranks contiguous (intra_node)
-        "dmp_collection": ({"sharding_group_size": cfg.group_size, "world_size": cfg.world_size,
-                            "use_inter_host_allreduce": cfg.group_placement == "intra_node",
-                            "group_placement": cfg.group_placement,
-                            "sync_interval_batches": cfg.sparse_sync_interval} if two_d else None),
+        "dmp_collection": job["dmp_collection"],
         "ranks_per_node": cfg.ranks_per_node,
         "batch_size_per_rank": cfg.batch_size,
         "device": cfg.device,
@@ -276,14 +230,15 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "qcomms_config": {"forward_precision": COMM_TYPES[cfg.comm_precision],
                           "backward_precision": COMM_TYPES[cfg.comm_precision]},
         # DistributedModelParallel(data_parallel_wrapper=DefaultDataParallelWrapper(allreduce_comm_precision=...))
-        "ddp": {"allreduce_comm_precision": cfg.allreduce_comm_precision},
+        "ddp": job["ddp"],
         "embedding_optimizer": {"class": EMB_OPTIMIZERS[cfg.emb_optimizer], "lr": cfg.emb_lr,
                                 "name": cfg.emb_optimizer},
         "dense": {"optimizer": "torch.optim.Adagrad", "lr": cfg.dense_lr, "precision": cfg.dense_precision,
                   "dense_features": wl.dense_features, "bottom_mlp": wl.bottom_mlp, "top_mlp": wl.top_mlp,
                   "interaction": wl.interaction,
                   **{k: getattr(wl, k) for k in wl.interaction_keys()}},
-        "model": model,
+        "model": job["model"],
+        "factory": job["factory"],  # the user's own model (MODULE:FACTORY), built instead of "model"
         "notes": notes,
     }
     return json_safe(out)

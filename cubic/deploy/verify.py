@@ -70,8 +70,12 @@ def verify(run_dir_or_storage_url: str | Path, top: int = 1, repeats: int = 3, s
         raise ConfigError(f"--top {top} and --repeats {repeats} must be >= 1")
     df = analysis.load_study(run_dir_or_storage_url, study)
     analysis.require_completed(df, str(run_dir_or_storage_url))
-    _require_torchrec()  # after the store: what is wrong with the user's input is said first
     name = df.attrs["study"]
+    if df.attrs["backend"] == "torchrec":  # its trials ran in TorchRec: the speed-up is TorchRec's already
+        return {"study": name, "backend": "torchrec", "configs": [],
+                "needs_nothing": f"study {name!r} was tuned in TorchRec (--backend torchrec): its winner's "
+                                 "speed-up was measured there, with the same placements the export writes"}
+    _require_torchrec()  # after the store: what is wrong with the user's input is said first
     win = int(df.attrs["winner"]["trial"])
     base_rows = analysis.baseline_rows(df)
     base_rows = base_rows[base_rows["ok"]]
@@ -122,6 +126,9 @@ def fidelity(run_dir_or_storage_url: str | Path, n: int, study: str | None = Non
         raise ConfigError(f"--fidelity {n}: a rank correlation needs at least 3 configurations")
     df = analysis.load_study(run_dir_or_storage_url, study)
     analysis.require_completed(df, str(run_dir_or_storage_url))
+    if df.attrs["backend"] != "real":
+        raise ConfigError(f"--fidelity: study {df.attrs['study']!r} ran on backend {df.attrs['backend']!r}; "
+                          "fidelity compares a study of cubic's harness with TorchRec")
     _require_torchrec()
     ok = df[df["ok"]].drop_duplicates("config_key").sort_values("qps").reset_index(drop=True)
     idx = sorted({round(i * (len(ok) - 1) / max(1, n - 1)) for i in range(n)}) if len(ok) > n else range(len(ok))

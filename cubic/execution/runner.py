@@ -48,13 +48,22 @@ def worker_env() -> dict[str, Any]:
     return {"env_vars": {**WORKER_NICENESS, **env_overrides()}}
 
 
-def _run(cfg_dict: dict[str, Any], span: dict[str, Any] | None = None) -> Iterator[Any]:
+def _run(cfg_dict: dict[str, Any], span: dict[str, Any] | None = None, backend: str = "real",
+         cwd: str | None = None) -> Iterator[Any]:
     """The Ray task body (module level, so workers import it by name): a streaming generator that
     yields STARTED, then the result dict. The marker is how the tuner tells a trial waiting for
     resources (a cluster shared with other jobs) from one that hangs. With `span`, the trial's ranks
-    run on several nodes (cubic/execution/multinode.py) and this task only coordinates them."""
+    run on several nodes (cubic/execution/multinode.py) and this task only coordinates them. `backend`
+    says what trains: cubic's harness ("real") or TorchRec ("torchrec", harness/torchrec_trial.py, which
+    imports the workload's MODULE:FACTORY from the driver's folder `cwd`, as `cubic workload from-torchrec`
+    did)."""
     yield STARTED
     cfg = TrialConfig.from_dict(cfg_dict)
+    if backend == "torchrec":
+        from cubic_harness.torchrec_trial import run_torchrec
+
+        yield run_torchrec(cfg, cwd).to_dict()
+        return
     if span is not None:
         from cubic.execution.multinode import run_on_nodes
 
@@ -99,6 +108,7 @@ class Runner(Protocol):
     does not care which ran."""
 
     simulated: bool  # results are the simulator's predictions (`cubic.tune.policy`)
+    backend: str  # what trains a trial: "real" (cubic's harness), "torchrec", or "sim"
 
     @property
     def cpus(self) -> float:  # the cluster's CPUs (the ETA's parallelism)
@@ -122,9 +132,10 @@ class RayRunner:
 
     simulated = False  # cubic/execution/sim_runner.py's SimRunner says True
 
-    def __init__(self, address: str | None = None, isolation: str = "node") -> None:
+    def __init__(self, address: str | None = None, isolation: str = "node", backend: str = "real") -> None:
         self.address = address
         self.isolation = isolation  # "node" | "cores", see the module docstring
+        self.backend = backend  # what a trial trains in: "real" (cubic's harness) or "torchrec"
         self._cpus = self._gpus = self._node_cpus = self._node_gpus = 0.0
         self._nodes = 0
         self._remote: Any = None
@@ -217,8 +228,9 @@ class RayRunner:
     def spans(self, cfg: TrialConfig) -> bool:
         """Whether `cfg`'s ranks go to world_size / ranks_per_node nodes (cubic/execution/multinode.py). On a one-node
         cluster a trial keeps today's fast path: its ranks_per_node topology is then the harness's own
-        (groups of ranks on the one machine), and env.placement says "local"."""
-        return self._started()._nodes > 1 and cfg.world_size > cfg.ranks_per_node
+        (groups of ranks on the one machine), and env.placement says "local". A TorchRec trial's ranks run on
+        its task's node."""
+        return self.backend == "real" and self._started()._nodes > 1 and cfg.world_size > cfg.ranks_per_node
 
     def submit(self, cfg: TrialConfig, tag: Any = None) -> Pending:
         if self.spans(cfg):  # starts Ray if needed
@@ -232,7 +244,8 @@ class RayRunner:
             return Pending(cfg, ref, sum(b["CPU"] for b in bundles), sum(b.get("GPU", 0.0) for b in bundles), tag,
                            spans=True)
         cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)
-        ref = self._remote.options(num_cpus=cpus, num_gpus=gpus, runtime_env=worker_env()).remote(cfg.to_dict())
+        ref = self._remote.options(num_cpus=cpus, num_gpus=gpus, runtime_env=worker_env()).remote(
+            cfg.to_dict(), None, self.backend, os.getcwd())
         return Pending(cfg, ref, cpus, gpus, tag)
 
     def wait(self, pending: list[Pending], timeout: float = 1.0) -> list[tuple[Pending, TrialResult]]:

@@ -22,6 +22,7 @@ BATCH = 8
 
 class SimRunner:
     simulated = True
+    backend = "sim"
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster

@@ -59,11 +59,15 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def run_key(cfg: TrialConfig) -> str:
-    """What a quality run trains, as one digest: its config without `timeout_s`, the code, torch's version."""
+def run_key(cfg: TrialConfig, backend: str = "real") -> str:
+    """What a quality run trains, as one digest: its config without `timeout_s`, the code, torch's version, and
+    for a trial trained in TorchRec (`backend`) that fact and TorchRec's version."""
     d = cfg.to_dict()
     d.pop("timeout_s", None)
-    blob = json.dumps({"config": d, "code": code_digest(), "torch": version("torch")}, sort_keys=True)
+    key: dict[str, Any] = {"config": d, "code": code_digest(), "torch": version("torch")}
+    if backend != "real":
+        key.update(backend=backend, torchrec=version("torchrec"))
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -116,17 +120,18 @@ class QualityStore:
             return int(c.execute(sa.select(sa.func.count()).select_from(RUNS)
                                  .where(RUNS.c.schema == SCHEMA)).scalar_one())
 
-    def get(self, cfg: TrialConfig) -> TrialResult | None:
+    def get(self, cfg: TrialConfig, backend: str = "real") -> TrialResult | None:
         with self.engine.connect() as c:
-            row = c.execute(sa.select(RUNS.c.result).where(RUNS.c.key == run_key(cfg), RUNS.c.schema == SCHEMA)
-                            ).first()
+            row = c.execute(sa.select(RUNS.c.result).where(RUNS.c.key == run_key(cfg, backend),
+                                                           RUNS.c.schema == SCHEMA)).first()
         return None if row is None else TrialResult.from_dict(json.loads(row[0]))
 
-    def put(self, cfg: TrialConfig, res: TrialResult) -> bool:
+    def put(self, cfg: TrialConfig, res: TrialResult, backend: str = "real") -> bool:
         """Keep a finished run (True if kept; a failed one, or one another tuner kept first, is not)."""
         if res.status != "ok" or res.extra.get("eval_ne") is None:
             return False
-        row = {"key": run_key(cfg), "schema": SCHEMA, "config": json.dumps(json_safe(cfg.to_dict()), sort_keys=True),
+        row = {"key": run_key(cfg, backend), "schema": SCHEMA,
+               "config": json.dumps(json_safe(cfg.to_dict()), sort_keys=True),
                "result": json.dumps(json_safe(res.to_dict())), "created": time.time()}
         try:
             with self.engine.begin() as c:
@@ -158,12 +163,16 @@ class ReusingRunner:
         return self.runner.simulated
 
     @property
+    def backend(self) -> str:
+        return self.runner.backend
+
+    @property
     def cpus(self) -> float:
         return self.runner.cpus
 
     def submit(self, cfg: TrialConfig, tag: Any = None) -> Pending:
         if is_quality_run(cfg):
-            res = self.store.get(cfg)
+            res = self.store.get(cfg, self.backend)
             if res is not None:
                 p = Pending(cfg, None, 0.0, tag=tag, reused=True)
                 self._answered.append((p, res))
@@ -183,5 +192,5 @@ class ReusingRunner:
         out = self.runner.wait([p for p in pending if not p.reused], timeout)
         for p, res in out:
             if is_quality_run(p.cfg):
-                self.store.put(p.cfg, res)
+                self.store.put(p.cfg, res, self.backend)
         return out

@@ -208,7 +208,8 @@ def study_frame(st: optuna.Study, storage: Any, label: str = "",
     df["datetime_complete"] = pd.to_datetime(df["datetime_complete"])
     df["duration_s"] = (df["datetime_complete"] - df["datetime_start"]).dt.total_seconds()
     df["ok"] = (df["state"] == "COMPLETE") & (df["status"] == "ok") & (df["qps"] > 0)
-    df.attrs.update(study=st.study_name, storage=safe_url(label), knobs=knobs, space=st.user_attrs.get("space") or {})
+    df.attrs.update(study=st.study_name, storage=safe_url(label), knobs=knobs, space=st.user_attrs.get("space") or {},
+                    backend=st.user_attrs.get("backend", "real"))  # real, torchrec or sim:CLUSTER
     # One speed-up everywhere (banner, tables, plots, notebook, export): over the baseline's re-measured
     # median when the confirm re-measured it, since its first measurement may have run on a busy machine;
     # a re-measured configuration by its own median, any other by its one search measurement.

@@ -58,7 +58,7 @@ class Tuner:
                  live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None,
                  quality_store: QualityStore | None = None) -> None:
         policy = (Policy.simulated(runner.cluster.name) if runner.simulated  # type: ignore[attr-defined]
-                  else Policy.measured(space))
+                  else Policy.measured(space, runner.backend))
         if quality_store is not None and policy.quality_runs is not None:
             runner = ReusingRunner(runner, quality_store)
         self.searcher = searcher

@@ -2,9 +2,9 @@
 
 A measured trial trains a model: it has losses (the in-run NE estimate), can be re-measured (the machine
 is noisy, the first measurement was picked for being high) and its numerics can be judged by held-out
-quality runs. A simulated trial (`cubic.execution.sim_runner`) predicts speed and memory and trains nothing: the
-same prediction again says nothing new, and there is no quality to judge (a real tune of its winner
-does that)."""
+quality runs; that holds whether cubic's harness or TorchRec trains it. A simulated trial
+(`cubic.execution.sim_runner`) predicts speed and memory and trains nothing: the same prediction again says
+nothing new, and there is no quality to judge (a real tune of its winner does that)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ class Policy:
     provenance: dict[str, Any] = field(default_factory=dict)  # what the winner records about the backend
 
     @classmethod
-    def measured(cls, space: SearchSpace) -> Policy:
+    def measured(cls, space: SearchSpace, backend: str = "real") -> Policy:
+        """Trials that train, in cubic's harness or in TorchRec (`backend`): the memory model prices the
+        harness's ranks, so only its trials are refused before they start."""
         return cls(estimates_quality=True, quality_runs=space.quality_runs, judges_quality=True,
-                   repeats=space.repeats, checks_memory=True)
+                   repeats=space.repeats, checks_memory=backend == "real",
+                   provenance={} if backend == "real" else {"backend": backend})
 
     @classmethod
     def simulated(cls, cluster: str) -> Policy:

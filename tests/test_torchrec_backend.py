@@ -1,0 +1,195 @@
+"""The TorchRec trial backend (`--backend torchrec`): the user's own TorchRec model tuned in TorchRec itself, its
+winner exported with the model's factory, bad input refused in one line, a trial that crashes inside TorchRec
+recorded with its reason while the tune goes on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from cubic_harness.data import Batch
+from tests.helpers import require
+
+CUBIC = [sys.executable, "-m", "cubic"]
+
+# A model that is not cubic's: an EBC inside a module of its own, one table looked up by two features, and a dense
+# part of its own. `picky` crashes inside TorchRec's forward on batches over 256 samples (a user's bug);
+# `sequence` holds an EmbeddingCollection, which the backend does not shard.
+MODELS = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
+    from torchrec.modules.embedding_configs import PoolingType
+
+    class Ranker(nn.Module):
+        def __init__(self, limit=0):
+            super().__init__()
+            self.limit = limit
+            self.ebc = EmbeddingBagCollection(tables=[
+                EmbeddingBagConfig(name="users", num_embeddings=4000, embedding_dim=16,
+                                   feature_names=["user_id", "friend_id"], pooling=PoolingType.MEAN),
+                EmbeddingBagConfig(name="goods", num_embeddings=3000, embedding_dim=16, feature_names=["item_id"])])
+            self.tower = nn.Sequential(nn.Linear(5, 16), nn.ReLU())
+            self.head = nn.Sequential(nn.Linear(16 * 4, 32), nn.ReLU(), nn.Linear(32, 1))
+
+        def forward(self, dense, kjt):
+            if self.limit and dense.shape[0] > self.limit:
+                raise RuntimeError(f"ranker head sized for {self.limit} samples, got {dense.shape[0]}")
+            pooled = self.ebc(kjt).to_dict()
+            x = torch.cat([self.tower(dense)] + [pooled[k] for k in ("user_id", "friend_id", "item_id")], dim=1)
+            return self.head(x)
+
+    def ranker():
+        return Ranker()
+
+    def picky():
+        return Ranker(limit=256)
+
+    def broken():
+        raise RuntimeError("no GPU config found")
+
+    class Sessions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ec = EmbeddingCollection(tables=[EmbeddingConfig(name="clicks", num_embeddings=100,
+                                                                  embedding_dim=8, feature_names=["click"])])
+            self.head = nn.Linear(3, 1)
+
+        def forward(self, dense, kjt):
+            return self.head(dense)
+
+    def sequence():
+        return Sessions()
+''')
+
+SPACE = """\
+name: ranker_torchrec
+target: torchrec
+workload: {file: picky.json}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 256, kernel: fbgemm, emb_precision: fp32,
+           dense_precision: fp32, comm_precision: fp32, pipeline_depth: 0, threads_per_rank: 1}
+knobs:
+  batch_size: [256, 512]
+  emb_precision: [fp32, fp16]
+objective: {metric: qps}
+trial: {warmup_steps: 1, measure_steps: 4, windows: 2, timeout_s: 180, repeats: 1}
+budget: {trials: 4, confirm_top_k: 0}
+"""
+
+
+@pytest.fixture
+def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module of TorchRec models that are not cubic's, importable from `tmp_path` (the current folder)."""
+    require("torchrec")
+    (tmp_path / "usermodels.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def cli(*args: str) -> tuple[int, str, list[str]]:
+    """The `cubic` app in-process: exit code, stdout, stderr lines."""
+    from typer.testing import CliRunner
+
+    from cubic.cli.app import app
+
+    r = CliRunner().invoke(app, list(args))
+    return r.exit_code, r.stdout, r.stderr.strip().splitlines()
+
+
+def _workload(entry: str, out: Path) -> Path:
+    code, _, err = cli("workload", "from-torchrec", f"usermodels:{entry}", "-o", str(out))
+    assert code == 0, err
+    return out
+
+
+def test_a_tables_bag_is_cut_into_one_piece_per_feature() -> None:
+    """The harness pools a table's features as one bag; TorchRec looks each feature up apart: sample i's bag of
+    table t is cut into consecutive pieces, one per feature, and nothing is lost or reordered."""
+    require("torchrec")
+    from cubic_harness.torchrec_trial import _kjt
+
+    # 2 tables, 3 samples: table 0 bags [10 11 12], [13], [] ; table 1 bags [20], [21 22], [23 24 25 26]
+    ids = torch.tensor([10, 11, 12, 13, 20, 21, 22, 23, 24, 25, 26])
+    b = Batch(torch.zeros(3, 1), ids, torch.tensor([0, 3, 4, 4, 5, 7, 11]), torch.zeros(3))
+    kjt = _kjt(b, [["a", "b"], ["c"]]).to_dict()
+    assert kjt["a"].lengths().tolist() == [1, 0, 0] and kjt["a"].values().tolist() == [10]
+    assert kjt["b"].lengths().tolist() == [2, 1, 0] and kjt["b"].values().tolist() == [11, 12, 13]
+    assert kjt["c"].lengths().tolist() == [1, 2, 4] and kjt["c"].values().tolist() == [20, 21, 22, 23, 24, 25, 26]
+    one = _kjt(b, [["a"], ["c"]]).to_dict()  # one feature a table: the bags as they are
+    assert one["a"].values().tolist() == [10, 11, 12, 13] and one["c"].lengths().tolist() == [1, 2, 4]
+
+
+def test_bad_input_for_the_torchrec_backend_is_one_line_exit_2(models: Path) -> None:
+    wl = _workload("ranker", models / "ranker.json")
+    for args, says in (
+        (["--set", "kernel=native"], "kernel='native' does not run in TorchRec on cpu"),
+        (["--set", "sharding=row_wise"], "row-wise kinds need CUDA in TorchRec"),
+        (["--set", "comm_overlap=forward"], "comm_overlap='forward' does not run in TorchRec"),
+    ):
+        code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(wl), "--set", "kernel=fbgemm", *args)
+        assert code == 2 and len(err) == 1 and says in err[0], err
+    seq = _workload("sequence", models / "sequence.json")
+    code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(seq), "--set", "kernel=fbgemm")
+    assert code == 2 and len(err) == 1 and "clicks" in err[0] and "EmbeddingCollection" in err[0], err
+    # a tune needs a space that keeps only what TorchRec runs
+    (models / "harness.yaml").write_text(SPACE.replace("target: torchrec\n", "").replace("picky", "ranker"))
+    code, _, err = cli("tune", "--backend", "torchrec", "--space", str(models / "harness.yaml"), "--no-live")
+    assert code == 2 and len(err) == 1 and "target: torchrec" in err[0], err
+    code, _, err = cli("trial", "--backend", "torchec")
+    assert code == 2 and "choose one of ['real', 'sim', 'torchrec']" in err[0], err
+
+
+def test_a_users_model_trains_in_torchrec_and_a_broken_factory_is_a_failed_trial(models: Path) -> None:
+    """`cubic trial --backend torchrec` trains the user's own module (its two features cut from one bag) under
+    DistributedModelParallel, held-out evaluation included; a factory that raises in the ranks is a failed trial
+    with the factory's reason (exit 1), not a traceback."""
+    wl = _workload("ranker", models / "ranker.json")
+    code, out, err = cli("trial", "--backend", "torchrec", "--workload", str(wl), "--json", "--set", "kernel=fbgemm",
+                         "--set", "sharding=column_wise", "--set", "batch_size=128", "--set", "warmup_steps=1",
+                         "--set", "measure_steps=3", "--set", "windows=1", "--set", "eval_samples=2048")
+    res = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and res["status"] == "ok", (res["error"], err)
+    assert res["env"]["backend"] == "torchrec" and res["env"]["torchrec"] and res["env"]["model_parallel"] == \
+        "DistributedModelParallel"
+    assert res["qps"] > 0 and 0 < res["ne"] < 2 and 0 < res["extra"]["eval_ne"] < 2 and res["extra"]["eval_samples"] \
+        == 2048 and res["peak_mem_mb"] > 0
+    assert {p["name"]: p["kind"] for p in res["plan"]} == {"users": "column_wise", "goods": "column_wise"}
+    raw = json.loads(wl.read_text())
+    (models / "broken.json").write_text(json.dumps({**raw, "factory": "usermodels:broken"}))
+    code, out, err = cli("trial", "--backend", "torchrec", "--workload", str(models / "broken.json"), "--json",
+                         "--set", "kernel=fbgemm", "--set", "measure_steps=2", "--set", "windows=1")
+    res = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and res["status"] == "error", res
+    assert "usermodels:broken: the factory raised RuntimeError: no GPU config found" in res["error"]
+
+
+def test_a_torchrec_tune_of_a_users_model_records_a_crash_and_exports_the_factory(models: Path) -> None:
+    """The short version of the slow tier's tune: 4 configurations in TorchRec on Ray (the grid), those with
+    512-sample batches crash inside the model's forward and are recorded with its reason while the tune goes on;
+    the export names the user's factory and `cubic verify` has nothing to re-run."""
+    _workload("picky", models / "picky.json")
+    (models / "space.yaml").write_text(SPACE)
+    p = subprocess.run([*CUBIC, "tune", "--backend", "torchrec", "--space", "space.yaml", "--run-dir", "run",
+                        "--searcher", "grid", "--no-live"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    from cubic.results.analysis import load_study
+
+    df = load_study(models / "run")
+    assert df.attrs["backend"] == "torchrec" and df.attrs["study"] == "ranker_torchrec@torchrec"
+    assert len(df) == 4 and set(df["env_backend"]) == {"torchrec"}
+    crashed = df[df["batch_size"] == 512]
+    assert len(crashed) == 2 and set(crashed["status"]) == {"error"}
+    assert all("ranker head sized for 256 samples, got 512" in e for e in crashed["reason"])
+    assert df[df["batch_size"] == 256]["ok"].all()
+    code, out, err = cli("export", "run", "--format", "torchrec")
+    exp = json.loads(out)
+    assert code == 0 and exp["factory"] == "usermodels:picky" and exp["model"] is None, err
+    assert set(exp["placements"]) == {"users", "goods"}
+    code, out, err = cli("verify", "run")
+    assert code == 0 and "was tuned in TorchRec" in out and "nothing to verify" in out, (out, err)
