@@ -63,8 +63,9 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
     """Why TorchRec cannot run `knob=value` as cubic's harness measures it on `device`; None where it can.
     The rules a `target: torchrec` search space restricts its knobs by (and `plan_for_torchrec` substitutes)."""
     cpu = device != "cuda"
-    if knob == "kernel" and value != "fbgemm":
-        return "TorchRec's model-parallel tables run FBGEMM's fused TBE"
+    if knob == "kernel" and value != "fbgemm" and (not cpu or value == "triton"):
+        return ("TorchRec's sharded tables run cubic's kernels on CPU only (harness/torchrec_kernel.py), FBGEMM's "
+                "fused TBE elsewhere")
     if knob == "sharding":
         if value == "data_parallel" or value == "auto":
             return ("TorchRec syncs data-parallel tables by a dense gradient all-reduce, not cubic's sparse sync"
@@ -100,6 +101,7 @@ INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE", "comm_precision": "the a
            "sparse_sync": "DMPCollection averaged the replicas' weights and optimizer state after every step",
            "emb_optimizer": "row-wise AdaGrad ran, its replicas merged by DMPCollection's averaging"}
 TWO_D_KNOBS = ("sparse_sync", "emb_optimizer")  # substitutions only where replicas exist
+TWO_D_KERNEL = "DMPCollection merges only FBGEMM's kernels' weights (cubic's would drift apart unmerged)"
 
 
 def plan_for_torchrec(cfg: TrialConfig, export: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
@@ -121,6 +123,8 @@ def plan_for_torchrec(cfg: TrialConfig, export: dict[str, Any]) -> tuple[dict[st
         subs.append("data-parallel tables: TorchRec all-reduces their dense gradients (cubic: a sparse all-gather of "
                     "ids and pooled gradients)")
     two_d = cfg.group_size < cfg.world_size
+    if two_d and cfg.kernel != "fbgemm" and not torchrec_unsupported("kernel", cfg.kernel, cfg.device):
+        subs.append(f"kernel={cfg.kernel}: {TWO_D_KERNEL}; TorchRec ran FBGEMM's fused TBE")
     for knob, instead in INSTEAD.items():
         if knob in TWO_D_KNOBS and not two_d:
             continue  # one replica: the same training as plain model parallelism
@@ -213,6 +217,9 @@ def check_runs_in_torchrec(cfg: TrialConfig) -> None:
         raise ConfigError(f"table(s) {', '.join(seq)}: sequence tables (an EmbeddingCollection) are not trained by "
                           "the TorchRec backend; it shards pooled ones (EmbeddingBagCollection)")
     two_d = cfg.group_size < cfg.world_size
+    if two_d and cfg.kernel != "fbgemm":
+        raise ConfigError(f"kernel={cfg.kernel!r} with sharding_group_size={cfg.sharding_group_size} (2D) does not "
+                          f"run in TorchRec: {TWO_D_KERNEL}; choose kernel=fbgemm for 2D")
     for knob in ("kernel", "sharding", *INSTEAD):
         if knob in TWO_D_KNOBS and not two_d:
             continue
@@ -254,7 +261,7 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
         return TrialResult.failed(status, error, cfg, env=env)
     r0 = got[0]
     env["startup_s"] = round(r0["first_step_at"] - started_at, 2)
-    env["model_parallel"] = r0["model_parallel"]
+    env.update(model_parallel=r0["model_parallel"], kernel=r0["kernel"])
     return summarize(cfg, {**r0, "plan_json": plan.to_json()}, env)
 
 
@@ -280,7 +287,7 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
         return out
     r0 = got[0]
     out.update(status="ok", error="", **{k: r0[k] for k in (
-        "qps", "window_qps", "placements", "omp_wait_policy", "model_parallel", "syncs", "sharding_group",
+        "qps", "window_qps", "placements", "omp_wait_policy", "model_parallel", "kernel", "syncs", "sharding_group",
         "ddp_hooks")}, checksums={r: g["checksum"] for r, g in got.items()})
     return out
 
@@ -448,7 +455,14 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         mine_gens = {c.name: gens[c.name] for c in ebc.embedding_bag_configs()}
         plan.plan[p] = sp.construct_module_sharding_plan(ebc, mine_gens, local_size=G, world_size=G,
                                                          device_type="cpu")
-    sharders = [EmbeddingBagCollectionSharder()]
+    # the tables' kernel: cubic's own through its sharder where TorchRec runs it (CPU, one replica), else FBGEMM's
+    kernel = "fbgemm" if dc or torchrec_unsupported("kernel", cfg.kernel, cfg.device) else cfg.kernel
+    if kernel == "fbgemm":
+        sharders = [EmbeddingBagCollectionSharder()]
+    else:
+        from cubic_harness.torchrec_kernel import cubic_sharder
+
+        sharders = [cubic_sharder(kernel)]
     ar = job.get("ddp", {}).get("allreduce_comm_precision")
     ddp = DefaultDataParallelWrapper(allreduce_comm_precision=None if torchrec_unsupported(
         "allreduce_comm_precision", ar, cfg.device) or ar == "fp32" else ar)
@@ -531,7 +545,8 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
     dist.barrier()
     dist.destroy_process_group()
     return {"qps": statistics.median(windows), "window_qps": windows, "placements": applied,
-            "model_parallel": type(dmp).__name__, "syncs": syncs, "sharding_group": mine, "checksum": checksum,
+            "model_parallel": type(dmp).__name__, "kernel": kernel, "syncs": syncs, "sharding_group": mine,
+            "checksum": checksum,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
             # the dense gradients' comm hooks DDP runs (allreduce_comm_precision: torch's fp16/bf16_compress_hook)
             "ddp_hooks": [h.__name__ for h, _ in getattr(dmp._dmp_wrapped_module, "_comm_hooks", [])],

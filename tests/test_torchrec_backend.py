@@ -125,12 +125,30 @@ def test_a_tables_bag_is_cut_into_one_piece_per_feature() -> None:
     assert one["a"].values().tolist() == [10, 11, 12, 13] and one["c"].lengths().tolist() == [1, 2, 4]
 
 
+def test_cubics_native_kernel_trains_inside_torchrec_as_fbgemms_fused_tbe_does() -> None:
+    """kernel=native in the TorchRec backend runs cubic's numba kernel inside TorchRec's sharded tables
+    (harness/torchrec_kernel.py: table-wise and column-wise shards): the same training as FBGEMM's fused TBE
+    with row-wise AdaGrad fused into the backward, step for step."""
+    require("torchrec")
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.torchrec_trial import run_torchrec
+    from cubic_harness.workload import Workload
+
+    cfg = TrialConfig(workload=Workload.tiny(), world_size=2, batch_size=128, sharding="column_wise", warmup_steps=2,
+                      measure_steps=4, windows=1, timeout_s=180)
+    fb, nat = run_torchrec(cfg.replace(kernel="fbgemm")), run_torchrec(cfg.replace(kernel="native"))
+    assert fb.status == nat.status == "ok", (fb.error, nat.error)
+    assert (fb.env["kernel"], nat.env["kernel"]) == ("fbgemm", "native")
+    assert nat.losses == pytest.approx(fb.losses, rel=1e-4) and fb.losses[-1] != fb.losses[0]
+
+
 def test_bad_input_for_the_torchrec_backend_is_one_line_exit_2(models: Path) -> None:
     wl = _workload("ranker", models / "ranker.json")
     for args, says in (
-        (["--set", "kernel=native"], "kernel='native' does not run in TorchRec on cpu"),
+        (["--set", "kernel=triton"], "kernel='triton' does not run in TorchRec on cpu"),
         (["--set", "sharding=row_wise"], "row-wise kinds need CUDA in TorchRec"),
         (["--set", "comm_overlap=forward"], "comm_overlap='forward' does not run in TorchRec"),
+        (["--set", "kernel=native", "--set", "sharding_group_size=1"], "DMPCollection merges only FBGEMM's kernels"),
     ):
         code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(wl), "--set", "kernel=fbgemm", *args)
         assert code == 2 and len(err) == 1 and says in err[0], err
@@ -193,3 +211,101 @@ def test_a_torchrec_tune_of_a_users_model_records_a_crash_and_exports_the_factor
     assert set(exp["placements"]) == {"users", "goods"}
     code, out, err = cli("verify", "run")
     assert code == 0 and "was tuned in TorchRec" in out and "nothing to verify" in out, (out, err)
+
+
+LONG_SPACE = """\
+name: ranker_torchrec_long
+target: torchrec
+workload: {file: ranker.json}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 256, kernel: fbgemm, emb_precision: fp32,
+           dense_precision: fp32, comm_precision: fp32, pipeline_depth: 0, threads_per_rank: 1}
+knobs:
+  sharding: [table_wise, column_wise]
+  batch_size: {type: int, low: 256, high: 4096, log: true}
+  emb_precision: [fp32, fp16]
+  emb_optimizer: [rowwise_adagrad, sgd]
+objective: {metric: qps}
+constraints: {quality_tolerance: 0.05}
+trial: {warmup_steps: 2, measure_steps: 12, windows: 4, timeout_s: 300, repeats: 3}
+budget: {trials: 12, confirm_top_k: 2}
+"""
+
+
+@pytest.mark.slow  # ~6 min: 12 TorchRec trials and the confirm's re-measurements, then 3 re-runs of the export
+def test_a_torchrec_tune_of_a_users_model_and_its_exported_winner_reruns_at_its_speed(models: Path) -> None:
+    """The long version: the user's model tuned in TorchRec with the cubic searcher and the confirm step; the winner
+    exported as a full config and re-run in TorchRec three times runs at the confirmed speed within the noise
+    (the re-runs' median inside the confirm's range, widened by 15% for a noisy machine)."""
+    _workload("ranker", models / "ranker.json")
+    (models / "space.yaml").write_text(LONG_SPACE)
+    p = subprocess.run([*CUBIC, "tune", "--backend", "torchrec", "--space", "space.yaml", "--run-dir", "run",
+                        "--no-live"], capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+    from cubic.results.analysis import load_study
+
+    df = load_study(models / "run")
+    win = df.attrs["winner"]
+    row = df[df["number"] == win["trial"]].iloc[0]
+    assert (df["env_backend"] == "torchrec").all() and len(row["confirm_qps"]) >= 3
+    assert cli("export", "run", "--format", "yaml", "-o", "winner.yaml")[0] == 0
+    reruns = []
+    for _ in range(3):
+        code, out, err = cli("trial", "--backend", "torchrec", "--config", "winner.yaml", "--json")
+        res = json.loads(out.strip().splitlines()[-1])
+        assert code == 0 and res["env"]["backend"] == "torchrec", (res["error"], err)
+        reruns.append(res["qps"])
+    lo, hi = min(row["confirm_qps"]) / 1.15, max(row["confirm_qps"]) * 1.15
+    assert lo <= sorted(reruns)[1] <= hi, (reruns, row["confirm_qps"])
+
+
+def _with_profile(tmp_path: Path, profile: dict) -> Path:
+    import yaml
+
+    from tests.helpers import FIXTURE_CLUSTER
+
+    raw = yaml.safe_load(FIXTURE_CLUSTER.read_text())
+    raw["frameworks"] = {"torchrec": profile}
+    path = tmp_path / "local_tr.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_the_simulator_prices_torchrecs_step_by_its_profile(tmp_path: Path) -> None:
+    """A cluster's `frameworks.torchrec` replaces the device's step figures (the harness's) where TorchRec's
+    differ: `--framework torchrec` prices a step with its fixed cost and its collection's cost per id."""
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.sim.backend import simulate
+    from cubic_harness.sim.cluster import load_cluster
+    from cubic_harness.workload import Workload
+
+    c = load_cluster(_with_profile(tmp_path, {"step_overhead_ms": 5.0, "glue_ns_per_id": 17.1}))
+    tr = c.for_framework("torchrec")
+    assert (tr.device.step_overhead_ms, tr.device.glue_ns_per_id, tr.framework) == (5.0, 17.1, "torchrec")
+    assert tr.device.process_mb == c.device.process_mb  # what the profile leaves out stays the device's
+    cfg = TrialConfig(workload=Workload.small(), world_size=2, batch_size=1024, kernel="fbgemm")
+    h, t = simulate(cfg, c), simulate(cfg, tr)
+    assert t.env["framework"] == "torchrec" and h.env["framework"] == "harness"
+    assert t.step_ms_p50 - h.step_ms_p50 == pytest.approx(5.0 - c.device.step_overhead_ms)
+    # the glue per id: its term grows with the ids a rank looks up
+    more = load_cluster(_with_profile(tmp_path, {"step_overhead_ms": 5.0, "glue_ns_per_id": 117.1}))
+    ids = cfg.batch_size * sum(cfg.workload.lookups_per_sample())
+    grown = simulate(cfg, more.for_framework("torchrec")).step_ms_p50 - t.step_ms_p50
+    assert ids * 100 / 1e6 <= grown <= 1.5 * ids * 100 / 1e6  # over the rank's shared speed (<= 1) on a full node
+
+
+def test_a_missing_or_bad_framework_profile_is_one_line_exit_2(tmp_path: Path) -> None:
+    from tests.helpers import FIXTURE_CLUSTER
+
+    code, _, err = cli("trial", "--backend", "sim", "--cluster", str(FIXTURE_CLUSTER), "--framework", "torchrec")
+    assert code == 2 and len(err) == 1 and "has no 'torchrec' framework profile" in err[0] \
+        and "cubic calibrate --framework torchrec" in err[0], err
+    code, _, err = cli("trial", "--backend", "sim", "--cluster", str(FIXTURE_CLUSTER), "--framework", "hugectr")
+    assert code == 2 and "choose one of ['harness', 'torchrec']" in err[0], err
+    bad = _with_profile(tmp_path, {"step_overhead_ms": -1.0})
+    code, _, err = cli("trial", "--backend", "sim", "--cluster", str(bad), "--framework", "torchrec")
+    assert code == 2 and len(err) == 1 and "frameworks.torchrec.step_overhead_ms" in err[0], err
+    code, _, err = cli("trial", "--framework", "torchrec")
+    assert code == 2 and "--framework goes with --backend sim" in err[0], err
+    good = _with_profile(tmp_path, {"step_overhead_ms": 5.0})
+    code, out, err = cli("trial", "--backend", "sim", "--cluster", str(good), "--framework", "torchrec", "--json")
+    assert code == 0 and json.loads(out)["env"]["framework"] == "torchrec", err

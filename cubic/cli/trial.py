@@ -26,18 +26,22 @@ def _fail(msg: str) -> None:
 BACKENDS = ("real", "sim", "torchrec")  # cubic's harness trains, the simulator predicts, TorchRec trains
 
 
-def sim_cluster_of(backend: str, cluster: str | None):
-    """The cluster `--backend sim --cluster FILE|NAME` names (None for trials that train); ConfigError
-    otherwise."""
+def sim_cluster_of(backend: str, cluster: str | None, framework: str = "harness"):
+    """The cluster `--backend sim --cluster FILE|NAME [--framework NAME]` names, pricing that framework's step
+    (None for trials that train); ConfigError otherwise."""
+    from cubic_harness.sim.cluster import FRAMEWORKS, resolve
+
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r}: choose one of {list(BACKENDS)}")
     if (backend == "sim") != (cluster is not None):
         raise ConfigError("--cluster FILE goes with --backend sim (and --backend sim needs one)")
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"--framework {framework!r}: choose one of {list(FRAMEWORKS)}")
     if cluster is None:
+        if framework != "harness":
+            raise ConfigError("--framework goes with --backend sim (a trial that trains runs in its backend's)")
         return None
-    from cubic_harness.sim.cluster import resolve
-
-    return resolve(cluster)
+    return resolve(cluster).for_framework(framework)
 
 
 def base_config(space: Path | None) -> TrialConfig:
@@ -105,11 +109,13 @@ def trial(
                                 "TorchRec (the workload's own model where it names a factory); sim: predict "
                                 "with the simulator"),
     cluster: str | None = typer.Option(None, "--cluster", help="cluster file or preset name for --backend sim"),
+    framework: str = typer.Option("harness", "--framework", help="--backend sim: whose step to price, cubic's "
+                                  "harness or torchrec (the cluster's profile: `cubic calibrate --framework`)"),
 ) -> None:
     """Run one real training trial (or simulate it) and print its result (exit 1 when the trial fails:
     error, oom, timeout)."""
     try:
-        sim_cluster = sim_cluster_of(backend, cluster)
+        sim_cluster = sim_cluster_of(backend, cluster, framework)
         cfg = load_config_file(config) if config else base_config(space)
         if workload:
             cfg = apply_workload_file(cfg, workload)

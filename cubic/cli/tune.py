@@ -44,6 +44,8 @@ def tune(
                                 "(needs --cluster; no quality gate)."),
     cluster: str | None = typer.Option(None, "--cluster", help="Cluster file (clusters/*.yaml) or preset name "
                                        "for --backend sim."),
+    framework: str = typer.Option("harness", "--framework", help="--backend sim: whose step to price, cubic's "
+                                  "harness or torchrec (the cluster's profile: `cubic calibrate --framework`)."),
     warm_start: list[str] = typer.Option([], "--warm-start", help="Run dir or storage URL of a study of the same "
                                          "space (typically a simulated one) whose trials the searcher learns from "
                                          "first; repeatable (searcher cubic)."),
@@ -77,7 +79,7 @@ def tune(
             raise ConfigError(f"--trials {trials}: must be >= 1")
         from cubic.cli.trial import sim_cluster_of
 
-        sim_cluster = sim_cluster_of(backend, cluster)
+        sim_cluster = sim_cluster_of(backend, cluster, framework)
         if sim_cluster is not None and address is not None:
             raise ConfigError("--address: simulated trials run in this process, not on Ray; leave it out")
         sp = load_space(space or default_space())
@@ -122,7 +124,9 @@ def tune(
                 raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
         url = storage or storage_url(run_dir, must_exist=False)
         rdb = open_storage(url, None if storage else f"--run-dir {run_dir}")
-        store = Store(sp, rdb, run_dir, backend=f"sim:{sim_cluster.name}" if sim_cluster is not None else backend)
+        sim_label = None if sim_cluster is None else f"sim:{sim_cluster.name}" + (
+            "" if framework == "harness" else f"+{framework}")  # predictions of another framework: their own study
+        store = Store(sp, rdb, run_dir, backend=sim_label or backend)
         if sim_cluster is not None:
             from cubic.execution.sim_runner import SimRunner
 

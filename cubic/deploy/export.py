@@ -188,8 +188,9 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
                      "on where the embeddings are first used, so the forward overlap needs the model to compute "
                      "its dense part before it reads them; TorchRec has no setting for the backward's")
     if cfg.kernel != "fbgemm":
-        notes.append(f"cubic measured kernel={cfg.kernel}; TorchRec's model-parallel tables use FBGEMM TBE "
-                     "(fused)")
+        notes.append(f"cubic measured kernel={cfg.kernel}; a stock EmbeddingBagCollectionSharder runs FBGEMM's "
+                     "fused TBE; on CPU, sharders=[cubic_harness.torchrec_kernel.cubic_sharder("
+                     f"{cfg.kernel!r})] runs cubic's kernel inside TorchRec's sharded tables (one replica)")
     if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and two_d and cfg.sparse_sync == "weight_avg":
         notes.append("momentum-scaled row-wise AdaGrad: DMPCollection.sync() averages replica weights and state "
                      "(plain row-wise AdaGrad's rule); cubic merged the replicas' summed step instead "

@@ -223,5 +223,9 @@ def summary_line(df: pd.DataFrame) -> str:
     line = f"winner: trial #{s['winner_trial']} at {s['winner_qps']:,.0f} samples/s, {sp_txt}"
     if "env_backend" in df and (df["env_backend"] == "sim").any():  # say so: a prediction, not a measurement
         clusters = sorted({str(c) for c in df.get("env_cluster", pd.Series(dtype=str)).dropna()})
-        line += f" (simulated on {', '.join(clusters) or 'a cluster file'}: predicted, not measured)"
+        frameworks = sorted({str(f) for f in df.get("env_framework", pd.Series(dtype=str)).dropna()} - {"harness"})
+        line += (f" (simulated on {', '.join(clusters) or 'a cluster file'}"
+                 + (f", {', '.join(frameworks)}'s step" if frameworks else "") + ": predicted, not measured)")
+    elif "env_backend" in df and (df["env_backend"] == "torchrec").any():
+        line += " (trained in TorchRec)"
     return line

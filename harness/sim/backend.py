@@ -25,7 +25,8 @@ NO_QUALITY = "not measured: a simulated trial predicts speed and memory, never m
 def sim_env(cfg: TrialConfig, c: Cluster) -> dict:
     """The real backend's env keys, with what the simulation stands for."""
     nodes = math.ceil(cfg.world_size / c.devices_per_node)
-    return {"backend": "sim", "cluster": c.name, "torch": None, "fbgemm": None, "device": c.device.type,
+    return {"backend": "sim", "cluster": c.name, "framework": c.framework, "torch": None, "fbgemm": None,
+            "device": c.device.type,
             "device_name": f"simulated {c.device.type} ({c.name})", "world_size": cfg.world_size,
             "hostname": "", "cpus": c.device.cores or c.devices, "omp_wait_policy": "n/a", "niceness": None,
             "ids": cfg.workload.ids_record(), "env_overrides": env_overrides(),

@@ -542,3 +542,82 @@ def _host_gb() -> float:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         return 16.0
+
+
+# ---------------------------------------------------------------------- a framework's profile
+PROFILE_POOLS = (1, 16)  # ids per bag of the two steps whose difference gives the collection's cost per id
+
+
+def _both_steps(cfg: Any, reps: int) -> tuple[float, float, float]:
+    """`cfg`'s median step (ms) in cubic's harness and in TorchRec, alternating over `reps` runs, and TorchRec's
+    peak RSS (MB)."""
+    from cubic_harness.torchrec_trial import run_torchrec
+    from cubic_harness.trial import run_trial
+
+    h, t, mem = [], [], 0.0
+    for _ in range(reps):
+        for run, out in ((run_trial, h), (run_torchrec, t)):
+            res = run(cfg)
+            if res.status != "ok":
+                raise RuntimeError(f"calibration step failed ({run.__name__}): {res.error}")
+            out.append(res.step_ms_p50)
+            if run is run_torchrec:
+                mem = max(mem, res.peak_mem_mb)
+    return statistics.median(h), statistics.median(t), mem
+
+
+def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda s: None) -> tuple[dict, dict]:
+    """TorchRec's step on this machine as a framework profile (`frameworks.torchrec` of a cluster file: the
+    figures where it differs from `base`, the harness's calibration of this machine) and what measured it.
+
+    Each micro-step runs in both frameworks with the same kernel (FBGEMM's fused TBE), ids and dense part, so
+    their difference is the framework's alone; the harness's own figures (`base`) are what it is added to:
+    1. the fixed cost of a step: a bare one-rank step (the tiny workload, batch 16). TorchRec's
+       `step_overhead_ms` is the harness's plus the difference. Its peak RSS is a TorchRec rank's `process_mb`.
+    2. the collection's work per looked-up id (KeyedJaggedTensor routing, the distribution's bookkeeping,
+       autograd): two table-wise steps on two ranks (the tiny workload's tables, batch 512) that differ only
+       in their bags, PROFILE_POOLS ids each. The growth of the difference per id a rank looks up, added to
+       the harness's `glue_ns_per_id`.
+    3. a distributed step's own calls: what is left of the difference at PROFILE_POOLS[0] ids a bag once 1 and
+       2 are taken out: `dist_overhead_ms` (the harness's is 0: its collectives are priced by the links).
+    Micro-measurements, not trials of the configurations it will price (benchmarks/bench_backend_fidelity.py
+    validates it on those)."""
+    import dataclasses
+
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.workload import Workload
+
+    reps = 2 if short else 3
+    steps = dict(warmup_steps=3, measure_steps=8 if short else 16, windows=1, timeout_s=300, kernel="fbgemm")
+    progress("a bare step, harness and TorchRec")
+    h0, t0, process_mb = _both_steps(TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, **steps),
+                                     reps)
+    diffs, ids = [], []
+    for pool in PROFILE_POOLS:
+        progress(f"{pool} ids a bag, harness and TorchRec")
+        wl = Workload.tiny()
+        wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, pooling=pool) for t in wl.tables])
+        cfg = TrialConfig(workload=wl, world_size=2, batch_size=512, sharding="table_wise", **steps)
+        h, t, _ = _both_steps(cfg, reps)
+        diffs.append((h, t))
+        ids.append(cfg.batch_size * sum(wl.lookups_per_sample()))
+    fixed = t0 - h0
+    per_id_ns = ((diffs[1][1] - diffs[1][0]) - (diffs[0][1] - diffs[0][0])) / (ids[1] - ids[0]) * 1e6
+    glue = max(0.0, base.device.glue_ns_per_id + per_id_ns)
+    dist_ms = max(0.0, (diffs[0][1] - diffs[0][0]) - fixed - (glue - base.device.glue_ns_per_id) * ids[0] / 1e6)
+    src = {"command": "cubic calibrate --framework torchrec" + (" --short" if short else ""),
+           "torchrec": _version("torchrec"), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "bare_step_ms": {"harness": round(h0, 3), "torchrec": round(t0, 3)}, "pools": list(PROFILE_POOLS),
+           "ids_per_rank": ids, "step_ms": [{"harness": round(h, 3), "torchrec": round(t, 3)} for h, t in diffs]}
+    return {"step_overhead_ms": round(base.device.step_overhead_ms + max(0.0, fixed), 3),
+            "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3),
+            "process_mb": round(process_mb, 1)}, src
+
+
+def _version(dist_name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist_name)
+    except PackageNotFoundError:
+        return None

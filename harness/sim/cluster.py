@@ -29,6 +29,7 @@ presets say where their numbers come from in comments.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -98,6 +99,9 @@ class Device:
     #   of the two that is hidden: 1 = perfectly, 0 = they serialise, < 0 = together they take longer (CPU:
     #   measured by `cubic calibrate`)
     reads_own_ids: bool = False  # the framework's data reader hands each rank the ids of the shards it holds
+    dist_overhead_ms: float = 0.0  # a step on several ranks beyond what its collectives' bytes and latency cost:
+    #   the framework's own calls around them (TorchRec's input and output distribution; 0 for the harness, whose
+    #   collectives the links price)
     #   (HugeCTR's), so no input all-to-all runs; cubic's harness and TorchRec distribute them (False)
 
     def kernel(self, backend: str, precision: str) -> KernelEff | None:
@@ -136,6 +140,24 @@ class Cluster:
     about: str = ""
     source: dict[str, Any] = field(default_factory=dict)
     datacenters: DataCenters | None = None  # None: one data center
+    # per framework, the Device figures that price its step where they differ from the device's own (which
+    # price cubic's harness): `cubic calibrate --framework torchrec` measures them (FRAMEWORK_FIELDS)
+    frameworks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    framework: str = "harness"  # which framework's step this cluster prices (`for_framework`)
+
+    def for_framework(self, name: str) -> Cluster:
+        """This cluster pricing `name`'s step: the harness's is the device's own; another framework's takes its
+        profile's figures (ConfigError naming the cluster where it has none)."""
+        if name == self.framework:
+            return self
+        if name == "harness":
+            raise ConfigError(f"cluster {self.name} already prices {self.framework}")
+        prof = self.frameworks.get(name)
+        if prof is None:
+            raise ConfigError(f"cluster {self.name} has no {name!r} framework profile (frameworks: "
+                              f"{sorted(self.frameworks) or 'none'}); measure this machine's with `cubic calibrate "
+                              f"--framework {name}`")
+        return dataclasses.replace(self, device=dataclasses.replace(self.device, **prof), framework=name)
 
     @property
     def devices(self) -> int:
@@ -236,6 +258,23 @@ class DeviceSpec(Strict):
         return self
 
 
+FRAMEWORKS = ("harness", "torchrec")  # what can run a trial's step (`--backend real` / `--backend torchrec`)
+
+
+class FrameworkSpec(Strict):
+    """What a framework's step costs around the kernels and collectives, where it differs from the device's own
+    figures (cubic's harness): the fixed cost of a step, the embedding collection's own work per looked-up id
+    (input routing, output assembly, autograd), a step on several ranks beyond its collectives' bytes and
+    latency (the framework's own calls around them), what a rank holds before any model state, whether it
+    reads each rank's shards' ids itself."""
+
+    step_overhead_ms: NonNeg | None = None
+    glue_ns_per_id: NonNeg | None = None
+    process_mb: NonNeg | None = None
+    reads_own_ids: bool | None = None
+    dist_overhead_ms: NonNeg | None = None
+
+
 class ClusterFile(Strict):
     """A cluster file (`clusters/*.yaml`): the hardware the simulator prices a configuration on."""
 
@@ -248,6 +287,8 @@ class ClusterFile(Strict):
     host_memory_gb: Pos
     datacenters: DataCentersSpec | None = Field(None, description="a tier above the pods; absent: one")
     base: str | None = Field(None, description="a shipped preset this file states the differences from")
+    frameworks: dict[Literal[FRAMEWORKS[1:]], FrameworkSpec] = Field(  # type: ignore[valid-type]
+        {}, description="per framework, the step's figures where they differ from the device's (the harness's)")
     about: str = ""
     source: dict[str, Any] = Field({}, description="what measured this file, when")
 
@@ -286,7 +327,8 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
                         net.in_network_reduction),
                    f.host_memory_gb, f.about, dict(f.source),
                    DataCenters(dcs.count, dcs.bandwidth_gbs, dcs.latency_ms * 1e3, dcs.oversubscription)
-                   if dcs else None)
+                   if dcs else None,
+                   {k: v.model_dump(exclude_none=True) for k, v in f.frameworks.items()})
 
 
 def load_cluster(path: str | Path) -> Cluster:

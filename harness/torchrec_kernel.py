@@ -1,0 +1,177 @@
+"""cubic's CPU kernels (`native`, `torch`) as the compute kernel of TorchRec's sharded EmbeddingBagCollection.
+
+TorchRec 1.8 has no kernel registry: `GroupedPooledEmbeddingsLookup._create_embedding_kernel` builds FBGEMM's
+fused TBE for a `fused` table group (and raises for `customized_kernel`), and each sharding's `create_lookup`
+names that lookup class. So the path is a sharder whose sharded module makes table-wise and column-wise
+shardings create a lookup that builds cubic's kernel for `fused` groups on CPU:
+
+1. `CubicEmbeddingBag` (a BaseBatchedEmbeddingBag, so TorchRec's state_dict, ShardedTensors and
+   reset_parameters work from `split_embedding_weights()` as for FBGEMM's): forward is the kernel's pooled
+   sum over the group's bags; its backward runs the kernel's fused backward + optimizer update (the way
+   FBGEMM's TBE applies the optimizer inside backward), through an autograd function anchored on an empty
+   tensor that requires grad. The optimizer TorchRec collects (`fused_optimizer`) does nothing at step():
+   the update already happened.
+2. `_CubicLookup` builds it for `fused` groups on CPU; any other group as TorchRec would.
+3. `_Tw` / `_Cw` shardings create that lookup; `_CubicEBC` creates those shardings; `cubic_sharder(backend)` is
+   the EmbeddingBagCollectionSharder that shards with them. The plan keeps `compute_kernel="fused"`, so the
+   planner, checkpoints and loading are TorchRec's own.
+
+What cubic's kernels do not do, refused where the group is built (`UnsupportedConfig`, a failed trial with the
+reason): a table looked up by more than one feature (one bag per table and sample), mean pooling, per-sample
+weights, variable batch sizes. 2D: DMPCollection.sync() merges only FBGEMM's kernels' weights, so replicas on
+cubic's kernels would drift apart silently: `check_runs_in_torchrec` refuses the combination.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from cubic_kernels import OptimSpec, make_kernel
+
+
+class UnsupportedGroup(ValueError):
+    """A table group cubic's kernels cannot compute as TorchRec's would."""
+
+
+class _Apply(torch.autograd.Function):
+    """Pooled forward; backward = the kernel's fused backward + optimizer step (no gradient tensor comes back)."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, kernel: Any, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        ctx.kernel, ctx.ids, ctx.offsets = kernel, ids, offsets
+        return kernel.forward(ids, offsets)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None]:
+        ctx.kernel.backward_update(ctx.ids, ctx.offsets, grad.contiguous())
+        return None, None, None, None
+
+
+def cubic_sharder(backend: str) -> Any:
+    """An EmbeddingBagCollectionSharder whose table-wise and column-wise shards on CPU run cubic's `backend`."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
+    from torchrec.distributed.composable.table_batched_embedding_slice import TableBatchedEmbeddingSlice
+    from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
+    from torchrec.distributed.sharding.cw_sharding import CwPooledEmbeddingSharding
+    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingSharding
+    from torchrec.distributed.types import ShardingType
+    from torchrec.modules.embedding_configs import DataType, PoolingType
+    from torchrec.optim.fused import EmptyFusedOptimizer, FusedOptimizer, FusedOptimizerModule
+
+    optims = {EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad", EmbOptimType.EXACT_SGD: "sgd"}
+    dtypes = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16"}
+
+    class _Done(FusedOptimizer):
+        """What TorchRec collects as the tables' optimizer: the kernel updated them in backward already."""
+
+        def __init__(self, kernel: Any, names: list[str], slices: list[torch.Tensor]) -> None:
+            state = ({s: {"sum": st} for s, st in zip(slices, kernel.states(), strict=True)}
+                     if kernel.optim.kind == "rowwise_adagrad" else {})
+            super().__init__({f"{n}.weight": s for n, s in zip(names, slices, strict=True)}, state,
+                             [{"params": list(slices), "lr": kernel.optim.lr}])
+
+        def step(self, closure: Any = None) -> None:
+            pass
+
+        def zero_grad(self, set_to_none: bool = False) -> None:
+            pass
+
+    class CubicEmbeddingBag(BaseBatchedEmbeddingBag, FusedOptimizerModule):
+        def __init__(self, config: Any, pg: Any = None, device: Any = None, sharding_type: Any = None) -> None:
+            super().__init__(config, pg, device, sharding_type)
+            names = [t.name for t in config.embedding_tables]
+            if self._feature_table_map != list(range(len(self._local_rows))):
+                raise UnsupportedGroup(f"kernel={backend} in TorchRec: a table of {names} is looked up by several "
+                                       "features; cubic's kernel takes one bag per table and sample")
+            if config.pooling != PoolingType.SUM or config.is_weighted:
+                raise UnsupportedGroup(f"kernel={backend} in TorchRec: tables {names} pool by "
+                                       f"{config.pooling.name}{' with weights' if config.is_weighted else ''}; "
+                                       "cubic's kernel sums")
+            fp = config.fused_params or {}
+            self._kernel = make_kernel(backend, self._local_rows, self._local_cols, device="cpu",
+                                       weight_dtype=dtypes[config.data_type],
+                                       optim=OptimSpec(optims[fp["optimizer"]], fp["learning_rate"],
+                                                       fp.get("eps", 1e-8)))
+            self._anchor = torch.zeros(0, requires_grad=True)  # makes autograd call _Apply.backward
+            slices = []
+            for w in self._kernel.weights():
+                s = TableBatchedEmbeddingSlice(w.view(-1), 0, w.numel(), w.shape[0], w.shape[1])
+                s._in_backward_optimizers = [EmptyFusedOptimizer()]  # TorchRec's mark of a fused-updated weight
+                slices.append(s)
+            self._param_per_table = dict(zip(names, slices, strict=True))
+            self._optim = _Done(self._kernel, names, slices)
+            self.init_parameters()
+
+        @property
+        def emb_module(self) -> Any:  # TorchRec reads split_embedding_weights() through it
+            return self
+
+        def split_embedding_weights(self) -> list[torch.Tensor]:
+            return self._kernel.weights()
+
+        @property
+        def fused_optimizer(self) -> FusedOptimizer:
+            return self._optim
+
+        def forward(self, features: Any, vbe_output: Any = None, vbe_output_offsets: Any = None) -> torch.Tensor:
+            if vbe_output is not None or features.variable_stride_per_key():
+                raise UnsupportedGroup(f"kernel={backend} in TorchRec: variable batch sizes per feature")
+            return _Apply.apply(self._anchor, self._kernel, features.values(), features.offsets())
+
+        def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+            yield from ()
+
+        def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+            yield from ()
+
+    class _CubicLookup(GroupedPooledEmbeddingsLookup):
+        def _create_embedding_kernel(self, config: Any, device: Any, pg: Any, sharding_type: Any,
+                                     env: Any) -> nn.Module:
+            if config.compute_kernel == EmbeddingComputeKernel.FUSED and (device is None or device.type == "cpu"):
+                return CubicEmbeddingBag(config, pg, device, sharding_type)
+            return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
+
+    def _lookup(sharding: Any, device: Any, feature_processor: Any) -> Any:
+        return _CubicLookup(grouped_configs=sharding._grouped_embedding_configs, pg=sharding._pg,
+                            device=device if device is not None else sharding._device,
+                            feature_processor=feature_processor, env=sharding._env)
+
+    class _Tw(TwPooledEmbeddingSharding):
+        def create_lookup(self, device: Any = None, fused_params: Any = None, feature_processor: Any = None) -> Any:
+            return _lookup(self, device, feature_processor)
+
+    class _Cw(CwPooledEmbeddingSharding):
+        def create_lookup(self, device: Any = None, fused_params: Any = None, feature_processor: Any = None) -> Any:
+            return _lookup(self, device, feature_processor)
+
+    class _CubicEBC(ShardedEmbeddingBagCollection):
+        @classmethod
+        def create_embedding_bag_sharding(cls, sharding_infos: Any, env: Any, device: Any = None,
+                                          permute_embeddings: bool = False, qcomm_codecs_registry: Any = None) -> Any:
+            kind = sharding_infos[0].param_sharding.sharding_type
+            if kind == ShardingType.TABLE_WISE.value:
+                return _Tw(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
+            if kind == ShardingType.COLUMN_WISE.value:
+                return _Cw(sharding_infos, env, device, permute_embeddings=permute_embeddings,
+                           qcomm_codecs_registry=qcomm_codecs_registry)
+            return super().create_embedding_bag_sharding(sharding_infos, env, device, permute_embeddings,
+                                                         qcomm_codecs_registry)
+
+    class CubicSharder(EmbeddingBagCollectionSharder):
+        def shard(self, module: Any, params: Any, env: Any, device: Any = None, module_fqn: Any = None) -> Any:
+            return _CubicEBC(module=module, table_name_to_parameter_sharding=params, env=env,
+                             fused_params=self.fused_params, device=device,
+                             qcomm_codecs_registry=self.qcomm_codecs_registry, module_fqn=module_fqn,
+                             sharded_module_order_overwrite=self._sharded_module_order_overwrite)
+
+        @property
+        def sharded_module_type(self) -> type:
+            return _CubicEBC
+
+    return CubicSharder()
