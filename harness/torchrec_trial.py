@@ -212,6 +212,10 @@ def check_runs_in_torchrec(cfg: TrialConfig) -> None:
     if cfg.workload.interaction == "wukong" and not cfg.workload.factory:
         raise ConfigError("interaction='wukong' has no TorchRec model: import your own with `cubic workload "
                           "from-torchrec MODULE:FACTORY`")
+    if cfg.workload.factory:  # the user's model builds (on the meta device: no memory) before ranks start for it
+        from cubic_harness.torchrec_import import load_factory
+
+        load_factory(cfg.workload.factory)
     seq = [t.name for t in cfg.workload.tables if t.pooling_type == "none"]
     if seq:
         raise ConfigError(f"table(s) {', '.join(seq)}: sequence tables (an EmbeddingCollection) are not trained by "

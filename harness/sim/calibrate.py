@@ -580,6 +580,8 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
        the harness's `glue_ns_per_id`.
     3. a distributed step's own calls: what is left of the difference at PROFILE_POOLS[0] ids a bag once 1 and
        2 are taken out: `dist_overhead_ms` (the harness's is 0: its collectives are priced by the links).
+    4. not measured, TorchRec's design: 2D's DMPCollection.sync() all-reduces every shard's weights and optimizer
+       state, never only the rows the replicas touched (`dense_replica_merge`).
     Micro-measurements, not trials of the configurations it will price (benchmarks/bench_backend_fidelity.py
     validates it on those)."""
     import dataclasses
@@ -610,7 +612,7 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
            "bare_step_ms": {"harness": round(h0, 3), "torchrec": round(t0, 3)}, "pools": list(PROFILE_POOLS),
            "ids_per_rank": ids, "step_ms": [{"harness": round(h, 3), "torchrec": round(t, 3)} for h, t in diffs]}
     return {"step_overhead_ms": round(base.device.step_overhead_ms + max(0.0, fixed), 3),
-            "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3),
+            "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3), "dense_replica_merge": True,
             "process_mb": round(process_mb, 1)}, src
 
 

@@ -102,6 +102,8 @@ class Device:
     dist_overhead_ms: float = 0.0  # a step on several ranks beyond what its collectives' bytes and latency cost:
     #   the framework's own calls around them (TorchRec's input and output distribution; 0 for the harness, whose
     #   collectives the links price)
+    dense_replica_merge: bool = False  # 2D weight_avg merges whole shards, never only the rows touched (TorchRec's
+    #   DMPCollection.sync() all-reduces every weight and optimizer state)
     #   (HugeCTR's), so no input all-to-all runs; cubic's harness and TorchRec distribute them (False)
 
     def kernel(self, backend: str, precision: str) -> KernelEff | None:
@@ -273,6 +275,7 @@ class FrameworkSpec(Strict):
     process_mb: NonNeg | None = None
     reads_own_ids: bool | None = None
     dist_overhead_ms: NonNeg | None = None
+    dense_replica_merge: bool | None = None
 
 
 class ClusterFile(Strict):

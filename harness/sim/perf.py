@@ -244,7 +244,8 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     dc = dense_cost(wl)
     shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
     # 2D weight_avg's transport (harness/sharding/replica_sync.py): sparse while its bytes are the fewer
-    wa_sparse = R > 1 and SPARSE_BYTE_COST * R * max(touched_bytes) < 2 * (R - 1) * max(shard_rows_bytes) / R
+    wa_sparse = (R > 1 and not c.device.dense_replica_merge
+                 and SPARSE_BYTE_COST * R * max(touched_bytes) < 2 * (R - 1) * max(shard_rows_bytes) / R)
     fixed, held = _memory(cfg, c, dc, pool, held_ids, held_lens, held_cols, recv_cols, on_pos, plan.dp_tables(),
                           touched_rows, wa_sparse)
     mem = [(fixed + b + h) / 2**20 for b, h in zip(shard_bytes, held, strict=True)]
