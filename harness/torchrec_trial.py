@@ -239,7 +239,7 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
     windows, step times, peak RSS, losses and NE, held-out NE with eval_samples; no phase breakdown:
     TorchRec's step is one call). The ranks import the workload's MODULE:FACTORY from the folder `cwd`
     (default: this process's). Never raises for a failing trial."""
-    env = {**env_info(cfg), "backend": "torchrec", "torchrec": _version("torchrec")}
+    env = {**env_info(cfg), "backend": "torchrec", "torchrec": package_version("torchrec")}
     try:
         cfg.validate("config")
         check_runs_in_torchrec(cfg)
@@ -269,7 +269,7 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
     return summarize(cfg, {**r0, "plan_json": plan.to_json()}, env)
 
 
-def _version(dist_name: str) -> str | None:
+def package_version(dist_name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:

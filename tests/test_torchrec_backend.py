@@ -308,3 +308,36 @@ def test_a_missing_or_bad_framework_profile_is_one_line_exit_2(tmp_path: Path) -
     good = _with_profile(tmp_path, {"step_overhead_ms": 5.0})
     code, out, err = cli("trial", "--backend", "sim", "--cluster", str(good), "--framework", "torchrec", "--json")
     assert code == 0 and json.loads(out)["env"]["framework"] == "torchrec", err
+
+
+@pytest.mark.slow  # ~1 min: micro-steps in both frameworks
+def test_calibrate_framework_torchrec_adds_a_measured_profile_the_simulator_prices(tmp_path: Path) -> None:
+    """`cubic calibrate --framework torchrec` measures TorchRec's micro-steps beside the harness's and writes their
+    difference over the file's own figures as `frameworks.torchrec`, with what measured it; the file keeps
+    loading, and `--framework torchrec` prices with it. Without a calibration to add to: one line, exit 2."""
+    import shutil
+
+    import yaml
+
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.sim.backend import simulate
+    from cubic_harness.sim.cluster import load_cluster
+    from tests.helpers import FIXTURE_CLUSTER
+
+    require("torchrec")
+    code, _, err = cli("calibrate", "--framework", "torchrec", "-o", str(tmp_path / "none.yaml"))
+    assert code == 2 and len(err) == 1 and "no calibration of this machine" in err[0], err
+    out = tmp_path / "local.yaml"
+    shutil.copy(FIXTURE_CLUSTER, out)
+    code, _, err = cli("calibrate", "--framework", "torchrec", "--short", "-o", str(out))
+    assert code == 0, err
+    raw = yaml.safe_load(out.read_text())
+    prof, src = raw["frameworks"]["torchrec"], raw["source"]["frameworks"]["torchrec"]
+    base = load_cluster(FIXTURE_CLUSTER)
+    assert src["torchrec"] and set(src["bare_step_ms"]) == {"harness", "torchrec"} and len(src["step_ms"]) == 2
+    fixed = src["bare_step_ms"]["torchrec"] - src["bare_step_ms"]["harness"]
+    assert prof["step_overhead_ms"] == pytest.approx(base.device.step_overhead_ms + max(0.0, fixed), abs=1e-3)
+    assert prof["glue_ns_per_id"] >= 0 and prof["dist_overhead_ms"] >= 0 and prof["dense_replica_merge"] is True
+    tr = load_cluster(out).for_framework("torchrec")
+    res = simulate(TrialConfig(kernel="fbgemm"), tr)
+    assert res.status == "ok" and res.env["framework"] == "torchrec"

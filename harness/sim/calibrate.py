@@ -587,6 +587,7 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     import dataclasses
 
     from cubic_harness.config import TrialConfig
+    from cubic_harness.torchrec_trial import package_version
     from cubic_harness.workload import Workload
 
     reps = 2 if short else 3
@@ -608,18 +609,10 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     glue = max(0.0, base.device.glue_ns_per_id + per_id_ns)
     dist_ms = max(0.0, (diffs[0][1] - diffs[0][0]) - fixed - (glue - base.device.glue_ns_per_id) * ids[0] / 1e6)
     src = {"command": "cubic calibrate --framework torchrec" + (" --short" if short else ""),
-           "torchrec": _version("torchrec"), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "torchrec": package_version("torchrec"),
+           "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "bare_step_ms": {"harness": round(h0, 3), "torchrec": round(t0, 3)}, "pools": list(PROFILE_POOLS),
            "ids_per_rank": ids, "step_ms": [{"harness": round(h, 3), "torchrec": round(t, 3)} for h, t in diffs]}
     return {"step_overhead_ms": round(base.device.step_overhead_ms + max(0.0, fixed), 3),
             "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3), "dense_replica_merge": True,
             "process_mb": round(process_mb, 1)}, src
-
-
-def _version(dist_name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist_name)
-    except PackageNotFoundError:
-        return None
