@@ -50,8 +50,9 @@ class _Apply(torch.autograd.Function):
         return None, None, None, None
 
 
-def cubic_sharder(backend: str) -> Any:
-    """An EmbeddingBagCollectionSharder whose table-wise and column-wise shards on CPU run cubic's `backend`."""
+def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
+    """An EmbeddingBagCollectionSharder whose table-wise and column-wise shards on CPU run cubic's `backend` (its
+    all-to-alls quantized by `qcomm_codecs_registry` where given, as TorchRec's own sharder's)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
     from torchrec.distributed.composable.table_batched_embedding_slice import TableBatchedEmbeddingSlice
@@ -174,4 +175,4 @@ def cubic_sharder(backend: str) -> Any:
         def sharded_module_type(self) -> type:
             return _CubicEBC
 
-    return CubicSharder()
+    return CubicSharder(qcomm_codecs_registry=qcomm_codecs_registry)

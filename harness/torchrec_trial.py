@@ -14,7 +14,7 @@ Two callers, two policies for what TorchRec cannot run as cubic's harness measur
 (`torchrec_unsupported`): the backend (`run_torchrec`) refuses such a configuration (ConfigError: bad
 input, or a failed trial with the reason), since its result must be of the config it was given; verify
 (`run_torchrec_trial`) substitutes and names every substitution (`substitutions`): row-wise kinds on CPU,
-cubic's native/torch kernels, comm precision on gloo, the input pipeline, bf16 tables on CPU, fp8, and in
+cubic's kernels in 2D (DMPCollection merges FBGEMM's only), the input pipeline, bf16 tables on CPU, fp8, and in
 2D gradient all-reduce sync or the momentum-scaled merge (DMPCollection averages). Wukong has no TorchRec
 model unless the workload names the user's own factory: `UnsupportedConfig`.
 
@@ -76,8 +76,6 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
         return "TorchRec's 2D (DMPCollection) syncs by weight averaging only"
     if knob == "emb_optimizer" and value == "momentum_scaled_rowwise_adagrad":
         return "DMPCollection averages replica weights and state (plain row-wise AdaGrad)"
-    if knob == "comm_precision" and value != "fp32" and cpu:
-        return "QComms codecs are not run on gloo here"
     if knob == "allreduce_comm_precision" and value == "bf16" and cpu:
         return "torch's bf16 compress hook (TorchRec's DefaultDataParallelWrapper) needs NCCL"
     if knob == "pipeline_depth" and value and cpu:
@@ -93,7 +91,7 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
 
 
 # What runs instead, for each knob value `torchrec_unsupported` refuses (the placements are handled per table)
-INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE", "comm_precision": "the all-to-all ran in fp32",
+INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE",
            "allreduce_comm_precision": "the dense gradients were all-reduced in fp32",
            "pipeline_depth": "TorchRec's plain training loop ran", "emb_precision": "fp32 tables ran",
            "dense_precision": "bf16 autocast ran",
@@ -423,6 +421,7 @@ def _kjt(b: Any, features: list[list[str]]) -> Any:
 def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) -> dict:
     from torchrec.distributed import sharding_plan as sp
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
     from torchrec.distributed.types import ShardingPlan
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -461,12 +460,16 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
                                                          device_type="cpu")
     # the tables' kernel: cubic's own through its sharder where TorchRec runs it (CPU, one replica), else FBGEMM's
     kernel = "fbgemm" if dc or torchrec_unsupported("kernel", cfg.kernel, cfg.device) else cfg.kernel
+    # the pooled all-to-all's precision, forward and backward: TorchRec's QComms codecs (they run on gloo too)
+    comm = CommType[cfg.comm_precision.upper()]
+    qcomms = None if cfg.comm_precision == "fp32" else get_qcomm_codecs_registry(
+        QCommsConfig(forward_precision=comm, backward_precision=comm), device=device)
     if kernel == "fbgemm":
-        sharders = [EmbeddingBagCollectionSharder()]
+        sharders = [EmbeddingBagCollectionSharder(qcomm_codecs_registry=qcomms)]
     else:
         from cubic_harness.torchrec_kernel import cubic_sharder
 
-        sharders = [cubic_sharder(kernel)]
+        sharders = [cubic_sharder(kernel, qcomms)]
     ar = job.get("ddp", {}).get("allreduce_comm_precision")
     ddp = DefaultDataParallelWrapper(allreduce_comm_precision=None if torchrec_unsupported(
         "allreduce_comm_precision", ar, cfg.device) or ar == "fp32" else ar)

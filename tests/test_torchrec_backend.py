@@ -165,11 +165,12 @@ def test_bad_input_for_the_torchrec_backend_is_one_line_exit_2(models: Path) -> 
 
 def test_a_users_model_trains_in_torchrec_and_a_factory_that_raises_is_one_line_exit_2(models: Path) -> None:
     """`cubic trial --backend torchrec` trains the user's own module (its two features cut from one bag) under
-    DistributedModelParallel, held-out evaluation included; a workload whose factory raises is refused before any
-    rank starts, in one line naming the factory and its error (exit 2)."""
+    DistributedModelParallel, its all-to-alls in bf16 (TorchRec's QComms), held-out evaluation included; a workload
+    whose factory raises is refused before any rank starts, in one line naming the factory and its error (exit 2)."""
     wl = _workload("ranker", models / "ranker.json")
     code, out, err = cli("trial", "--backend", "torchrec", "--workload", str(wl), "--json", "--set", "kernel=fbgemm",
-                         "--set", "sharding=column_wise", "--set", "batch_size=128", "--set", "warmup_steps=1",
+                         "--set", "sharding=column_wise", "--set", "comm_precision=bf16", "--set", "batch_size=128",
+                         "--set", "warmup_steps=1",
                          "--set", "measure_steps=3", "--set", "windows=1", "--set", "eval_samples=2048")
     res = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and res["status"] == "ok", (res["error"], err)
