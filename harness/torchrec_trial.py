@@ -78,8 +78,8 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
         return "DMPCollection averages replica weights and state (plain row-wise AdaGrad)"
     if knob == "allreduce_comm_precision" and value == "bf16" and cpu:
         return "torch's bf16 compress hook (TorchRec's DefaultDataParallelWrapper) needs NCCL"
-    if knob == "pipeline_depth" and value and cpu:
-        return "TorchRec's sparse-dist train pipelines are not run on CPU here"
+    if knob == "pipeline_depth" and value == 2 and cpu:
+        return "PrefetchTrainPipelineSparseDist prefetches on CUDA streams"
     if knob == "emb_precision" and value == "bf16" and cpu:
         return "FBGEMM's CPU TBE holds fp32/fp16 tables only"
     if knob == "dense_precision" and value in ("fp8_auto", "fp8_all"):
@@ -93,7 +93,8 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
 # What runs instead, for each knob value `torchrec_unsupported` refuses (the placements are handled per table)
 INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE",
            "allreduce_comm_precision": "the dense gradients were all-reduced in fp32",
-           "pipeline_depth": "TorchRec's plain training loop ran", "emb_precision": "fp32 tables ran",
+           "pipeline_depth": "TrainPipelineSparseDist ran (one batch's input distribution ahead)",
+           "emb_precision": "fp32 tables ran",
            "dense_precision": "bf16 autocast ran",
            "comm_overlap": "the all-to-all was waited on where the model reads the embeddings",
            "sparse_sync": "DMPCollection averaged the replicas' weights and optimizer state after every step",
@@ -389,6 +390,42 @@ def _model(cfg: TrialConfig, job: dict, device: torch.device) -> tuple[torch.nn.
     return model, ["sparse_arch.embedding_bag_collection"]
 
 
+def _pipeline_parts() -> tuple[type, type]:
+    """What TorchRec's train pipelines take: a batch they can move (Pipelineable), and the model as a module of
+    one batch returning (loss, output) - here (the loss over B, (the batch's BCE sum, the logits))."""
+    from dataclasses import dataclass
+
+    from torchrec.streamable import Pipelineable
+
+    @dataclass
+    class PipelineBatch(Pipelineable):
+        dense: torch.Tensor
+        sparse: Any
+        labels: torch.Tensor
+
+        def to(self, device: torch.device, non_blocking: bool = False) -> Any:
+            return PipelineBatch(self.dense.to(device, non_blocking=non_blocking),
+                                 self.sparse.to(device, non_blocking=non_blocking),
+                                 self.labels.to(device, non_blocking=non_blocking))
+
+        def record_stream(self, stream: Any) -> None:
+            pass
+
+    class OneBatch(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module, batch_size: int, autocast: bool) -> None:
+            super().__init__()
+            self.model, self.batch_size, self.autocast = model, batch_size, autocast
+
+        def forward(self, batch: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                logits = self.model(batch.dense, batch.sparse).reshape(-1)
+            loss_sum = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), batch.labels,
+                                                                            reduction="sum")
+            return loss_sum / self.batch_size, (loss_sum.detach(), logits.detach())
+
+    return PipelineBatch, OneBatch
+
+
 def _features(model: torch.nn.Module, paths: list[str]) -> list[list[str]]:
     """Each table's features, in the workload's table order (the collections' order, then each one's)."""
     return [list(c.feature_names) for p in paths for c in model.get_submodule(p).embedding_bag_configs()]
@@ -446,6 +483,10 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
             apply_optimizer_in_backward(torch.optim.SGD, params, {"lr": cfg.emb_lr})
         else:
             apply_optimizer_in_backward(RowWiseAdagrad, params, {"lr": cfg.emb_lr})
+    autocast = cfg.dense_precision != "fp32"
+    if cfg.pipeline_depth:  # TorchRec's TrainPipelineSparseDist: the model as a module of one batch
+        PipelineBatch, OneBatch = _pipeline_parts()
+        model, paths = OneBatch(model, B, autocast), [f"model.{p}" for p in paths]
     gens = {name: {"table_wise": lambda p=p: sp.table_wise(rank=p["rank"]),
                    "column_wise": lambda p=p: sp.column_wise(ranks=p["ranks"], size_per_rank=p["size_per_rank"]),
                    "data_parallel": lambda p=p: sp.data_parallel()}[p["sharding_type"]]()
@@ -502,22 +543,31 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
     total = cfg.warmup_steps + cfg.measure_steps
     batches = [(b.dense, _kjt(b, features), b.labels) for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
     lossf = torch.nn.BCEWithLogitsLoss(reduction="sum")
-    autocast = cfg.dense_precision != "fp32"
     step_s, losses, syncs = [], [], 0
     bce_sum = torch.zeros(3, dtype=torch.float64)  # sum BCE, sum labels, count over measured steps
+    pipe = None
+    if cfg.pipeline_depth:  # the next batch's input distribution runs before this one's forward; 2D syncs inside
+        from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+        pipe = TrainPipelineSparseDist(dmp, dense_opt, device, dmp_collection_sync_interval_batches=every or None)
+        feed = iter([PipelineBatch(*batches[s % len(batches)]) for s in range(total)])
     first_step_at = time.time()
     for step in range(total):
         dense, kjt, labels = batches[step % len(batches)]
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = dmp(dense, kjt).reshape(-1)
-        loss_sum = lossf(logits.float(), labels)
-        dense_opt.zero_grad()
-        (loss_sum / B).backward()
-        dense_opt.step()
-        if every and ((step + 1) % every == 0 or step == total - 1):
-            dmp.sync()  # replicas merge (2D): weights and optimizer state, inside the timed step
-            syncs += 1
+        if pipe is not None:
+            loss_sum, _ = pipe.progress(feed)
+            syncs += bool(every and (step + 1) % every == 0)
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = dmp(dense, kjt).reshape(-1)
+            loss_sum = lossf(logits.float(), labels)
+            dense_opt.zero_grad()
+            (loss_sum / B).backward()
+            dense_opt.step()
+            if every and ((step + 1) % every == 0 or step == total - 1):
+                dmp.sync()  # replicas merge (2D): weights and optimizer state, inside the timed step
+                syncs += 1
         losses.append(loss_sum.item() / B)
         if step >= cfg.warmup_steps:
             step_s.append(time.perf_counter() - t0)
@@ -526,11 +576,16 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
             raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={cfg.mem_cap_mb:.0f}")
     evaluation = None
     if cfg.eval_samples:  # held-out NE and AUC, as the harness's evaluate: every rank scores its share
+        if pipe is not None:
+            pipe.detach()  # the sharded modules' own forwards back: evaluation calls the model directly
         scored = []
         with torch.no_grad():
             for b in eval_batches(wl, cfg.seed, rank, B, W, cfg.eval_samples):
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                    out = dmp(b.dense, _kjt(b, features)).float().reshape(-1)
+                if pipe is not None:
+                    out = dmp(PipelineBatch(b.dense, _kjt(b, features), b.labels))[1][1].float()
+                else:
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                        out = dmp(b.dense, _kjt(b, features)).float().reshape(-1)
                 scored.append(torch.stack([out, b.labels.reshape(-1)]))
         mine_scores = torch.cat(scored, dim=1).to(torch.float64)
         parts = [torch.empty_like(mine_scores) for _ in range(W)]

@@ -125,10 +125,11 @@ def test_a_tables_bag_is_cut_into_one_piece_per_feature() -> None:
     assert one["a"].values().tolist() == [10, 11, 12, 13] and one["c"].lengths().tolist() == [1, 2, 4]
 
 
-def test_cubics_native_kernel_trains_inside_torchrec_as_fbgemms_fused_tbe_does() -> None:
+def test_cubics_kernel_and_torchrecs_train_pipeline_train_as_the_plain_fbgemm_loop_does() -> None:
     """kernel=native in the TorchRec backend runs cubic's numba kernel inside TorchRec's sharded tables
     (harness/torchrec_kernel.py: table-wise and column-wise shards): the same training as FBGEMM's fused TBE
-    with row-wise AdaGrad fused into the backward, step for step."""
+    with row-wise AdaGrad fused into the backward, step for step. pipeline_depth=1 runs TorchRec's
+    TrainPipelineSparseDist, which reorders the input distribution, not the math: the same losses again."""
     require("torchrec")
     from cubic_harness.config import TrialConfig
     from cubic_harness.torchrec_trial import run_torchrec
@@ -140,6 +141,8 @@ def test_cubics_native_kernel_trains_inside_torchrec_as_fbgemms_fused_tbe_does()
     assert fb.status == nat.status == "ok", (fb.error, nat.error)
     assert (fb.env["kernel"], nat.env["kernel"]) == ("fbgemm", "native")
     assert nat.losses == pytest.approx(fb.losses, rel=1e-4) and fb.losses[-1] != fb.losses[0]
+    piped = run_torchrec(cfg.replace(kernel="fbgemm", pipeline_depth=1))
+    assert piped.status == "ok" and piped.losses == pytest.approx(fb.losses, rel=1e-6), piped.error
 
 
 def test_bad_input_for_the_torchrec_backend_is_one_line_exit_2(models: Path) -> None:
@@ -148,6 +151,7 @@ def test_bad_input_for_the_torchrec_backend_is_one_line_exit_2(models: Path) -> 
         (["--set", "kernel=triton"], "kernel='triton' does not run in TorchRec on cpu"),
         (["--set", "sharding=row_wise"], "row-wise kinds need CUDA in TorchRec"),
         (["--set", "comm_overlap=forward"], "comm_overlap='forward' does not run in TorchRec"),
+        (["--set", "pipeline_depth=2"], "PrefetchTrainPipelineSparseDist prefetches on CUDA streams"),
         (["--set", "kernel=native", "--set", "sharding_group_size=1"], "DMPCollection merges only FBGEMM's kernels"),
     ):
         code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(wl), "--set", "kernel=fbgemm", *args)

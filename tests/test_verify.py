@@ -51,7 +51,10 @@ def test_substitutions_name_what_torchrec_runs_differently() -> None:
     placements, subs = plan_for_torchrec(rw := _cfg(sharding="row_wise", kernel="native", comm_precision="bf16",
                                                     pipeline_depth=1), _export(rw))
     assert {p["sharding_type"] for p in placements.values()} == {"table_wise"}
-    assert [s.split(":")[0].split(" ")[0] for s in subs] == ["row-wise", "pipeline_depth=1"]  # QComms run on gloo
+    # QComms run on gloo, TrainPipelineSparseDist on CPU: only the row-wise kind is substituted
+    assert [s.split(":")[0].split(" ")[0] for s in subs] == ["row-wise"]
+    deep = _cfg(pipeline_depth=2)  # PrefetchTrainPipelineSparseDist needs CUDA streams
+    assert [s.split(":")[0] for s in plan_for_torchrec(deep, _export(deep))[1]] == ["pipeline_depth=2"]
     # cubic's native kernel runs inside TorchRec's sharded tables (harness/torchrec_kernel.py), except in 2D, where
     # DMPCollection would leave its replicas unmerged
     k2d = _cfg(world_size=4, sharding_group_size=2, sparse_sync="weight_avg", kernel="native")
@@ -198,12 +201,12 @@ def test_target_torchrec_keeps_only_what_torchrec_runs(tmp_path: Path) -> None:
     assert s.knobs["kernel"].choices == ("fbgemm", "native", "torch")  # cubic's own through its sharder
     assert set(s.knobs["sharding"].choices) == {"table_wise", "column_wise", "size_greedy", "lookup_greedy",
                                                 "size_lookup_greedy"}
-    assert s.knobs["comm_precision"].choices == ("fp32", "bf16", "fp16") and s.knobs["pipeline_depth"].choices == (0,)
+    assert s.knobs["comm_precision"].choices == ("fp32", "bf16", "fp16") and s.knobs["pipeline_depth"].choices == (0, 1)
     assert s.knobs["sharding_group_size"].choices == (0, 1)  # 2D runs as DMPCollection, merging by averaging
     assert s.knobs["sparse_sync"].choices == ("weight_avg",) and s.target_dropped["sparse_sync"] == ["grad_allreduce"]
     bad = (ROOT / "search_spaces" / "tiny.yaml").read_text().replace("name: tiny", "name: t\ntarget: torchrec")
-    (tmp_path / "bad.yaml").write_text(bad.replace("pipeline_depth: 0", "pipeline_depth: 1", 1))
-    with pytest.raises(ConfigError, match=r"baseline.pipeline_depth: target torchrec: pipeline_depth=1 cannot run"):
+    (tmp_path / "bad.yaml").write_text(bad.replace("emb_precision: fp32", "emb_precision: bf16", 1))
+    with pytest.raises(ConfigError, match=r"baseline.emb_precision: target torchrec: emb_precision='bf16' cannot"):
         load_space(tmp_path / "bad.yaml")
     (tmp_path / "x.yaml").write_text(bad.replace("target: torchrec", "target: tpu"))
     with pytest.raises(ConfigError, match=r"target: 'tpu' is not allowed; choose one of \['harness', 'torchrec'\]"):
