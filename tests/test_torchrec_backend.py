@@ -76,10 +76,9 @@ baseline: {world_size: 2, sharding: table_wise, batch_size: 256, kernel: fbgemm,
            dense_precision: fp32, comm_precision: fp32, pipeline_depth: 0, threads_per_rank: 1}
 knobs:
   batch_size: [256, 512]
-  emb_precision: [fp32, fp16]
 objective: {metric: qps}
 trial: {warmup_steps: 1, measure_steps: 4, windows: 2, timeout_s: 180, repeats: 1}
-budget: {trials: 4, confirm_top_k: 0}
+budget: {trials: 2, confirm_top_k: 0}
 """
 
 
@@ -192,8 +191,8 @@ def test_a_users_model_trains_in_torchrec_and_a_factory_that_raises_is_one_line_
 
 
 def test_a_torchrec_tune_of_a_users_model_records_a_crash_and_exports_the_factory(models: Path) -> None:
-    """The short version of the slow tier's tune: 4 configurations in TorchRec on Ray (the grid), those with
-    512-sample batches crash inside the model's forward and are recorded with its reason while the tune goes on;
+    """The short version of the slow tier's tune: both configurations in TorchRec on Ray (the grid); the one with
+    512-sample batches crashes inside the model's forward and is recorded with its reason while the tune goes on;
     the export names the user's factory and `cubic verify` has nothing to re-run."""
     _workload("picky", models / "picky.json")
     (models / "space.yaml").write_text(SPACE)
@@ -204,9 +203,9 @@ def test_a_torchrec_tune_of_a_users_model_records_a_crash_and_exports_the_factor
 
     df = load_study(models / "run")
     assert df.attrs["backend"] == "torchrec" and df.attrs["study"] == "ranker_torchrec@torchrec"
-    assert len(df) == 4 and set(df["env_backend"]) == {"torchrec"}
+    assert len(df) == 2 and set(df["env_backend"]) == {"torchrec"}
     crashed = df[df["batch_size"] == 512]
-    assert len(crashed) == 2 and set(crashed["status"]) == {"error"}
+    assert len(crashed) == 1 and set(crashed["status"]) == {"error"}
     assert all("ranker head sized for 256 samples, got 512" in e for e in crashed["reason"])
     assert df[df["batch_size"] == 256]["ok"].all()
     code, out, err = cli("export", "run", "--format", "torchrec")
