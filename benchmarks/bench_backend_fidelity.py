@@ -116,7 +116,7 @@ def main() -> None:
     con.print(t)
     for k, vals in by_knob.items():
         con.print(f"{k}: " + ", ".join(f"{v} {d['median_ratio']:.2f} (n={d['n']})" for v, d in vals.items()))
-    _plot(hq, tq, tau)
+    _plot(ok, tau)
 
 
 def predict(cluster_file: Path) -> None:
@@ -150,6 +150,7 @@ def predict(cluster_file: Path) -> None:
         "kendall_tau": float(kendalltau(blind, [r["torchrec"] for r in rows]).statistic),
         "median_abs_error": statistics.median(abs(p / r["torchrec"] - 1) for p, r in zip(blind, rows, strict=True))}
     out["predicted"] = {"cluster": str(cluster_file), **summary}
+    _plot(rows, out["kendall_tau"])
     OUT.with_suffix(".json").write_text(json.dumps(out, indent=1))
     con = Console()
     t = Table(title=f"the simulator against each framework's measurements ({len(rows)} configurations, none "
@@ -165,16 +166,27 @@ def predict(cluster_file: Path) -> None:
     con.print(t)
 
 
-def _plot(hq: list[float], tq: list[float], tau: float) -> None:
+def _plot(rows: list[dict], tau: float) -> None:
+    """TorchRec's samples/s against the harness's, one point per configuration, 2D apart from one group."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
-    fig = Figure(figsize=(5, 4.5))
+    fig = Figure(figsize=(5.5, 4.5))
     ax = fig.add_subplot()
-    ax.scatter(hq, tq, s=18)
-    lo, hi = min(hq + tq) * 0.9, max(hq + tq) * 1.1
+    for two_d, label, color in ((False, "one model-parallel group", "tab:blue"), (True, "2D (DMPCollection)",
+                                                                                  "tab:orange")):
+        pts = [(r["harness"], r["torchrec"]) for r in rows if (r["params"].get("sharding_group_size", 0) not in
+                                                               (0, r["params"].get("world_size", 2))) == two_d]
+        if pts:
+            ax.scatter(*zip(*pts, strict=True), s=18, color=color, label=label)
+    qs = [q for r in rows for q in (r["harness"], r["torchrec"])]
+    lo, hi = min(qs) * 0.9, max(qs) * 1.1
     ax.plot([lo, hi], [lo, hi], lw=0.8, color="grey")
     ax.set(xscale="log", yscale="log", xlabel="cubic harness samples/s", ylabel="TorchRec samples/s",
            title=f"the same configurations in both (Kendall tau {tau:.2f})")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(NullFormatter())
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(OUT.with_suffix(".png"), dpi=110)
 
