@@ -35,12 +35,13 @@ POOLINGS = {"SUM": "sum", "MEAN": "mean", "NONE": "none"}
 FLOP_BATCH = 4  # samples in the meta batch the flop counter sees (FLOPs per sample are its share)
 
 
-def load_factory(entry: str) -> nn.Module:
-    """Steps 1: the module FACTORY returns, built on the meta device; ConfigError (one line) otherwise."""
+def load_factory(entry: str, folder: str | Path | None = None) -> nn.Module:
+    """Steps 1: the module FACTORY returns, built on the meta device; ConfigError (one line) otherwise. MODULE is
+    looked for in `folder` first (default: the current one)."""
     mod_name, sep, fn_name = entry.partition(":")
     if not sep or not mod_name or not fn_name:
         raise ConfigError(f"{entry}: expected MODULE:FACTORY (e.g. mymodels.ranker:build_model)")
-    sys.path.insert(0, str(Path.cwd()))
+    sys.path.insert(0, str(folder or Path.cwd()))
     try:
         module = importlib.import_module(mod_name)
     except Exception as e:  # the user's code: any failure to import is bad input, named

@@ -202,9 +202,10 @@ def torchrec_job(cfg: TrialConfig, plan: list[dict], notes: list[str]) -> dict[s
             "ddp": {"allreduce_comm_precision": cfg.allreduce_comm_precision}}
 
 
-def check_runs_in_torchrec(cfg: TrialConfig) -> None:
+def check_runs_in_torchrec(cfg: TrialConfig, cwd: str | None = None) -> None:
     """ConfigError naming the first knob value TorchRec does not run here as the config says (the rules a
-    `target: torchrec` space restricts its knobs by); the backend runs no substitute."""
+    `target: torchrec` space restricts its knobs by), or a model factory (imported from `cwd`) that does not
+    build; the backend runs no substitute."""
     if not torchrec_available():
         raise ConfigError("--backend torchrec needs TorchRec: `make` installs it (.[cpu,dev,torchrec], then "
                           "`pip install --no-deps torchrec==1.8.0`)")
@@ -214,7 +215,7 @@ def check_runs_in_torchrec(cfg: TrialConfig) -> None:
     if cfg.workload.factory:  # the user's model builds (on the meta device: no memory) before ranks start for it
         from cubic_harness.torchrec_import import load_factory
 
-        load_factory(cfg.workload.factory)
+        load_factory(cfg.workload.factory, cwd)
     seq = [t.name for t in cfg.workload.tables if t.pooling_type == "none"]
     if seq:
         raise ConfigError(f"table(s) {', '.join(seq)}: sequence tables (an EmbeddingCollection) are not trained by "
@@ -241,7 +242,7 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
     env = {**env_info(cfg), "backend": "torchrec", "torchrec": package_version("torchrec")}
     try:
         cfg.validate("config")
-        check_runs_in_torchrec(cfg)
+        check_runs_in_torchrec(cfg, cwd)
         check_config(cfg)
         from cubic_harness.planning import plan_for
 
