@@ -244,8 +244,9 @@ class RayRunner:
             return Pending(cfg, ref, sum(b["CPU"] for b in bundles), sum(b.get("GPU", 0.0) for b in bundles), tag,
                            spans=True)
         cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)
+        extra = () if self.backend == "real" else (None, self.backend, os.getcwd())  # TorchRec: the driver's folder
         ref = self._remote.options(num_cpus=cpus, num_gpus=gpus, runtime_env=worker_env()).remote(
-            cfg.to_dict(), None, self.backend, os.getcwd())
+            cfg.to_dict(), *extra)
         return Pending(cfg, ref, cpus, gpus, tag)
 
     def wait(self, pending: list[Pending], timeout: float = 1.0) -> list[tuple[Pending, TrialResult]]:
