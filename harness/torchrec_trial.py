@@ -63,9 +63,10 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
     """Why TorchRec cannot run `knob=value` as cubic's harness measures it on `device`; None where it can.
     The rules a `target: torchrec` search space restricts its knobs by (and `plan_for_torchrec` substitutes)."""
     cpu = device != "cuda"
-    if knob == "kernel" and value != "fbgemm" and (not cpu or value == "triton"):
-        return ("TorchRec's sharded tables run cubic's kernels on CPU only (harness/torchrec_kernel.py), FBGEMM's "
-                "fused TBE elsewhere")
+    if knob == "kernel" and value == "triton":
+        return "cubic's Triton kernel is not wired into TorchRec's sharded tables (its CPU kernels are)"
+    if knob == "kernel" and value != "fbgemm" and not cpu:
+        return "on CUDA TorchRec's sharded tables run FBGEMM's fused TBE (cubic's sharder takes its CPU kernels)"
     if knob == "sharding":
         if value == "data_parallel" or value == "auto":
             return ("TorchRec syncs data-parallel tables by a dense gradient all-reduce, not cubic's sparse sync"
