@@ -23,7 +23,6 @@ from cubic.study import record
 from cubic.study.store import storage_url
 from cubic_harness.config import TrialConfig, json_safe
 from cubic_harness.errors import ConfigError, write_text
-from cubic_harness.torchrec_trial import placement_of, torchrec_job
 
 FORMATS = ("yaml", "json", "torchrec")
 METRICS = ("qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne")
@@ -136,6 +135,8 @@ def train_pipeline_for(depth: int, device: str) -> str:
 
 def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for the loader)."""
+    from cubic_harness.torchrec_trial import placement_of, torchrec_job  # torch: not for every export
+
     cfg = TrialConfig.from_dict(rec["config"])
     wl = cfg.workload
     plan = {}
