@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cubic_harness.torchrec_import import DATA_TYPES
 from cubic_kernels import OptimSpec, make_kernel
 
 
@@ -62,11 +63,10 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
     from torchrec.distributed.sharding.cw_sharding import CwPooledEmbeddingSharding
     from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingSharding
     from torchrec.distributed.types import ShardingType
-    from torchrec.modules.embedding_configs import DataType, PoolingType
+    from torchrec.modules.embedding_configs import PoolingType
     from torchrec.optim.fused import EmptyFusedOptimizer, FusedOptimizer, FusedOptimizerModule
 
     optims = {EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad", EmbOptimType.EXACT_SGD: "sgd"}
-    dtypes = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16"}
 
     class _Done(FusedOptimizer):
         """What TorchRec collects as the tables' optimizer: the kernel updated them in backward already."""
@@ -96,7 +96,7 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
                                        "cubic's kernel sums")
             fp = config.fused_params or {}
             self._kernel = make_kernel(backend, self._local_rows, self._local_cols, device="cpu",
-                                       weight_dtype=dtypes[config.data_type],
+                                       weight_dtype=DATA_TYPES[config.data_type.name],
                                        optim=OptimSpec(optims[fp["optimizer"]], fp["learning_rate"],
                                                        fp.get("eps", 1e-8)))
             self._anchor = torch.zeros(0, requires_grad=True)  # makes autograd call _Apply.backward

@@ -100,6 +100,7 @@ INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE",
            "comm_overlap": "the all-to-all was waited on where the model reads the embeddings",
            "sparse_sync": "DMPCollection averaged the replicas' weights and optimizer state after every step",
            "emb_optimizer": "row-wise AdaGrad ran, its replicas merged by DMPCollection's averaging"}
+EMB_DATA_TYPES = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}  # emb_precision -> torchrec.types.DataType
 TWO_D_KNOBS = ("sparse_sync", "emb_optimizer")  # substitutions only where replicas exist
 TWO_D_KERNEL = "DMPCollection merges only FBGEMM's kernels' weights (cubic's would drift apart unmerged)"
 
@@ -184,7 +185,7 @@ def torchrec_job(cfg: TrialConfig, plan: list[dict], notes: list[str]) -> dict[s
     which the export (cubic/deploy/export.py) writes beside its own."""
     wl = cfg.workload
     by_name = {p.get("name") or wl.tables[p["table"]].name: p for p in plan}
-    dtype = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}[cfg.emb_precision]
+    dtype = EMB_DATA_TYPES[cfg.emb_precision]
     tables, placements = [], {}
     for i, t in enumerate(wl.tables):
         tables.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim,

@@ -29,12 +29,13 @@ def calibrate(
     from cubic_harness.sim.cluster import FRAMEWORKS, calibrated_cluster_path, cluster_from_dict
 
     console = Console(stderr=True)
+    output_given = output is not None
     output = output or calibrated_cluster_path()
     if framework not in FRAMEWORKS:
         print(f"error: --framework {framework!r}: choose one of {list(FRAMEWORKS)}", file=sys.stderr)
         raise typer.Exit(2)
     if framework != "harness":
-        _add_profile(output, framework, short, console)
+        _add_profile(output, framework, short, console, given=output_given)
         return
     try:  # writable? (checked before a minute of measuring; a file not there before is not left behind empty)
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +67,7 @@ def calibrate(
                   f"+ {d['intra_node']['latency_us']:.0f} us, in {d['source']['seconds']:.0f} s")
 
 
-def _add_profile(output: Path, framework: str, short: bool, console) -> None:  # noqa: ANN001
+def _add_profile(output: Path, framework: str, short: bool, console, given: bool) -> None:  # noqa: ANN001
     """Measure `framework`'s step on this machine and write its profile into the cluster file `output`, which the
     machine's own calibration wrote (the profile is priced against its figures)."""
     import yaml
@@ -79,7 +80,7 @@ def _add_profile(output: Path, framework: str, short: bool, console) -> None:  #
     try:
         if not output.exists():
             raise ConfigError(f"{output}: no calibration of this machine to add a {framework} profile to; run "
-                              f"`cubic calibrate{'' if output == _default() else f' -o {output}'}` first")
+                              f"`cubic calibrate{f' -o {output}' if given else ''}` first")
         base = load_cluster(output)
         if not torchrec_available():
             raise ConfigError("--framework torchrec needs TorchRec: `make` installs it")
@@ -108,8 +109,3 @@ def _add_profile(output: Path, framework: str, short: bool, console) -> None:  #
                   f"step on several ranks (the harness: {base.device.step_overhead_ms:.2f} ms, "
                   f"{base.device.glue_ns_per_id:.0f} ns, 0)")
 
-
-def _default() -> Path:
-    from cubic_harness.sim.cluster import calibrated_cluster_path
-
-    return calibrated_cluster_path()

@@ -32,7 +32,6 @@ METRICS = ("qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_f
 TRAIN_PIPELINES = {0: "TrainPipelineBase", 1: "TrainPipelineSparseDist", 2: "PrefetchTrainPipelineSparseDist"}
 # torchrec.distributed.fbgemm_qcomm_codec.CommType names
 COMM_TYPES = {"fp32": "FP32", "bf16": "BF16", "fp16": "FP16"}
-DATA_TYPES = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}  # torchrec.types.DataType
 EMB_OPTIMIZERS = {"rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
                   "momentum_scaled_rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
                   "sgd": "torch.optim.SGD"}
@@ -135,7 +134,7 @@ def train_pipeline_for(depth: int, device: str) -> str:
 
 def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for the loader)."""
-    from cubic_harness.torchrec_trial import placement_of, torchrec_job  # torch: not for every export
+    from cubic_harness.torchrec_trial import EMB_DATA_TYPES, placement_of, torchrec_job  # torch: not for every export
 
     cfg = TrialConfig.from_dict(rec["config"])
     wl = cfg.workload
@@ -148,7 +147,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     if not plan:
         notes.append("the winning trial recorded no sharding plan: sharding_types left to TorchRec's planner")
     tables, constraints, placements = [], {}, {}
-    dtype = DATA_TYPES[cfg.emb_precision]
+    dtype = EMB_DATA_TYPES[cfg.emb_precision]
     # cubic's kernels pool in fp32 whatever the dense precision (bf16 autocast lives inside the MLPs, and
     # the all-to-all carries comm_precision: qcomms_config below); BF16 here would halve traffic unmeasured
     out_dtype = "FP32"
