@@ -8,6 +8,11 @@ configuration runs `--repeats` times, alternating code and configuration, so dri
 hits all alike; the table gives medians with min..max and the merge's parts (payload, wire, apply) per sync.
 
     .venv/bin/python benchmarks/bench_merge.py [--before GITREF] [--repeats 3] [--steps 40]
+    .venv/bin/python benchmarks/bench_merge.py --transport [--repeats 3]
+
+--transport measures what the transport rule (`cubic_harness.sharding.transport`) needs instead: k = 8 with each
+transport forced (CUBIC_REPLICA_SYNC), alternating, and a sparse byte's cost over a dense one's: (sparse ms per
+sync / the rule's sparse MB) / (dense ms per sync / the rule's dense MB). Writes merge_transport.json.
 
 --before checks GITREF out under /tmp and runs its harness in child processes (PYTHONPATH over the installed
 packages), so both sides share this venv's torch and gloo. Writes benchmarks/data/merge_speed.json.
@@ -48,7 +53,9 @@ def main():
     print(json.dumps({"status": r.status, "error": r.error, "qps": r.qps,
                       "sync_ms_per_step": r.breakdown_ms.get("sync"),
                       "ms_per_sync": rs.get("ms_per_sync"), "sparse_syncs": rs.get("sparse_syncs"),
-                      "dense_syncs": rs.get("dense_syncs"), "touched_frac_max": rs.get("touched_frac_max")}))
+                      "dense_syncs": rs.get("dense_syncs"), "touched_frac_max": rs.get("touched_frac_max"),
+                      "union_frac_max": rs.get("union_frac_max"),
+                      "rule_mb_per_sync": rs.get("rule_mb_per_sync"), "env": r.env.get("env_overrides")}))
 
 if __name__ == "__main__":
     main()
@@ -72,8 +79,10 @@ def checkout(ref: str) -> Path:
     return tree
 
 
-def run(tree: Path, wl: str, knobs: dict, steps: int) -> dict:
+def run(tree: Path, wl: str, knobs: dict, steps: int, transport: str = "") -> dict:
     env = dict(os.environ)
+    if transport:
+        env["CUBIC_REPLICA_SYNC"] = transport  # the ranks inherit it; the result records it (env_overrides)
     if tree != ROOT:
         env["PYTHONPATH"] = str(tree / "_packages")
     out = subprocess.run([sys.executable, "-c", CHILD, wl, json.dumps(knobs), str(steps)], cwd=tree, env=env,
@@ -91,8 +100,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / "merge_speed.json")
+    ap.add_argument("--transport", action="store_true", help="measure a sparse byte's cost over a dense one's")
     a = ap.parse_args()
     con = Console()
+    if a.transport:
+        transport_cost(con, a.repeats, a.steps)
+        return
     codes = {"now": ROOT} | ({f"before ({a.before})": checkout(a.before)} if a.before else {})
     runs: dict = {}
     for rep in range(a.repeats):
@@ -120,11 +133,66 @@ def main() -> None:
                 q = [x["qps"] for x in ok]
                 parts = [x.get("ms_per_sync") or {} for x in ok]
                 p = ({k: statistics.median(pp.get(k, 0.0) for pp in parts) for k in parts[0]} if parts[0] else {})
-                tr = "sparse" if ok[0].get("sparse_syncs") else ("dense" if ok[0].get("dense_syncs") else "")
+                tr = "sparse" if ok[0].get("sparse_syncs") else (
+                    f"union ({ok[0]['union_frac_max']:.0%} of rows)" if ok[0].get("union_frac_max") else
+                    "dense" if ok[0].get("dense_syncs") else "")
                 t.add_row(code, n, f"{med[n]:,.0f} ({min(q):,.0f}..{max(q):,.0f})",
                           f"{med[n] / med['full MP']:.2f}x", f"{med[n] / med['k=1']:.2f}x" if n != "full MP" else "",
                           tr, " / ".join(f"{v:.0f}" for v in p.values()))
         con.print(t)
+
+
+RULES = {"plain": {}, "momentum": {"emb_optimizer": "momentum_scaled_rowwise_adagrad"}}
+REPLICAS = 2  # 2 ranks, groups of 1
+
+
+def transport_cost(con: Console, repeats: int, steps: int) -> None:
+    """k = 8 with each transport forced, alternating: a sparse byte's cost relative to a dense byte's, in the
+    transport rule's terms (`sparse_pays`: the all-gather's R x touched bytes against the ring all-reduce's
+    2 (R - 1) / R x shard bytes), for the plain rule (whose dense merge averages in place) and the momentum rule
+    (whose dense merge builds payloads)."""
+    runs: dict = {}
+    for rep in range(repeats):
+        for rule, extra in RULES.items():
+            for wl in WORKLOADS:
+                for how in ("sparse", "dense") + (("union",) if rule == "plain" else ()):
+                    r = run(ROOT, wl, {**VARIANTS["k=8"], **extra}, steps, transport=how)
+                    con.log(f"rep {rep} {rule} {wl} k=8 {how}: {r.get('status')} {r.get('qps', 0):,.0f} samples/s "
+                            f"{r.get('ms_per_sync') or ''} {r.get('rule_mb_per_sync') or ''} {r.get('error') or ''}")
+                    runs.setdefault(rule, {}).setdefault(wl, {}).setdefault(how, []).append(r)
+    t = Table(title=f"a sparse byte's cost over a dense one's (k = 8, each transport forced; median of {repeats})")
+    for c in ("rule", "workload", "touched", "sparse ms / sync", "rule MB", "dense ms / sync", "rule MB",
+              "cost per byte"):
+        t.add_column(c)
+    out: dict = {"repeats": repeats, "steps": steps, "replicas": REPLICAS, "runs": runs, "cost": {}}
+    R = REPLICAS
+    for rule, by_wl in runs.items():
+        for wl, by in by_wl.items():
+            med = {}
+            for how, rs in by.items():
+                ok = [x for x in rs if x.get("status") == "ok" and x.get("ms_per_sync")]
+                med[how] = (statistics.median(sum(x["ms_per_sync"].values()) for x in ok),
+                            statistics.median(x["rule_mb_per_sync"].get(how, 0.0) for x in ok),
+                            [sum(x["ms_per_sync"].values()) for x in ok]) if ok else None
+            if med["sparse"] is None or med["dense"] is None:
+                t.add_row(rule, wl, "failed", "", "", "", "", "")
+                continue
+            (sm, smb, sall), (dm, dmb, dall) = med["sparse"], med["dense"]
+            cost = (sm / (R * smb)) / (dm / (2 * (R - 1) / R * dmb))
+            frac = by["sparse"][0].get("touched_frac_max") or 0.0
+            out["cost"].setdefault(rule, {})[wl] = {"cost": cost, "sparse_ms": sall, "dense_ms": dall,
+                                                    "sparse_mb": smb, "dense_mb": dmb, "touched_frac_max": frac}
+            t.add_row(rule, wl, f"{frac:.0%}", f"{sm:.0f} ({min(sall):.0f}..{max(sall):.0f})", f"{smb:.0f}",
+                      f"{dm:.0f} ({min(dall):.0f}..{max(dall):.0f})", f"{dmb:.0f}", f"{cost:.2f}")
+            if med.get("union"):  # the union's rows at their own cost per byte, over the dense in-place merge's
+                um, _, uall = med["union"]
+                uf = statistics.median(x.get("union_frac_max") or 1.0 for x in by["union"] if x.get("status") == "ok")
+                ucost = (um / (uf * dmb)) / (dm / dmb)
+                out["cost"][rule][wl].update(union_ms=uall, union_frac=uf, union_cost=ucost)
+                t.add_row(rule, wl, f"union {uf:.0%}", f"{um:.0f} ({min(uall):.0f}..{max(uall):.0f})",
+                          f"{uf * dmb:.0f}", "", "", f"{ucost:.2f} (union)")
+    con.print(t)
+    (ROOT / "benchmarks" / "data" / "merge_transport.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

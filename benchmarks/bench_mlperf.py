@@ -212,15 +212,18 @@ def other_gpus(base: Cluster, meas: dict, results: dict) -> list[dict]:
 
 # Every other system in the logs, predicted from its GPU's preset (clusters/*.yaml, each figure's source there) with
 # the round's one fit on NVIDIA's 8-H100 point (v5.0 has none: v4.1's), nothing refitted. A fabric known to be
-# Ethernet takes the RoCE preset's network. (accelerator substring, preset); the first match wins.
-PRESETS = (("H100-SXM5", "h100-8"), ("H200-SXM5", "h200-8"), ("A100-SXM", "a100-80-8"), ("GB200", "gb200-nvl72"),
-           ("B200", "b200-8"))
+# Ethernet takes the RoCE preset's network. (accelerator substring, preset); the first match wins, so a more specific
+# key comes first ("L40S" before "L40", "GB200" before "B200"). The PCIe cards' presets (A40, L40, L40S, H100 PCIe,
+# H200 NVL) are one server each, resized to the system's GPUs like the others.
+PRESETS = (("H100-SXM5", "h100-8"), ("H100-PCIe", "h100-pcie-8"), ("H200-SXM5", "h200-8"), ("H200-NVL", "h200-nvl-4"),
+           ("A100-SXM", "a100-80-8"), ("GB200", "gb200-nvl72"), ("B200", "b200-8"), ("L40S", "l40s-8"),
+           ("L40", "l40-8"), ("A40", "a40-8"))
 ETHERNET = {"JuniperNetworks": "h100-64-roce"}  # Juniper's A100 submission ran on its own Ethernet switches
 
 
 def all_systems(meas: dict, results: dict) -> list[dict]:
     """One row per system in the logs that is not a fitted or validated NVIDIA H100 point: measured,
-    predicted, error; or why there is no prediction (a GPU without a preset)."""
+    predicted, error; or why there is no prediction (a CPU-only submission, or a GPU without a preset)."""
     fitted = {name for rnd in meas.values() for name in rnd["systems"].values()}
     rows = []
     for rnd, data in logs().items():
@@ -232,7 +235,11 @@ def all_systems(meas: dict, results: dict) -> list[dict]:
             row = {"round": rnd, "system": name, "org": s["org"], "accelerator": s["accelerator"], "gpus": s["gpus"],
                    "nodes": s["nodes"], "meas": s["rate"], "fit_round": fit_rnd}
             preset = next((pr for key, pr in PRESETS if key in s["accelerator"]), None)
-            if preset is None or not s["gpus"]:
+            if not s["gpus"]:
+                row["why_not"] = "a CPU-only submission (no accelerator): the presets are GPUs"
+                rows.append(row)
+                continue
+            if preset is None:
                 row["why_not"] = f"no preset for {s['accelerator']}"
                 rows.append(row)
                 continue
@@ -315,7 +322,7 @@ def main() -> None:
                                       "worst_abs_err": errs[-1],
                                       "not_predicted": sum(1 for o in out["all_systems"] if o.get("err") is None)}
         console.print(f"  {len(errs)} systems predicted: median |error| {errs[len(errs) // 2]:.0%}, worst "
-                      f"{errs[-1]:.0%}; {out['all_systems_summary']['not_predicted']} without a preset")
+                      f"{errs[-1]:.0%}; {out['all_systems_summary']['not_predicted']} not predicted")
     (DATA / "mlperf_validation.json").write_text(json.dumps(out, indent=1, default=str))
     plot(meas, out)
 

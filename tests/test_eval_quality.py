@@ -158,12 +158,16 @@ def test_confirm_judges_numerics_changes_by_quality_runs_that_agree_with_4x_long
     long_base = [run_trial(long.config(space.baseline, s)).extra["eval_ne"] for s in range(2)]
     for key in ((0.0001, "fp32", 0), (0.1, "bf16", 0)):
         row = rows[key]  # (the costly one is rejected after its first seed: far past the tolerance)
+        if "cannot win" in row["quality_reason"]:  # on this tiny model its speed is noise: measured slower than
+            assert not row["quality_eval_ne"] and not row["quality_ok"]  # the baseline, it gets no quality run
+            continue
         assert len(row["quality_eval_ne"]) == (1 if key[0] == 0.0001 else 2), row["quality_reason"]
         cfg = space.config({k: row[k] for k in space.knobs})
         long_ne = [run_trial(long.config(cfg, s)).extra["eval_ne"] for s in range(2)]
         assert bool(row["quality_ok"]) == judge(long_ne, long_base, 0.002)["ok"], (key, row["quality_reason"])
     assert not rows[(0.0001, "fp32", 0)]["quality_ok"] and rows[(0.1, "bf16", 0)]["quality_ok"]
-    assert "rejected without the remaining quality runs" in rows[(0.0001, "fp32", 0)]["quality_reason"]
+    assert any(w in rows[(0.0001, "fp32", 0)]["quality_reason"] for w in (
+        "rejected without the remaining quality runs", "cannot win"))
     # (the same reason whether the confirm or a held-out check while searching rejected it)
     assert "90% interval" in rows[(0.1, "bf16", 0)]["quality_reason"]
     e = cubic_cli("export", str(tmp_path / "run"), "-f", "json", "-o", str(tmp_path / "w.json"))

@@ -137,6 +137,26 @@ def test_the_dense_average_in_place_is_the_same_merge_as_the_sparse_deltas():
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)
 
 
+def test_the_union_transport_is_the_dense_merge_at_the_rows_any_replica_touched():
+    """The plain rule's union transport all-reduces only the rows some replica touched (table 0's rows 30-49 never
+    are) and gives the dense in-place merge's bits, every replica alike; the rule picks it wherever the plain rule
+    averages in place, and sparse or dense by their bytes elsewhere."""
+    from cubic_harness.sharding.transport import SPARSE_BYTE_COST, choose_transport
+
+    union, dense = _two_replicas("average", "union"), _two_replicas("average", "dense")
+    for step in (2, 5):
+        for x, y in zip(union[0][0][step], dense[0][0][step], strict=True):
+            np.testing.assert_array_equal(x, y)
+        for x, y in zip(union[0][0][step], union[1][0][step], strict=True):
+            np.testing.assert_array_equal(x, y)
+    for x, y in zip(union[0][1], dense[0][1], strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert choose_transport(2, 1.0, 1.0, in_place=True) == "union"
+    shard = 1e6  # a dense ring moves 2 (R - 1) / R of it: at R = 2 the shard; sparse R x its touched bytes
+    assert choose_transport(2, 0.9 * shard / (2 * SPARSE_BYTE_COST), shard, in_place=False) == "sparse"
+    assert choose_transport(2, 1.1 * shard / (2 * SPARSE_BYTE_COST), shard, in_place=False) == "dense"
+
+
 @pytest.mark.parametrize("rule", ["average", "momentum"])
 def test_replicas_hold_identical_shards_right_after_each_sync_and_differ_between(rule):
     got = _two_replicas(rule)

@@ -255,7 +255,8 @@ def test_a_simulated_study_warm_starts_another(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["h100-8", "h100-64", "h100-128", "h100-4096", "a100-zionex-128", "a100-80-8",
-                                  "h200-8", "b200-8", "gb200-nvl72", "h100-64-roce"])
+                                  "h200-8", "b200-8", "gb200-nvl72", "h100-64-roce", "a40-8", "l40-8", "l40s-8",
+                                  "h100-pcie-8", "h200-nvl-4"])
 def test_cluster_presets_load_and_price_the_full_mlperf_model(name: str) -> None:
     c = load_cluster(shipped_cluster(f"{name}.yaml"))
     wl = Workload.preset("mlperf-dcnv2")
@@ -495,9 +496,13 @@ MLPERF_OVERLAP_SHARP = {"v3.1": {64: +0.054, 128: +0.066, "ratio": +0.011},
 
 
 def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_refit() -> None:
-    """Issue 33 item 6: every system in the logs with an A100, H100, H200, B200 or GB200 (NVL72) is predicted from
-    its preset and its round's one 8-H100 fit; today 51 systems, median |error| 8%, worst 40% (a 4-GPU H100 system
-    measured 23% below its peers). A system without a preset says so; none is silently dropped."""
+    """Issue 33 item 6: every GPU system in the logs is predicted from its GPU's preset and its round's one 8-H100
+    fit; today 58 systems, median |error| 9%. The SXM / NVLink-domain presets (A100, H100, H200, B200, GB200: 51
+    systems) stay within 40% (a 4-GPU H100 system measured 23% below its peers). The PCIe cards' presets (A40, L40,
+    L40S, H100 PCIe, H200 NVL: 7 systems) all over-predict, +15% to +67%, and QCT's 4-GPU H100 PCIe D54U-3U by
+    +197% / +259% (it runs at 0.3-0.37M samples/s per GPU against the 8-GPU ESC8000's 0.67M; one of its v4.0 runs
+    starts at 3.5M/s and drops to 1.5M/s after 0.1 epoch). Only the CPU-only submission is not predicted, and it
+    says why; none is silently dropped."""
     b = _bench("bench_mlperf")
     base = load_cluster(shipped_cluster("h100-128.yaml"))
     meas = b.measured()
@@ -506,10 +511,17 @@ def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_r
     fitted = {name for rnd in meas.values() for name in rnd["systems"].values()}
     assert len(rows) == sum(name not in fitted for d in b.logs().values() for name in d["systems"])
     done = [r for r in rows if r.get("err") is not None]
-    assert {r["preset"] for r in done} == {"h100-8", "h200-8", "a100-80-8", "b200-8", "gb200-nvl72"}
+    sxm = {"h100-8", "h200-8", "a100-80-8", "b200-8", "gb200-nvl72"}
+    pcie = {"a40-8", "l40-8", "l40s-8", "h100-pcie-8", "h200-nvl-4"}
+    assert {r["preset"] for r in done} == sxm | pcie
     errs = sorted(abs(r["err"]) for r in done)
-    assert len(done) >= 50 and errs[len(errs) // 2] <= 0.11 and errs[-1] <= 0.45, errs
-    assert all(r["why_not"].startswith("no preset for") for r in rows if r.get("err") is None)
+    assert len(done) >= 58 and errs[len(errs) // 2] <= 0.11, errs
+    assert max(abs(r["err"]) for r in done if r["preset"] in sxm) <= 0.45, errs
+    cards = [r for r in done if r["preset"] in pcie]
+    assert len(cards) == 7 and all(r["err"] > 0 for r in cards), [(r["system"], r["err"]) for r in cards]
+    assert all(r["err"] <= 0.75 for r in cards if r["system"] != "D54U-3U"), [(r["system"], r["err"]) for r in cards]
+    assert [r["why_not"] for r in rows if r.get("err") is None] == [
+        "a CPU-only submission (no accelerator): the presets are GPUs"]
 
 
 def test_overlap_and_in_network_reduction_close_the_mlperf_scaling_gap() -> None:

@@ -138,6 +138,39 @@ def test_confirm_walks_past_configs_the_quality_gate_rejects(tmp_path: Path) -> 
     assert "skipped" in r.stdout and "fails the quality gate" in r.stdout
 
 
+# The search ran one configuration besides the baseline: pipelining stacked on an 8x batch, which the gate
+# (tolerance 0) rejects. Its layout alone, pipelining, was never run.
+STACKED = """\
+name: stacked
+workload: {preset: tiny}
+baseline: {world_size: 1, sharding: table_wise, batch_size: 32, kernel: torch, pipeline_depth: 0}
+knobs:
+  pipeline_depth: [1, 0]
+  batch_size: [256, 32]
+constraints: {mem_cap_mb: 3000, quality_tolerance: 0.0}
+trial: {warmup_steps: 1, measure_steps: 4, windows: 1, timeout_s: 300, repeats: 2}
+budget: {trials: 2, confirm_top_k: 1, isolation: cores}
+"""
+
+
+def test_the_confirm_backs_off_a_rejected_fastest_configuration_to_its_layout(tmp_path: Path) -> None:
+    """The fastest configuration fails the gate for its numerics and nothing else passed: the confirm runs
+    its layout without the numerics change as a new trial (phase "backoff", beyond the search budget),
+    which needs no quality run and passes, instead of leaving only the baseline to crown."""
+    run = tmp_path / "run"
+    r = cubic_tune("--space", str(space_file(tmp_path, STACKED)), "--run-dir", str(run), "--searcher", "grid")
+    assert r.returncode == 0, r.stdout + r.stderr
+    by = {(t.params["pipeline_depth"], t.params["batch_size"]): t for t in records(run, "stacked").values()}
+    assert set(by) == {(0, 32), (1, 256), (1, 32)}, sorted(by)
+    fast, back = by[(1, 256)], by[(1, 32)]
+    assert fast.quality_est_ok is False or fast.quality_ok is False
+    assert back.run["phase"] == "backoff" and back.state == TrialState.COMPLETE
+    assert back.quality_ok is True and "numerics unchanged" in back.quality_reason and len(back.confirm_qps) == 2
+    assert load(run, "stacked").user_attrs["winner"]["config"]["batch_size"] == 32
+    assert "back off: #1" in r.stdout and "dropping batch_size" in r.stdout
+    assert "1 of them the confirm's back-off" in r.stdout and "(back-off)" in r.stdout
+
+
 BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
 
 

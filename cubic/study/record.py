@@ -36,6 +36,7 @@ from cubic_harness.config import json_safe
 FLAT_KEYS = ("status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne")
 INTERRUPTED = "interrupted"
 NOT_RUN = (INTERRUPTED, "skipped")  # FAIL statuses that did not spend budget
+BACKOFF = "backoff"  # the phase of a confirm back-off trial (`cubic.tune.confirm`): not a search trial
 
 
 @dataclass(eq=False)

@@ -56,7 +56,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from cubic.space.search_space import SearchSpace, fingerprint, first_difference
 from cubic.study import record, tables
-from cubic.study.record import FLAT_KEYS, INTERRUPTED, NOT_RUN, TrialRecord
+from cubic.study.record import BACKOFF, FLAT_KEYS, INTERRUPTED, NOT_RUN, TrialRecord
 from cubic_harness.config import TrialResult, json_safe
 from cubic_harness.errors import ConfigError
 
@@ -326,9 +326,10 @@ class Store:
         return {r.number: r.feasible for r in self.records(TrialState.COMPLETE)}
 
     def budget_used(self) -> int:
-        """Trials that ran (COMPLETE, or FAIL for a reason of their own)."""
+        """Search trials that ran (COMPLETE, or FAIL for a reason of their own); the confirm's back-off
+        trials are the confirm's cost, as its re-measurements are, not the search's."""
         return sum(1 for t in self.trials(TrialState.COMPLETE, TrialState.FAIL)
-                   if t.user_attrs.get("status") not in NOT_RUN)
+                   if t.user_attrs.get("status") not in NOT_RUN and t.user_attrs.get("phase") != BACKOFF)
 
     def completed_keys(self) -> dict[str, int]:
         return {t.user_attrs["config_key"]: t.number for t in self.trials(TrialState.COMPLETE)

@@ -18,7 +18,16 @@ the very numbers that pick the winner):
    runs decide (`cubic.quality.rules.sequential`: the first `seeds`, then one more pair while the interval
    straddles the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's
    samples. Only a candidate that passes gets its other `repeats - 1` re-measurements.
-4. The verdict and its reason go to every screened record (`quality_ok`, `quality_reason`).
+4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected for
+   quality (failed, or not resolved within the seed budget) and is faster than everything that passed, try
+   its layout with fewer of its numerics changes, the costliest first dropped (by what the screen measured
+   each change alone to cost; an unscreened one first), down to none, one new trial at a time, stopping at
+   the first that passes. Why: the fastest configurations stack two or three changes that each pass alone
+   (fp16 tables, bf16 dense, bf16 comm), and their sum sits at the tolerance, where no seed budget resolves
+   it; the walk then found nothing else that passed and the tune crowned the baseline, though the same
+   layout with one change fewer was 1.4x faster and within the tolerance. A back-off trial is a new trial
+   (phase "backoff"), judged as any candidate; it is the confirm's cost, not the search budget's.
+5. The verdict and its reason go to every screened record (`quality_ok`, `quality_reason`).
 """
 
 from __future__ import annotations
@@ -31,11 +40,12 @@ from typing import Any
 from optuna.trial import TrialState
 
 from cubic.execution.runner import Pending
-from cubic.quality.rules import MORE, NOT_RESOLVED, covering, matched_ne, noise_floor, within
-from cubic.study.record import TrialRecord
+from cubic.quality.rules import MORE, NOT_RESOLVED, covering, matched_ne, noise_floor, paired_mean, within
+from cubic.search.samplers import distributions
+from cubic.study.record import BACKOFF, TrialRecord
 from cubic.tune.checks import QualityChecks, early_reject, paired_diff, reused
 from cubic.tune.context import Tuning
-from cubic.tune.work import GateRun, RemeasureRun
+from cubic.tune.work import BackoffRun, GateRun, RemeasureRun
 from cubic_harness.config import TrialResult
 
 SCREEN_FACTOR = 3  # confirm screens at most this many x confirm_top_k configurations
@@ -54,7 +64,10 @@ class Confirm:
         # warm-up it fails larger batches for training fewer steps on them, which held-out quality does not
         self.cands = [t for t in self.ranked if t is not self.base and (
             t.quality_heldout_ok is not False if self.qr else t.quality_est_ok is not False)]
-        self.screened: list[TrialRecord] = []  # in rank order
+        self.screened: list[TrialRecord] = []  # in rank order, then the back-off trials
+        self.walked = 0  # candidates the walk took from `cands`
+        self.chain: list[dict[str, Any]] | None = None  # back-off params still to try (None: not planned yet)
+        self.last_backoff: TrialRecord | None = None  # the back-off trial judged last
         self.inflight: dict[int, int] = {}  # trial number -> re-measurements in flight
         self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
 
@@ -157,8 +170,9 @@ class Confirm:
             undecided = [t for t in self.screened if self.verdict(t) is None]
             own = sum(t.quality_runs_of is None for t in self.screened)  # those that cost runs of their own
             if (len(passed) < k and len(passed) + len(undecided) < k and own < max_screen
-                    and len(self.screened) < len(self.cands)):
-                t = self.cands[len(self.screened)]
+                    and self.walked < len(self.cands)):
+                t = self.cands[self.walked]
+                self.walked += 1
                 rejected = next((o for o in self.screened if self.verdict(o) is False and o.quality_runs_of is None
                                  and o.quality_eval_ne and space.differs_in_numerics(t.params)
                                  and space.numerics_key(o.params) == space.numerics_key(t.params)), None)
@@ -185,7 +199,9 @@ class Confirm:
                 self.qinflight[t.number] = self.qinflight.get(t.number, 0) + 1
                 continue
             if not pending:
-                break
+                if not self.backoff(pending):
+                    break
+                continue
             for p, res in ctx.runner.wait(pending, timeout=0.5):
                 pending.remove(p)
                 ctx.check_lease(fresh=True)  # confirm writes go to cubic's table: Optuna checks nothing
@@ -197,10 +213,115 @@ class Confirm:
                         self.inflight[t.number] -= 1
                         self.record(t, res)
                         view.add(t, time.monotonic() - p.started, confirm=res)
+                    case BackoffRun(trial=trial):
+                        rec = ctx.store.finish(trial, res)
+                        view.add(rec, time.monotonic() - p.started)
+                        self.last_backoff = rec if rec.state == TrialState.COMPLETE else None
+                        if self.last_backoff is not None:
+                            self.screened.append(rec)
             left = sum(max(0, self.reps - self.runs(t)) for t in order if self.verdict(t) is not False)
             view.set_eta(left, 1.0)
             view.refresh()
         return self.judge_all()
+
+    # ------------------------------------------------------------------ back off (step 4)
+    def backoff(self, pending: list[Pending]) -> bool:
+        """Add the next back-off trial to the walk (a new trial on `pending`, or a finished one to `screened`);
+        False when there is none: no back-off is wanted, the last one passed, or the chain is spent."""
+        ctx, space = self.ctx, self.ctx.space
+        if self.chain is None:
+            self.chain = self.backoff_chain()
+        while self.chain:
+            last = self.last_backoff
+            if last is not None and (self.verdict(last) is True or self.cannot_win(last) is not None):
+                break  # it passed, or it is no faster than the baseline: each later one drops more of the speed
+            params = self.chain.pop(0)
+            cfg = space.config(params)
+            number = ctx.store.completed_keys().get(cfg.key())
+            if number is not None:  # the search already ran it: judge that trial
+                t = next((o for o in [*self.ranked, *self.screened] if o.number == number), None)
+                if t is None or t is self.base:
+                    break  # the layout without any numerics change is the baseline's own
+                if number in {o.number for o in self.screened}:  # judged already
+                    if self.verdict(t) is True:
+                        break
+                    continue
+                if number not in {o.number for o in self.cands}:  # rejected while searching
+                    continue
+                self.screened.append(t)
+                self.last_backoff = t
+                return True
+            ctx.store.enqueue(params, {"phase": BACKOFF})
+            trial = ctx.store.study.ask(distributions(space))
+            p = ctx.launch(trial, cfg, {**trial.user_attrs, "searcher": "confirm", "config": cfg.to_dict()},
+                           BackoffRun(trial))
+            if p is not None:
+                pending.append(p)
+                return True
+            self.last_backoff = None  # refused by the memory model: the next variant
+        self.chain = []
+        return False
+
+    def backoff_chain(self) -> list[dict[str, Any]]:
+        """The params to back off to, most numerics changes first: the source's (`backoff_source`) with its
+        changes set back to the baseline's one at a time, the costliest first."""
+        src = self.backoff_source()
+        if src is None:
+            return []
+        space, base = self.ctx.space, self.ctx.space.baseline_params()
+        changed = [k for k in space.differs_in_numerics(src.params) if k in src.params]
+        order = sorted(changed, key=lambda k: -self.change_cost(k, src.params[k]))
+        chain, p = [], dict(src.params)
+        for k in order:
+            p = space.canonical({**p, k: base[k]})
+            if space.valid(p):
+                chain.append(p)
+        if chain:
+            why = ("was rejected while searching" if src.number not in {t.number for t in self.screened} else
+                   "is not resolved" if self.qr is not None and self.checks.sequential(src, self.base)[0] ==
+                   NOT_RESOLVED else "fails")
+            self.ctx.view.note(
+                f"confirm: back off: #{src.number} ({self.speed(src):,.0f} qps) is faster than all that passed but "
+                f"its quality {why}; trying its layout with fewer numerics changes, dropping {', '.join(order)} in "
+                "turn (costliest first)")
+        return chain
+
+    def backoff_source(self) -> TrialRecord | None:
+        """The configuration to back off from: the fastest one rejected for its quality (a failed or unresolved
+        gate, or a rejection while searching), not for a crash or its speed, where it is faster than every
+        configuration that passed (None: there is none, or the policy judges no quality)."""
+        if not self.ctx.policy.judges_quality:
+            return None
+        passed = [t for t in ([self.base] if self.base else []) + self.screened
+                  if t.confirm_qps and self.verdict(t) is True]
+        best = max((statistics.median(t.confirm_qps) for t in passed), default=0.0)
+
+        screened, cands = {t.number for t in self.screened}, {t.number for t in self.cands}
+
+        def rejected(t: TrialRecord) -> bool:
+            if t is self.base or t.confirm_failed or not self.ctx.space.differs_in_numerics(t.params):
+                return False
+            if t.number in screened:
+                return self.verdict(t) is False and self.cannot_win(t) is None
+            return t.number not in cands  # rejected while searching
+
+        src = max((t for t in self.ranked if rejected(t)), key=self.speed, default=None)
+        return src if src is not None and self.speed(src) > best else None
+
+    def change_cost(self, knob: str, value: Any) -> float:
+        """What the screen measured `knob = value` alone to cost in eval NE (inf: it failed, or no screen ran it)."""
+        base = self.ctx.space.baseline_params()
+        bne = self.base.quality_eval_ne if self.base is not None else []
+        for x in self.checks.screen:
+            if x.params.get(knob) == value and all(x.params[k] == v for k, v in base.items() if k != knob):
+                d = paired_mean(x.eval_ne, bne)
+                return float("inf") if x.ok is False or d is None else d
+        return float("inf")
+
+    @staticmethod
+    def speed(t: TrialRecord) -> float:
+        """Its re-measured median, or its search run where it was not re-measured."""
+        return statistics.median(t.confirm_qps) if t.confirm_qps else (t.value or 0.0)
 
     def judge_all(self) -> list[TrialRecord]:
         """Each screened record's verdict and reason; a trial a check while searching rejected gets its reason."""

@@ -29,7 +29,6 @@ import optuna
 from optuna.trial import TrialState
 from rich.console import Console
 
-from cubic.execution.memory_check import refusal as memory_refusal
 from cubic.execution.runner import Pending, Runner
 from cubic.quality.store import QualityStore, ReusingRunner
 from cubic.search.samplers import distributions, make_sampler
@@ -44,7 +43,6 @@ from cubic.tune.policy import Policy
 from cubic.tune.summary import summary
 from cubic.tune.view import TuneView
 from cubic.tune.work import QUALITY_RUNS, CheckRun, ScreenRun, SearchRun
-from cubic_harness.config import TrialResult
 from cubic_harness.errors import ConfigError
 
 MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
@@ -208,23 +206,10 @@ class Tuner:
         if twin is not None:
             self.store.skip(trial, f"same configuration as trial {twin}" if twin >= 0 else "already running")
             return None
-        self.store.start(trial, {
-            "searcher": self.searcher, "phase": ua.get("phase") or self.sampler.name,
-            "predicted_qps": ua.get("predicted_qps"), "predicted_std": ua.get("predicted_std"),
-            "config_key": key, "config": cfg.to_dict(),
-        })
-        refused = memory_refusal(cfg) if self.ctx.policy.checks_memory else None
-        if refused is not None:  # the model predicts it runs out of memory: recorded as such, never started
-            why, pred = refused
-            res = TrialResult.failed("oom", f"not launched: {why}", cfg, env={"backend": "real", "launched": False},
-                                     extra={"predicted_mem_mb": round(pred.peak_mb, 1),
-                                            "predicted_mem_per_position_mb": [round(m, 1) for m in pred.mem_mb],
-                                            "mem_limit_mb": round(pred.limit_mb, 1)})
-            with self._writing():
-                self.view.add(self.store.finish(trial, res), None)
-            self.view.note(f"trial {trial.number} not launched: {why}")
-            return None
-        return self.runner.submit(cfg, tag=SearchRun(trial))
+        attrs = {"searcher": self.searcher, "phase": ua.get("phase") or self.sampler.name,
+                 "predicted_qps": ua.get("predicted_qps"), "predicted_std": ua.get("predicted_std"),
+                 "config_key": key, "config": cfg.to_dict()}
+        return self.ctx.launch(trial, cfg, attrs, SearchRun(trial))
 
     def _eta(self, pending: list[Pending], remaining: int) -> None:
         per = max(1.0, self.runner.cpus / max(1.0, min((p.cpus for p in pending), default=self.runner.cpus)))

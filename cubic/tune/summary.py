@@ -12,7 +12,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from cubic.quality.store import ReusingRunner
-from cubic.study.record import NOT_RUN, TrialRecord
+from cubic.study.record import BACKOFF, NOT_RUN, TrialRecord
 from cubic.study.store import safe_url
 from cubic.tune.checks import QualityChecks
 from cubic.tune.confirm import median_finite
@@ -87,7 +87,9 @@ def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], se
         "proxy_tau": proxy_tau, "winner": win,
         "screen": checks.screen_summary(),
         "quality_runs": ({"ran": runner.ran, "reused": runner.reused} if isinstance(runner, ReusingRunner) else None),
+        "backoff": [t.number for t in ran if t.run.get("phase") == BACKOFF],
         "confirmed": [{"trial": t.number, "short_config": short_config(space, t.params),
+                       "backoff": t.run.get("phase") == BACKOFF,
                        "qps": t.value, "confirm_qps": t.confirm_qps, "quality_ok": t.quality_ok,
                        "quality_verdict": t.quality_verdict, "quality_eval_diff": t.quality_eval_diff,
                        "quality_ci": t.quality_ci, "quality_reason": t.quality_reason} for t in confirmed],

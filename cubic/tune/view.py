@@ -169,7 +169,9 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
     """The final word: winner, speed-up over the baseline with its spread, where the study lives."""
     console.print(f"[bold]cubic tune[/] {s['study']}: {s['trials']} trials ({s['ok']} ok, {s['failed']} failed) "
                   f"with searcher {s['searcher']}" + (f", proxy Kendall tau {s['proxy_tau']:+.2f}"
-                                                       if s.get("proxy_tau") is not None else ""))
+                                                       if s.get("proxy_tau") is not None else "")
+                  + (f"; {len(s['backoff'])} of them the confirm's back-off (beyond the budget)" if s.get("backoff")
+                     else ""))
     if s.get("screen"):
         t = Table(title="quality screen: each numerics change alone (held-out eval NE vs the baseline)", box=None,
                   header_style="bold")
@@ -187,7 +189,8 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
             t.add_column(col)
         for c in s["confirmed"]:
             cq = c["confirm_qps"] or []
-            t.add_row(str(c["trial"]), c["short_config"], f"{c['qps']:,.0f}",
+            t.add_row(str(c["trial"]) + (" (back-off)" if c.get("backoff") else ""), c["short_config"],
+                      f"{c['qps']:,.0f}",
                       ", ".join(f"{q:,.0f}" for q in cq) or "-", c["quality_reason"] if c.get("quality_verdict") ==
                       NOT_RESOLVED else ("ok" if c["quality_ok"] else "REJECTED") + f": {c['quality_reason']}")
         console.print(t)

@@ -42,6 +42,14 @@ class RemeasureRun:
 
 
 @dataclass(frozen=True, eq=False)
+class BackoffRun:
+    """A confirm back-off trial: a rejected candidate's layout with fewer of its numerics changes
+    (`cubic.tune.confirm`); its result becomes the Optuna trial's, as a search trial's does."""
+
+    trial: optuna.Trial
+
+
+@dataclass(frozen=True, eq=False)
 class GateRun:
     """A confirm quality run of `rec`'s model at `seed` (the gate's paired judgement)."""
 

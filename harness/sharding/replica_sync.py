@@ -47,7 +47,16 @@ Two merge rules (the `emb_optimizer`), with Δ_k = w_k - w0, inc_k = s_k - s0 re
   R times the learning rate between syncs.)
 
 Which rows changed is recorded from the ids each backward updates (`record`), so neither transport
-reads a whole shard to find them. `CUBIC_REPLICA_SYNC=sparse|dense` forces a transport (benchmarks).
+reads a whole shard to find them. `CUBIC_REPLICA_SYNC=sparse|dense|union` forces a transport (benchmarks).
+
+Three transports (`cubic_harness.sharding.transport` decides which):
+* union (the plain rule on fp32 weights and wire, `averages_in_place`): w0 + sum_k Δ_k / R is sum_k w_k / R,
+  so no delta is needed. A row no replica touched since the last sync holds w0 on every replica already;
+  the replicas agree on which rows any of them touched (one max all-reduce of a byte per row), gather those
+  rows' weights and state into one buffer, all-reduce it and divide by R, and write it back to the kernel and
+  to w0/s0. Dense at the bytes of the union: at k = 8 on the default task, ~30% of the rows;
+* sparse: each replica's touched rows' ids and payloads all-gathered, summed per row (any rule);
+* dense: every row's payload all-reduced (any rule; the plain rule's union of every row is the same).
 """
 
 from __future__ import annotations
@@ -61,12 +70,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from cubic_harness.sharding.transport import averages_in_place, choose_transport, union_pays
 from cubic_kernels.base import EmbeddingBagKernel
 
-# A sparse merge costs about twice a dense one per byte moved (the all-gather's padding, the union's
-# sort, indexed reads and writes): measured 254 ms at 9.7% of rows touched vs 680 ms dense on the small
-# workload (benchmarks/bench_2d.py's transport table), so sparse pays below ~25% of rows, not ~50%.
-SPARSE_BYTE_COST = 2.0
 FP16_HEADROOM = 2.0 ** 14  # sums of R fp16 payloads stay below fp16's max (65504) for R <= 4; more: scaled down
 
 
@@ -78,10 +84,14 @@ class SyncStats:
     sparse: int = 0
     seconds: list[float] = field(default_factory=list)
     touched_frac: list[float] = field(default_factory=list)
+    union_frac: list[float] = field(default_factory=list)  # the union transport: rows any replica touched
     # where a sync's time goes, summed over the syncs: building the payloads (`payload`), the collectives
     # (`wire`, with the casts to and from the comm precision), the sum over the replicas' rows and writing the
     # merged rows back (`apply`)
     parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("payload", "wire", "apply"), 0.0))
+    # what the transport rule weighed, summed over the syncs: the touched rows' payload bytes (before
+    # SPARSE_BYTE_COST) and the dense all-reduce's bytes; with `parts` they measure a sparse byte's cost
+    rule_bytes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("sparse", "dense"), 0.0))
 
     def to_dict(self, interval: int, measured_steps: int, measured_s: float) -> dict:
         s = sorted(self.seconds)
@@ -90,7 +100,9 @@ class SyncStats:
                 "sync_ms_p50": s[len(s) // 2] * 1e3 if s else 0.0,
                 "sync_ms_per_step": measured_s * 1e3 / max(1, measured_steps),
                 "touched_frac_max": max(self.touched_frac, default=0.0),
-                "ms_per_sync": {k: v * 1e3 / max(1, self.syncs) for k, v in self.parts.items()}}
+                "union_frac_max": max(self.union_frac, default=0.0),
+                "ms_per_sync": {k: v * 1e3 / max(1, self.syncs) for k, v in self.parts.items()},
+                "rule_mb_per_sync": {k: v / 2**20 / max(1, self.syncs) for k, v in self.rule_bytes.items()}}
 
 
 class _Clock:
@@ -217,8 +229,7 @@ class ReplicaSync:
 
     @torch.no_grad()
     def sync(self) -> None:
-        """Merge now: sparse where the touched rows' payloads, at SPARSE_BYTE_COST per byte, cost less than a
-        dense all-reduce of the shards (below ~25% of rows touched with 2 replicas), else dense."""
+        """Merge now, by the transport `transport.choose_transport` picks (or CUBIC_REPLICA_SYNC forces)."""
         t0 = time.perf_counter()
         clock = _Clock(self.stats.parts)
         ids = [t.nonzero().squeeze(1) for t in self.touched]
@@ -227,15 +238,19 @@ class ReplicaSync:
         dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
         cb = torch.finfo(self.dtype).bits // 8
         rows = self.kernel.rows
-        sparse_bytes = SPARSE_BYTE_COST * self.R * int(most) * (8 + max(self.widths) * cb)
-        dense_bytes = 2 * (self.R - 1) * sum(r * w for r, w in zip(rows, self.widths, strict=True)) * cb // self.R
-        sparse = self.transport == "sparse" or (self.transport != "dense" and sparse_bytes < dense_bytes)
+        touched_bytes = int(most) * (8 + max(self.widths) * cb)
+        shard_bytes = sum(r * w for r, w in zip(rows, self.widths, strict=True)) * cb
+        self.stats.rule_bytes["sparse"] += touched_bytes
+        self.stats.rule_bytes["dense"] += shard_bytes
+        in_place = self._averages_in_place()
+        how = self.transport if self.transport != "auto" else choose_transport(
+            self.R, touched_bytes, shard_bytes, in_place)
         clock.mark("payload")
-        if sparse:
+        if how == "sparse":
             self._sparse(ids, counts, clock)
             self.stats.sparse += 1
-        elif self._averages_in_place():
-            self._average_in_place(clock)
+        elif in_place:  # union, or dense: the union of every row
+            self._average_union(clock, self.transport)  # auto: per shard, union or whole
         else:
             payloads = [self._payload(i, None) for i in range(len(rows))]
             clock.mark("payload")
@@ -254,23 +269,42 @@ class ReplicaSync:
         self.stats.touched_frac.append(float(counts.sum()) / max(1, sum(rows)))
 
     def _averages_in_place(self) -> bool:
-        """The plain rule with fp32 weights on an fp32 wire: the replicas' mean is that of the rows themselves."""
-        return (not self.momentum_scaled and self.dtype == torch.float32
-                and all(w.dtype == torch.float32 for w in self.kernel.weights()))
+        return averages_in_place(self.momentum_scaled, self.dtype == torch.float32,
+                                 all(w.dtype == torch.float32 for w in self.kernel.weights()))
 
-    def _average_in_place(self, clock: _Clock) -> None:
-        """Dense, plain rule: w0 + sum_k Δ_k / R is sum_k w_k / R (and the same for the state), so each shard's
-        weights and state are all-reduced where the kernel keeps them and divided by R: no payload is built, no
-        delta taken or added back, and one more pass keeps the copy the next interval's deltas start from
-        (three passes over a shard instead of eight: at k >= 8 most of every row is touched and this is the
-        transport)."""
+    def _average_union(self, clock: _Clock, how: str) -> None:
+        """The plain rule in place (`averages_in_place`), on the rows any replica touched (the module docstring):
+        1. The union: each replica's touched marks, one byte per row of every shard, max-all-reduced.
+        2. Per shard, its weights and then its state at those rows: gathered into one buffer, all-reduced,
+           divided by R, written back to the kernel and to w0/s0. Where gathering and scattering the union
+           would cost more than streaming the whole shard (`transport.union_pays`; `how` "union" or "dense"
+           forces one, "auto" decides per shard), the shard itself is all-reduced where the kernel keeps it.
+        The sums are the dense transport's, row for row (the same R values added)."""
+        union: list[torch.Tensor | None] = [None] * len(self.touched)
+        if how != "dense":
+            marks = torch.cat(self.touched).to(torch.uint8)
+            dist.all_reduce(marks, op=dist.ReduceOp.MAX, group=self.group)
+            union = [m.nonzero().squeeze(1) for m in marks.split(self.kernel.rows)]
+            self.stats.union_frac.append(sum(u.numel() for u in union) / max(1, marks.numel()))
+            clock.mark("payload")
         for i, w in enumerate(self.kernel.weights()):
+            rows = union[i]
+            if rows is not None and rows.numel() == 0:
+                continue
+            whole = rows is None or rows.numel() == w.shape[0] or (
+                how == "auto" and not union_pays(rows.numel(), w.shape[0]))
             pairs = [(w, self.w0[i])] + ([(self.kernel.states()[i], self.s0[i])] if self.adagrad else [])
             for live, kept in pairs:
-                dist.all_reduce(live, group=self.group)
+                buf = live if whole else live.index_select(0, rows)
+                clock.mark("payload")
+                dist.all_reduce(buf, group=self.group)
                 clock.mark("wire")
-                live.div_(self.R)
-                kept.copy_(live)
+                buf.div_(self.R)
+                if not whole:
+                    live.index_copy_(0, rows, buf)
+                    kept.index_copy_(0, rows, buf)
+                else:
+                    kept.copy_(live)
                 clock.mark("apply")
 
     def _sparse(self, ids: list[torch.Tensor], counts: torch.Tensor, clock: _Clock) -> None:

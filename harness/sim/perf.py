@@ -19,8 +19,10 @@ same plan, so position p's ranks all carry the same load):
   two, times the share the device hides, `overlap_hidden`),
   the data-parallel tables' sparse sync (all-gather of ids and pooled gradients over the world),
   DDP's dense all-reduce in `allreduce_comm_precision` (only what the backward does not hide), 2D's replica traffic
-  (`grad_allreduce`: all-gather of the replicas' ids and gradients every step; `weight_avg`: the
-  cheaper of a sparse all-gather of the touched rows and a dense all-reduce, every k steps);
+  (`grad_allreduce`: all-gather of the replicas' ids and gradients every step; `weight_avg`, every k steps,
+  the harness's transport (`cubic_harness.sharding.transport`): the plain rule's in-place all-reduce of the
+  rows any replica touched, else the cheaper of a sparse all-gather of the touched rows and a dense
+  all-reduce);
 - dense: every GEMM of the dense part at the rate measured for its size and precision;
 - optim: the dense Adagrad's bytes; plus the framework's fixed cost per step.
 
@@ -40,6 +42,7 @@ from cubic_harness import ids as idstats
 from cubic_harness.config import DTYPE_BYTES, TrialConfig
 from cubic_harness.dense_cost import DenseCost, dense_cost
 from cubic_harness.sharding.plan import ShardingPlan, group_ranks
+from cubic_harness.sharding.transport import UNION_ROW_COST, averages_in_place, choose_transport
 from cubic_harness.sim import collectives as coll
 from cubic_harness.sim.cluster import Cluster, KernelEff, log_interp
 from cubic_harness.timers import PHASES
@@ -48,7 +51,6 @@ from cubic_harness.workload import TableSpec
 STATE_BYTES = {"rowwise_adagrad": 4, "momentum_scaled_rowwise_adagrad": 4, "sgd": 0}
 ID_BYTES = 8
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one is launched when the backward ends
-SPARSE_BYTE_COST = 2.0  # harness/sharding/replica_sync.py: a sparse byte costs ~2 dense ones (index work)
 GLIBC_MMAP_MAX = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX (64-bit): larger buffers are always mmapped
 
 
@@ -209,6 +211,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     shard_rows_bytes = [0.0] * G
     touched_bytes = [0.0] * G  # weight_avg: touched rows' sparse payload per interval
     touched_rows, shard_rows, shard_width = [0.0] * G, [0] * G, [0] * G
+    union_rows = [0.0] * G  # weight_avg's union transport: rows any of the R replicas touched per interval
     for tp in plan.tables:
         t = wl.tables[tp.table]
         if tp.kind == "data_parallel":
@@ -230,13 +233,17 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             rep_gather[sh.rank] += bags * (pool[tp.table] * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
             shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
             k_ids = cfg.sparse_sync_interval * ids
-            if wl.profiled and t.profile:  # the profiled repeats: hot rows are touched again, not new ones
-                touched = min(sh.rows, idstats.expected_distinct(t.profile, k_ids / max(frac, 1e-12))
-                              * sh.rows / t.rows)
-            else:
-                touched = sh.rows * -math.expm1(-k_ids / max(1, sh.rows))
+
+            def distinct(draws: float, t: TableSpec = t, sh=sh, frac: float = frac) -> float:
+                if wl.profiled and t.profile:  # the profiled repeats: hot rows are touched again, not new ones
+                    return min(sh.rows, idstats.expected_distinct(t.profile, draws / max(frac, 1e-12))
+                               * sh.rows / t.rows)
+                return sh.rows * -math.expm1(-draws / max(1, sh.rows))
+
+            touched = distinct(k_ids)
             touched_bytes[sh.rank] += touched * (ID_BYTES + sh.dim * cb)
             touched_rows[sh.rank] += touched
+            union_rows[sh.rank] += distinct(R * k_ids)  # the replicas draw alike: the union is R x the draws'
             shard_rows[sh.rank] += sh.rows
             shard_width[sh.rank] = max(shard_width[sh.rank], sh.dim)
     # memory per position (`_memory`: every term and why), and Neo's hierarchy: what does not fit a GPU lives in
@@ -244,8 +251,11 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     dc = dense_cost(wl)
     shard_bytes = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
     # 2D weight_avg's transport (harness/sharding/replica_sync.py): sparse while its bytes are the fewer
-    wa_sparse = (R > 1 and not c.device.dense_replica_merge
-                 and SPARSE_BYTE_COST * R * max(touched_bytes) < 2 * (R - 1) * max(shard_rows_bytes) / R)
+    wa_how = "dense" if R == 1 or c.device.dense_replica_merge else choose_transport(
+        R, max(touched_bytes), max(shard_rows_bytes), averages_in_place(
+            cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad", cfg.comm_precision == "fp32",
+            cfg.emb_precision == "fp32"))
+    wa_sparse = wa_how == "sparse"
     fixed, held = _memory(cfg, c, dc, pool, held_ids, held_lens, held_cols, recv_cols, on_pos, plan.dp_tables(),
                           touched_rows, wa_sparse)
     mem = [(fixed + b + h) / 2**20 for b, h in zip(shard_bytes, held, strict=True)]
@@ -310,7 +320,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     if R > 1 and recv_cols:
         if cfg.sparse_sync == "grad_allreduce":
             comm["replica_sync"] = coll.all_gather(max(rep_gather), r_span, c)
-        else:  # the harness's transport: sparse while its bytes (x SPARSE_BYTE_COST) are the fewer
+        else:  # the harness's transport (`transport.sparse_pays`)
             sparse = wa_sparse
             merge = c.device.replica_merge_gbs.get("sparse" if sparse else "dense")
             if sparse:
@@ -321,6 +331,9 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
                 work = 2 * max(shard_rows)  # build the payload, apply the sum (the collective reduces)
             if merge:  # the merge's own work on the replicas' rows (width + the state column, fp32)
                 t += work * (max(shard_width) + 1) * 4 / (merge * 1e6 * s.emb_speed)
+            if wa_how == "union":  # the dense merge at the union's rows where that pays, at its measured cost per row
+                p = max(range(G), key=lambda q: union_rows[q] / max(1, shard_rows[q]))
+                t *= min(1.0, UNION_ROW_COST * union_rows[p] / max(1, shard_rows[p]))
             comm["replica_sync"] = t / cfg.sparse_sync_interval
     if W > 1 and c.device.jitter:  # ranks drift apart over their compute; each collective waits for the last
         comm["wait"] = c.device.jitter * (emb_fwd + emb_bwd + dense)
