@@ -242,11 +242,11 @@ class Confirm:
                 t = next((o for o in [*self.ranked, *self.screened] if o.number == number), None)
                 if t is None or t is self.base:
                     break  # the layout without any numerics change is the baseline's own
-                if number in {o.number for o in self.screened}:  # judged already
+                if any(o is t for o in self.screened):  # judged already
                     if self.verdict(t) is True:
                         break
                     continue
-                if number not in {o.number for o in self.cands}:  # rejected while searching
+                if not any(o is t for o in self.cands):  # rejected while searching
                     continue
                 self.screened.append(t)
                 self.last_backoff = t

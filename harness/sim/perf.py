@@ -67,6 +67,14 @@ def lookup_share(t: TableSpec, start: int, stop: int, profiled: bool) -> float:
     return (stop - start) / t.rows
 
 
+def rows_touched(t: TableSpec, rows: int, frac: float, draws: float, profiled: bool) -> float:
+    """The distinct rows `draws` lookups touch in a shard of `rows` rows holding `frac` of t's lookups: a
+    profile's repeats where there is one (hot rows are touched again, not new ones), else uniform draws."""
+    if profiled and t.profile:
+        return min(rows, idstats.expected_distinct(t.profile, draws / max(frac, 1e-12)) * rows / t.rows)
+    return rows * -math.expm1(-draws / max(1, rows))
+
+
 def lookup_bytes(ids: float, bags: float, dim: int, wbytes: int) -> float:
     """Forward: every id's row read, every bag's pooled row written (fp32)."""
     return ids * dim * wbytes + bags * dim * 4
@@ -233,17 +241,11 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             rep_gather[sh.rank] += bags * (pool[tp.table] * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
             shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
             k_ids = cfg.sparse_sync_interval * ids
-
-            def distinct(draws: float, t: TableSpec = t, sh=sh, frac: float = frac) -> float:
-                if wl.profiled and t.profile:  # the profiled repeats: hot rows are touched again, not new ones
-                    return min(sh.rows, idstats.expected_distinct(t.profile, draws / max(frac, 1e-12))
-                               * sh.rows / t.rows)
-                return sh.rows * -math.expm1(-draws / max(1, sh.rows))
-
-            touched = distinct(k_ids)
+            touched = rows_touched(t, sh.rows, frac, k_ids, wl.profiled)
             touched_bytes[sh.rank] += touched * (ID_BYTES + sh.dim * cb)
             touched_rows[sh.rank] += touched
-            union_rows[sh.rank] += distinct(R * k_ids)  # the replicas draw alike: the union is R x the draws'
+            # the replicas draw alike: their union is what R x the draws touch
+            union_rows[sh.rank] += rows_touched(t, sh.rows, frac, R * k_ids, wl.profiled)
             shard_rows[sh.rank] += sh.rows
             shard_width[sh.rank] = max(shard_width[sh.rank], sh.dim)
     # memory per position (`_memory`: every term and why), and Neo's hierarchy: what does not fit a GPU lives in
