@@ -26,8 +26,10 @@ the simulator models, sums its phases over the NICs: at 128 GPUs the collectives
 step. With fp32 gradients (our harness's default) the miss was 17-23%: the gradients' precision was the
 larger part. The fit "rates, overlap + SHARP" prices the first two as HugeCTR runs them (cubic's
 comm_overlap=forward_backward, with the presets' assumed overlap_hidden; `in_network_reduction` on the fabric): 64 / 128
-GPUs +5% / +7% (v3.1), +4% / +3% (v4.0), +2% / +0% (v4.1), the 64 -> 128 ratio within 1.5%; SHARP is most of
-it (the dense all-reduce at 128 GPUs 0.41 -> 0.17 ms), the overlap 0.05 ms (DCN-v2's bottom MLP is short).
+GPUs +3% / 0% (v3.1), +2% / -3% (v4.0), -1% / -6% (v4.1), the 64 -> 128 ratio -3% to -6%, with the step a
+critical path on which DDP's buckets share the NICs with the all-to-all (`harness/sim/schedule.py`); SHARP is
+most of the gain (the dense all-reduce at 128 GPUs 0.41 -> 0.17 ms), the overlap 0.05 ms (DCN-v2's bottom MLP
+is short).
 v3.0 ran without `DP_SHARDING_THRESHOLD`: every table model-parallel, so the ranks holding the hottest tables
 bound the step and 128 GPUs ran no faster than 64 (v3.1 added the threshold: +5% on 8 GPUs, +54% on 128).
 The simulator's table-wise rows show that flat shape (ratio ~0.99), not the level.

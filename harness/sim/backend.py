@@ -38,6 +38,7 @@ def sim_env(cfg: TrialConfig, c: Cluster) -> dict:
 
 
 POSITIONS_LISTED = 1024  # a larger group's per-position figures are stored as a summary
+OFFLOAD_LISTED = 8  # likewise the shards each position moved to host memory (a list per position)
 
 
 def per_position(xs: list[float]) -> list[float] | dict[str, float]:
@@ -47,6 +48,16 @@ def per_position(xs: list[float]) -> list[float] | dict[str, float]:
         return xs
     worst = max(range(len(xs)), key=xs.__getitem__)
     return {"max": xs[worst], "argmax": worst, "mean": sum(xs) / len(xs), "positions": len(xs)}
+
+
+def offloaded(offload: dict[int, list[dict]]) -> dict[str, list[dict]]:
+    """The shards in host memory per group position; beyond OFFLOAD_LISTED positions only the one that moved
+    the most rows, and how many moved any (a trial's record stays small: a tune stores and reads back every
+    record; `cubic trial --backend sim --config` re-derives the rest)."""
+    if len(offload) <= OFFLOAD_LISTED:
+        return {str(p): v for p, v in offload.items()}
+    worst = max(offload, key=lambda p: sum(x["rows"] for x in offload[p]))
+    return {str(worst): offload[worst], "positions": len(offload)}
 
 
 def check_holds(cfg: TrialConfig, c: Cluster, where: str) -> None:
@@ -78,7 +89,7 @@ def simulate(cfg: TrialConfig, c: Cluster) -> TrialResult:
     if cfg.comm_overlap != "none":  # as a real trial reports it
         extra["comm_hidden_ms"] = est.comm_hidden_ms
     if est.offload:  # Neo's hierarchy: shards in host memory behind a device-side cache, per group position
-        extra["sim"]["offload"] = {str(p): v for p, v in est.offload.items()}
+        extra["sim"]["offload"] = offloaded(est.offload)
     if peak > limit:
         what = "mem_cap_mb" if limit == cfg.mem_cap_mb else f"its device's memory on {c.name}"
         return TrialResult.failed("oom", f"rank {worst}: needs {peak:,.0f} MB, {peak - limit:,.0f} MB over "

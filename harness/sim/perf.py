@@ -14,9 +14,7 @@ same plan, so position p's ranks all carry the same load):
 - comm: the input distribution (lengths and ids all-to-all in the group; pipelined, it runs beside the
   previous step: on a GPU hidden up to that step's length, on CPU only its waiting; none where the
   framework reads each rank's ids itself, `reads_own_ids`), the pooled all-to-all forward and backward
-  in the comm precision
-  (with `comm_overlap`, less what runs beside the bottom MLP's forward and backward: the shorter of the
-  two, times the share the device hides, `overlap_hidden`),
+  in the comm precision,
   the data-parallel tables' sparse sync (all-gather of ids and pooled gradients over the world),
   DDP's dense all-reduce in `allreduce_comm_precision` (only what the backward does not hide), 2D's replica traffic
   (`grad_allreduce`: all-gather of the replicas' ids and gradients every step; `weight_avg`, every k steps,
@@ -27,7 +25,10 @@ same plan, so position p's ranks all carry the same load):
 - optim: the dense Adagrad's bytes; plus the framework's fixed cost per step.
 
 Rule: each phase's time is the maximum over ranks (the all-to-alls synchronise the group every
-step, so the slowest rank sets each phase), and the step is the sum of the phases. On CPU the ranks
+step, so the slowest rank sets each phase), and the step is a critical path over the rank's compute and its
+collectives, in the order the harness runs them (`schedule.py`; `estimate` lists the ops): what runs beside
+what (`comm_overlap`'s pooled all-to-all beside the bottom MLP, DDP's buckets beside the backward) costs the
+device's measured `overlap_hidden` share of it, and collectives at once share the links. On CPU the ranks
 of a node share its cores: with more threads than cores every rank slows by the oversubscription,
 and a backend's speed-up with threads is the measured exponent.
 """
@@ -45,6 +46,7 @@ from cubic_harness.sharding.plan import ShardingPlan, group_ranks
 from cubic_harness.sharding.transport import UNION_ROW_COST, averages_in_place, choose_transport
 from cubic_harness.sim import collectives as coll
 from cubic_harness.sim.cluster import Cluster, KernelEff, log_interp
+from cubic_harness.sim.schedule import Op, critical_path
 from cubic_harness.timers import PHASES
 from cubic_harness.workload import TableSpec
 
@@ -52,6 +54,8 @@ STATE_BYTES = {"rowwise_adagrad": 4, "momentum_scaled_rowwise_adagrad": 4, "sgd"
 ID_BYTES = 8
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one is launched when the backward ends
 GLIBC_MMAP_MAX = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX (64-bit): larger buffers are always mmapped
+GROUP, WORLD, DP, REPLICAS = "group", "world", "dp", "replicas"  # the process groups a step's collectives use
+MAX_BUCKETS = 8  # DDP buckets priced apart; more are merged (their launches spread over the backward alike)
 
 
 class ModelError(ValueError):
@@ -265,10 +269,15 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     offload: dict[int, list[dict]] = {}
     if c.device.type == "gpu" and c.device.host_link_gbs > 0:
         host_per_rank = c.host_memory_gb * 2**30 / c.devices_per_node
+        moves: dict[tuple, tuple] = {}  # positions that hold alike move alike
         for p in range(G):
             if mem[p] > mem_limit:
-                extra, off, mem[p] = _offload(on_pos[p], mem_limit * 2**20 - fixed - held[p] - (shard_bytes[p] - sum(
-                    x.rows * x.row_bytes for x in on_pos[p])), host_per_rank, c)
+                room = mem_limit * 2**20 - fixed - held[p] - (shard_bytes[p] - sum(x.rows * x.row_bytes
+                                                                                   for x in on_pos[p]))
+                key = (room, *((x.table, x.rows, x.row_bytes, x.ids) for x in on_pos[p]))
+                if key not in moves:
+                    moves[key] = _offload(on_pos[p], room, host_per_rank, c)
+                extra, off, mem[p] = moves[key]
                 fwd[p] += extra
                 bwd[p] += extra
                 mem[p] = (fixed + held[p] + mem[p]) / 2**20
@@ -291,10 +300,10 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     if grad_bytes < 4 and W > 1:  # the comm hook's cast in and out: read fp32, write, read and write back
         optim += dc.params * 12 / (s.copy_gbs * 1e6 * s.dense_speed)
 
-    # communication
+    # communication: each collective's own time (with its rank's links to itself)
     comm: dict[str, float] = {}
     beside = 0.0  # a GPU's pipelined input distribution: its time beside the previous step (hidden up to it)
-    hidden_ms = 0.0  # comm_overlap: the pooled all-to-all's time beside compute (not in the step)
+    inp = pooled = 0.0
     if G > 1 and recv_cols:
         # an all-to-all takes as long as its busiest rank: every rank sends its own bags' ids (and receives
         # its pooled rows), but the rank holding the hot shards receives (and sends back) the most
@@ -303,25 +312,16 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             + coll.all_to_all(max(ids_send, max(held_ids)), g_span, c, ids_send))
         if inp and cfg.pipeline_depth > 0:
             inp, beside = _overlapped(inp, coll.all_to_all(0.0, g_span, c), cfg, c, s)
-        comm["input_a2a"] = inp
         # one direction; every rank receives its bags' B x recv_cols (the mean a rank sends)
         pooled = coll.all_to_all(max(B * recv_cols, G * B * max(held_cols)) * cb, g_span, c, B * recv_cols * cb)
-        if cfg.comm_overlap != "none":  # beside the bottom MLP's forward (and backward): what of it is hidden
-            bf, bb = gemm_ms(dataclasses.replace(dc, gemms=dc.gemms[:len(wl.bottom_mlp)]), B,
-                             c.device.dense_gflops[prec] * s.dense_speed, c.device.gemm_half_mflop)
-            hidden = min(pooled, bf) + (min(pooled, bb) if cfg.comm_overlap == "forward_backward" else 0.0)
-            hidden_ms = c.device.overlap_hidden * hidden
-        comm["pooled_a2a"] = 2 * pooled - hidden_ms
+    dp_sync = 0.0
     if dp and W > 1:
-        comm["dp_sync"] = coll.all_gather(sum(B * (p * ID_BYTES + t.dim * 4 + ID_BYTES) for t, p in dp),
-                                          w_span, c)
-    if W > 1:
-        ar = coll.all_reduce(dc.params * grad_bytes, w_span, c)
-        last = ar * min(1.0, DDP_BUCKET_BYTES / max(1.0, dc.params * 4))
-        comm["ddp_allreduce"] = max(last, ar - dense_bwd)  # the backward hides all but the last bucket
+        dp_sync = coll.all_gather(sum(B * (p * ID_BYTES + t.dim * 4 + ID_BYTES) for t, p in dp), w_span, c)
+    ar = coll.all_reduce(dc.params * grad_bytes, w_span, c) if W > 1 else 0.0
+    gather_ms = merge_ms = 0.0
     if R > 1 and recv_cols:
         if cfg.sparse_sync == "grad_allreduce":
-            comm["replica_sync"] = coll.all_gather(max(rep_gather), r_span, c)
+            gather_ms = coll.all_gather(max(rep_gather), r_span, c)
         else:  # the harness's transport (`transport.sparse_pays`)
             sparse = wa_sparse
             merge = c.device.replica_merge_gbs.get("sparse" if sparse else "dense")
@@ -336,18 +336,52 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             if wa_how == "union":  # the dense merge at the union's rows where that pays, at its measured cost per row
                 p = max(range(G), key=lambda q: union_rows[q] / max(1, shard_rows[q]))
                 t *= min(1.0, UNION_ROW_COST * union_rows[p] / max(1, shard_rows[p]))
-            comm["replica_sync"] = t / cfg.sparse_sync_interval
+            merge_ms = t / cfg.sparse_sync_interval
+
+    # the step: a critical path over the rank's compute and its collectives (`schedule`), in the harness's order
+    # (harness/train.py, harness/sharding/collection.py)
+    glue = B * sum(pool) * c.device.glue_ns_per_id / 1e6 / s.emb_speed  # the collection's routing and assembly
+    bf, bb = gemm_ms(dataclasses.replace(dc, gemms=dc.gemms[:len(wl.bottom_mlp)]), B,
+                     c.device.dense_gflops[prec] * s.dense_speed, c.device.gemm_half_mflop)
+    ov = cfg.comm_overlap
+    ops = [
+        Op("overhead", c.device.step_overhead_ms + glue),
+        Op("input_a2a", inp, GROUP, ("overhead",)),  # the ids routed (glue), then sent
+        Op("emb_fwd", emb_fwd, after=("input_a2a",)),
+        Op("bottom_fwd", bf),
+        # launched after the lookup and run beside the bottom MLP (comm_overlap), else called after it
+        Op("pooled_fwd", pooled, GROUP, ("emb_fwd",) if ov != "none" else ("bottom_fwd",)),
+        Op("top_fwd", dense_fwd - bf + other, after=("pooled_fwd",)),  # interaction, top MLP, loss
+        *_dense_backward(dense_bwd - bb, bb, pooled, ar, dc.params * 4, ov == "forward_backward"),
+        Op("dp_sync", dp_sync, DP, ("bottom_bwd",)),
+        Op("replica_gather", gather_ms, REPLICAS, ("bottom_bwd",)),
+        Op("emb_bwd", emb_bwd, after=("pooled_bwd", "dp_sync", "replica_gather")),
+        # after the backward, which DDP ends by waiting for its all-reduce
+        Op("replica_sync", merge_ms, REPLICAS, ("emb_bwd", "ddp_last")),
+        Op("optim", optim, after=("ddp_last", "replica_sync")),
+    ]
+    tl = critical_path(ops, c.device.overlap_hidden)
+    if G > 1 and recv_cols:
+        comm["input_a2a"] = tl.exposed_ms["input_a2a"]
+        comm["pooled_a2a"] = tl.exposed_ms["pooled_fwd"] + tl.exposed_ms["pooled_bwd"]
+    if dp_sync:
+        comm["dp_sync"] = tl.exposed_ms["dp_sync"]
+    if W > 1:
+        comm["ddp_allreduce"] = sum(v for k, v in tl.exposed_ms.items() if k.startswith("ddp_"))
+    if R > 1 and recv_cols:
+        comm["replica_sync"] = tl.exposed_ms["replica_gather" if cfg.sparse_sync == "grad_allreduce" else
+                                             "replica_sync"]
+    hidden_ms = tl.hidden_ms["pooled_fwd"] + tl.hidden_ms["pooled_bwd"]  # what a real trial times as hidden
+    step = tl.step_ms
     if W > 1 and c.device.jitter:  # ranks drift apart over their compute; each collective waits for the last
         comm["wait"] = c.device.jitter * (emb_fwd + emb_bwd + dense)
+        step += comm["wait"]
     if W > 1 and c.device.dist_overhead_ms:  # a framework's own bookkeeping of its distributed step (calls)
         comm["framework"] = c.device.dist_overhead_ms
+        step += comm["framework"]
     # a real trial times the weight_avg merge as its own phase (`sync`); everything else is the step's comm
     sync_ms = comm["replica_sync"] if R > 1 and recv_cols and cfg.sparse_sync == "weight_avg" else 0.0
     comm_ms = sum(comm.values()) - sync_ms
-
-    # the collection's own work on this rank's ids (routing them to their shards, assembling the pooled rows)
-    glue = B * sum(pool) * c.device.glue_ns_per_id / 1e6 / s.emb_speed
-    step = emb_fwd + emb_bwd + comm_ms + sync_ms + dense + optim + c.device.step_overhead_ms + glue
     if beside > step:  # the next batch's ids take longer to arrive than this step: the rest is exposed
         comm["input_a2a"] = beside - step
         comm_ms += beside - step
@@ -460,6 +494,31 @@ def gemm_ms(dc: DenseCost, B: int, peak: float, half: float) -> tuple[float, flo
     return fwd, bwd  # MFLOP / (GFLOP/s) = ms
 
 
+def _dense_backward(top: float, bottom: float, pooled: float, ar: float, grad_bytes: float,
+                    overlap: bool) -> list[Op]:
+    """The dense backward as the harness runs it: the top (interaction and top MLP) first, then the pooled
+    gradients' all-to-all (called, or launched beside the bottom MLP's backward with `overlap`), then the
+    bottom MLP. DDP launches each 25 MB bucket's all-reduce when the backward has filled it: as the
+    gradients come at the rate the backward computes them, bucket j of n is ready after j/n of the dense
+    backward's time (the last one when it ends). Named so the step can wait: `top_bwd`, `pooled_bwd`,
+    `bottom_bwd` (the last compute op), `ddp_last`."""
+    n = min(MAX_BUCKETS, max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES)))
+    fills = [(top + bottom) * (j + 1) / n for j in range(n)]  # when bucket j is full
+    ops: list[Op] = []
+    for region, lo, hi in (("top_bwd", 0.0, top), ("bottom_bwd", top, top + bottom)):
+        wait = ("pooled_bwd",) if region == "bottom_bwd" and not overlap else ()
+        t0 = lo
+        for j, at in enumerate(fills):
+            if (at <= hi) if region == "top_bwd" else (at > lo):
+                ops.append(Op(f"{region}_{j}", min(at, hi) - t0, after=wait))
+                ops.append(Op("ddp_last" if j == n - 1 else f"ddp_{j}", ar / n, WORLD, (f"{region}_{j}",)))
+                t0, wait = min(at, hi), ()
+        ops.append(Op(region, hi - t0, after=wait))
+        if region == "top_bwd":
+            ops.append(Op("pooled_bwd", pooled, GROUP, ("top_bwd",)))
+    return ops
+
+
 def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Speeds) -> tuple[float, float]:
     """The pipelined input distribution runs beside the previous step's compute: (what it adds to the step,
     what runs beside it). On a GPU its copy engines and NICs run it apart from the kernels: hidden as long as
@@ -510,8 +569,13 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
     kept = [B * f * ab for f in dc.kept] + [B * f * 4 for f in dc.kept_fp32]
     widest = max(kept, default=0.0)
     dense_phase = [btd, *kept, widest, widest]
-    held = []
+    held: list[float] = []
+    seen: dict[tuple, float] = {}  # positions that hold alike (most of them at scale) hold the same bytes
     for p, xs in enumerate(on_pos):
+        key = (held_cols[p], held_ids[p], held_lens[p], touched_rows[p], *((x.rows, x.row_bytes, x.dim) for x in xs))
+        if key in seen:
+            held.append(seen[key])
+            continue
         k_out = G * B * held_cols[p] * 4  # the kernel's pooled output for the group's bags of p's shards
         recv = B * (recv_cols + dp_cols) * 4  # the pooled columns this rank receives (and its own DP tables')
         wire = [G * B * held_cols[p] * cb, B * recv_cols * cb] if cb < 4 else []  # cast to the comm precision
@@ -559,6 +623,7 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
             # the merge is larger than the step's mmapped buffers, freed by then (the heap's stay)
             h += max(0.0, merge - (step - (heap if cpu else 0.0)))
         held.append(h)
+        seen[key] = h
     return fixed, held
 
 
