@@ -397,7 +397,7 @@ def test_comm_overlap_hides_the_pooled_all_to_all_beside_the_bottom_mlp_on_the_c
     import dataclasses
 
     from cubic_harness.dense_cost import dense_cost
-    from cubic_harness.sim.perf import gemm_ms
+    from cubic_harness.sim.perf import DDP_BUCKET_BYTES, gemm_ms
 
     c = load_cluster(shipped_cluster("h100-128.yaml"))
     c = dataclasses.replace(c, device=dataclasses.replace(c.device, overlap_hidden=0.8))
@@ -416,7 +416,7 @@ def test_comm_overlap_hides_the_pooled_all_to_all_beside_the_bottom_mlp_on_the_c
     assert 0 < more < 0.8 * min(pooled, bb) + 1e-9
     assert "comm_hidden_ms" not in res["none"].extra
     assert res["forward_backward"].qps > res["forward"].qps > res["none"].qps
-    assert dc.params * 4 > 2 * 25 * 2**20  # several buckets
+    assert dc.params * 4 > 2 * DDP_BUCKET_BYTES  # several buckets
     ddp = {h: simulate(cfg, dataclasses.replace(c, device=dataclasses.replace(c.device, overlap_hidden=h)))
            for h in (0.0, 1.0)}
     exposed = {h: r.extra["sim"]["comm_ms"]["ddp_allreduce"] for h, r in ddp.items()}

@@ -99,18 +99,22 @@ def test_end_to_end_tune_writes_every_trial_with_metrics(tmp_path: Path) -> None
     assert len(load(run, "fast").get_trials()) == 5
 
 
-# Bigger batches are faster but change numerics; with tolerance 0 only exact configurations pass.
-GATED = """\
-name: gated
-workload: {preset: tiny}
-baseline: {world_size: 1, sharding: table_wise, batch_size: 32, kernel: torch, pipeline_depth: 0}
+def gated(name: str, knobs: str, trials: int) -> str:
+    """A tiny space whose gate (tolerance 0) passes only exact configurations; `knobs` in grid order."""
+    return f"""\
+name: {name}
+workload: {{preset: tiny}}
+baseline: {{world_size: 1, sharding: table_wise, batch_size: 32, kernel: torch, pipeline_depth: 0}}
 knobs:
-  batch_size: [32, 256]
-  pipeline_depth: [0, 1]
-constraints: {mem_cap_mb: 3000, quality_tolerance: 0.0}
-trial: {warmup_steps: 1, measure_steps: 4, windows: 1, timeout_s: 300, repeats: 2}
-budget: {trials: 4, confirm_top_k: 1, isolation: cores}
+{knobs}
+constraints: {{mem_cap_mb: 3000, quality_tolerance: 0.0}}
+trial: {{warmup_steps: 1, measure_steps: 4, windows: 1, timeout_s: 300, repeats: 2}}
+budget: {{trials: {trials}, confirm_top_k: 1, isolation: cores}}
 """
+
+
+# Bigger batches are faster but change numerics; with tolerance 0 only exact configurations pass.
+GATED = gated("gated", "  batch_size: [32, 256]\n  pipeline_depth: [0, 1]", 4)
 
 
 def test_confirm_walks_past_configs_the_quality_gate_rejects(tmp_path: Path) -> None:
@@ -140,17 +144,7 @@ def test_confirm_walks_past_configs_the_quality_gate_rejects(tmp_path: Path) -> 
 
 # The search ran one configuration besides the baseline: pipelining stacked on an 8x batch, which the gate
 # (tolerance 0) rejects. Its layout alone, pipelining, was never run.
-STACKED = """\
-name: stacked
-workload: {preset: tiny}
-baseline: {world_size: 1, sharding: table_wise, batch_size: 32, kernel: torch, pipeline_depth: 0}
-knobs:
-  pipeline_depth: [1, 0]
-  batch_size: [256, 32]
-constraints: {mem_cap_mb: 3000, quality_tolerance: 0.0}
-trial: {warmup_steps: 1, measure_steps: 4, windows: 1, timeout_s: 300, repeats: 2}
-budget: {trials: 2, confirm_top_k: 1, isolation: cores}
-"""
+STACKED = gated("stacked", "  pipeline_depth: [1, 0]\n  batch_size: [256, 32]", 2)
 
 
 def test_the_confirm_backs_off_a_rejected_fastest_configuration_to_its_layout(tmp_path: Path) -> None:
