@@ -24,7 +24,7 @@ allocates, buffer by buffer, see `cubic_harness.sim.perf._memory`):
       the tables are most of a rank's memory).
 
     .venv/bin/python benchmarks/bench_memory.py measure [--set val|val1|dev]   # ~10 min of real trials (val)
-    .venv/bin/python benchmarks/bench_memory.py report [--set val|val1|dev]    # seconds: re-predict, print
+    .venv/bin/python benchmarks/bench_memory.py report [--set val|val1|dev]    # seconds: re-predict, store
 
 A rank's RSS on CPU counts what its process touched: torch, numba's kernels, the gloo process groups,
 the tables and their optimizer state, the batches, and what the allocator keeps of the step's freed
@@ -267,11 +267,14 @@ def measure(which: str, console: Console) -> None:
 
 
 def report(which: str, console: Console) -> None:
-    """Re-predict the stored measurements with the model as it is now (nothing runs)."""
+    """Re-predict the stored measurements with the model as it is now (nothing runs) and store the predictions
+    beside them (`meta.predicted_when`)."""
     d = json.loads(OUT[which].read_text())
     rows = [row(r["spec"], r["measured_mb"], {k: r[k] for k in ("wall_s",) if k in r})
             for r in d["rows"] if r.get("status", "ok") == "ok"]
-    show(rows, f"peak memory per rank, {which} set (measured {d['meta']['when']}), predicted now", console)
+    s = show(rows, f"peak memory per rank, {which} set (measured {d['meta']['when']}), predicted now", console)
+    d["meta"]["predicted_when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    OUT[which].write_text(json.dumps({"meta": d["meta"], "summary": s, "rows": rows}, indent=1) + "\n")
 
 
 def main() -> None:

@@ -7,12 +7,16 @@ global batch: full model parallelism, `weight_avg` every step (k = 1) and every 
 configuration runs `--repeats` times, alternating code and configuration, so drift of the shared machine
 hits all alike; the table gives medians with min..max and the merge's parts (payload, wire, apply) per sync.
 
-    .venv/bin/python benchmarks/bench_merge.py [--before GITREF] [--repeats 3] [--steps 40]
+    .venv/bin/python benchmarks/bench_merge.py [--before GITREF] [--repeats 3] [--steps 40] [--workloads A,B]
+                                               [--cluster ~/.config/cubic/local.yaml]
     .venv/bin/python benchmarks/bench_merge.py --transport [--repeats 3]
 
 --transport measures what the transport rule (`cubic_harness.sharding.transport`) needs instead: k = 8 with each
 transport forced (CUBIC_REPLICA_SYNC), alternating, and a sparse byte's cost over a dense one's: (sparse ms per
 sync / the rule's sparse MB) / (dense ms per sync / the rule's dense MB). Writes merge_transport.json.
+
+--cluster adds the simulator's prediction of each ratio on that calibration of this machine (nothing here is
+fitted to these runs). small-meta (the default task's model on Meta's 2022 trace reuse) is a third workload.
 
 --before checks GITREF out under /tmp and runs its harness in child processes (PYTHONPATH over the installed
 packages), so both sides share this venv's torch and gloo. Writes benchmarks/data/merge_speed.json.
@@ -36,7 +40,7 @@ PACKAGES = {"cubic": "cubic", "cubic_harness": "harness", "cubic_kernels": "kern
             "cubic_search_spaces": "search_spaces", "cubic_clusters": "clusters"}
 VARIANTS = {"full MP": {}, "k=1": {"sharding_group_size": 1, "sparse_sync": "weight_avg", "sparse_sync_interval": 1},
             "k=8": {"sharding_group_size": 1, "sparse_sync": "weight_avg", "sparse_sync_interval": 8}}
-WORKLOADS = ("small-zipf", "small")
+WORKLOADS = ("small-zipf", "small", "small-meta")
 
 CHILD = """
 import json, sys
@@ -45,9 +49,9 @@ from cubic_harness.trial import run_trial
 from cubic_harness.workload import Workload
 
 def main():
-    wl, knobs, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+    wl, knobs, steps = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
     base = load_space("search_spaces/dlrm_cpu.yaml").baseline
-    w = Workload.from_dict({**Workload.preset(wl).to_dict(), "sample_cycle": 1 << 24})
+    w = Workload.from_dict({**wl, "sample_cycle": 1 << 24})
     r = run_trial(base.replace(workload=w, warmup_steps=8, measure_steps=steps, windows=1, **knobs))
     rs = r.extra.get("replica_sync") or {}
     print(json.dumps({"status": r.status, "error": r.error, "qps": r.qps,
@@ -85,7 +89,10 @@ def run(tree: Path, wl: str, knobs: dict, steps: int, transport: str = "") -> di
         env["CUBIC_REPLICA_SYNC"] = transport  # the ranks inherit it; the result records it (env_overrides)
     if tree != ROOT:
         env["PYTHONPATH"] = str(tree / "_packages")
-    out = subprocess.run([sys.executable, "-c", CHILD, wl, json.dumps(knobs), str(steps)], cwd=tree, env=env,
+    from cubic_harness.workload import Workload
+
+    wl_dict = json.dumps(Workload.preset(wl).to_dict())  # as this code defines it, for code that may not have it
+    out = subprocess.run([sys.executable, "-c", CHILD, wl_dict, json.dumps(knobs), str(steps)], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=900)
     line = (out.stdout.strip().splitlines() or ["{}"])[-1]
     try:
@@ -101,6 +108,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / "merge_speed.json")
     ap.add_argument("--transport", action="store_true", help="measure a sparse byte's cost over a dense one's")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated presets")
+    ap.add_argument("--cluster", type=Path, help="a calibration of this machine: the simulator's ratios beside")
     a = ap.parse_args()
     con = Console()
     if a.transport:
@@ -108,20 +117,26 @@ def main() -> None:
         return
     codes = {"now": ROOT} | ({f"before ({a.before})": checkout(a.before)} if a.before else {})
     runs: dict = {}
+    workloads = a.workloads.split(",")
     for rep in range(a.repeats):
-        for wl in WORKLOADS:
+        for wl in workloads:
             for code, tree in codes.items():
                 for name, knobs in VARIANTS.items():
                     r = run(tree, wl, knobs, a.steps)
                     con.log(f"rep {rep} {wl} {code} {name}: {r.get('status')} {r.get('qps', 0):,.0f} samples/s "
                             f"{r.get('ms_per_sync') or ''} {r.get('error') or ''}")
                     runs.setdefault(wl, {}).setdefault(code, {}).setdefault(name, []).append(r)
-    out = {"repeats": a.repeats, "steps": a.steps, "runs": runs}
+    predicted = predict(a.cluster, workloads) if a.cluster else {}
+    out = {"repeats": a.repeats, "steps": a.steps, "runs": runs, "predicted": predicted,
+           "cluster": str(a.cluster or "")}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     for wl, by_code in runs.items():
-        t = Table(title=f"{wl}: median samples/s over {a.repeats} (min..max); the merge per sync (ms)")
-        for c in ("code", "variant", "samples/s", "x full MP", "x k=1", "transport", "payload / wire / apply"):
+        t = Table(title=f"{wl}: median samples/s over {a.repeats} (min..max); the merge per sync (ms)"
+                        + ("; predicted: the simulator on --cluster" if predicted else ""))
+        for c in ("code", "variant", "samples/s", "x full MP", "x k=1", "transport", "payload / wire / apply",
+                  *(("predicted x full MP", "predicted x k=1") if predicted else ())):
             t.add_column(c)
+        pq = predicted.get(wl, {})
         for code, by_var in by_code.items():
             med = {n: statistics.median(x["qps"] for x in rs if x.get("status") == "ok") for n, rs in by_var.items()
                    if any(x.get("status") == "ok" for x in rs)}
@@ -136,10 +151,28 @@ def main() -> None:
                 tr = "sparse" if ok[0].get("sparse_syncs") else (
                     f"union ({ok[0]['union_frac_max']:.0%} of rows)" if ok[0].get("union_frac_max") else
                     "dense" if ok[0].get("dense_syncs") else "")
+                pred = ((f"{pq[n] / pq['full MP']:.2f}x", f"{pq[n] / pq['k=1']:.2f}x" if n != "full MP" else "")
+                        if pq and code == "now" else ("", "") if pq else ())
                 t.add_row(code, n, f"{med[n]:,.0f} ({min(q):,.0f}..{max(q):,.0f})",
                           f"{med[n] / med['full MP']:.2f}x", f"{med[n] / med['k=1']:.2f}x" if n != "full MP" else "",
-                          tr, " / ".join(f"{v:.0f}" for v in p.values()))
+                          tr, " / ".join(f"{v:.0f}" for v in p.values()), *pred)
         con.print(t)
+
+
+def predict(cluster: Path, workloads: list[str]) -> dict[str, dict[str, float]]:
+    """The simulator's samples/s for every workload and variant as the runs configure them."""
+    from cubic.space.search_space import load_space
+    from cubic_harness.sim.backend import simulate
+    from cubic_harness.sim.cluster import load_cluster
+    from cubic_harness.workload import Workload
+
+    c = load_cluster(cluster)
+    base = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml").baseline
+    out: dict[str, dict[str, float]] = {}
+    for wl in workloads:
+        w = Workload.from_dict({**Workload.preset(wl).to_dict(), "sample_cycle": 1 << 24})
+        out[wl] = {n: simulate(base.replace(workload=w, **knobs), c).qps for n, knobs in VARIANTS.items()}
+    return out
 
 
 RULES = {"plain": {}, "momentum": {"emb_optimizer": "momentum_scaled_rowwise_adagrad"}}

@@ -18,6 +18,13 @@ from cubic_harness.errors import ConfigError
 from cubic_harness.workload import Workload
 
 
+def oversubscribed(ranks: int, threads: int, cores: int) -> bool:
+    """More threads than cores among a host's ranks. Their OpenMP workers must then wait passively
+    (`trial.rank_env`), a setting a rank cannot take after the fork, so it starts spawned, not forked from the
+    preloaded server (`trial.rank_context`), and holds a larger bare process (a cluster's `spawned_process_mb`)."""
+    return ranks * threads > cores
+
+
 def json_safe(x: Any) -> Any:
     """Strict-JSON copy: NaN/inf -> None, recursively (JSON has no NaN; SQL JSON columns, pandas and
     strict parsers all read null)."""

@@ -265,9 +265,23 @@ class Workload:
         return cls.from_dict(workload_dict(year), where=f"preset dlrm-datasets-{year}")
 
     @classmethod
+    def small_meta(cls) -> Workload:
+        """`small-zipf`'s model and teacher with every table's ids drawn as Meta's 2022 production traces repeat
+        them (the `dlrm-datasets-2022` profile, bags of 13-14): the default task on real traffic's reuse, small
+        enough to train here. Its 149k distinct rows a batch of 131,072 touches fit the 200k rows."""
+        from cubic_harness.dlrm_datasets import workload_dict
+
+        prod = workload_dict(2022)
+        d = cls.small_zipf().to_dict()
+        tables = [{k: v for k, v in t.items() if k not in ("id_dist", "zipf_alpha", "pooling")}
+                  | {"pooling": prod["tables"][0]["pooling"], "profile": 0} for t in d["tables"]]
+        return cls.from_dict(d | {"name": "small-meta", "tables": tables, "profiles": prod["profiles"],
+                                  "id_source": "profile", "data": prod["data"]}, where="preset small-meta")
+
+    @classmethod
     def presets(cls) -> dict[str, Callable[[], Workload]]:
         """The named workloads (`workload: NAME` / `preset: NAME`), each made when asked for."""
-        return {"small": cls.small, "small-zipf": cls.small_zipf, "tiny": cls.tiny,
+        return {"small": cls.small, "small-zipf": cls.small_zipf, "small-meta": cls.small_meta, "tiny": cls.tiny,
                 "criteo-mlperf-mini": cls.criteo_mlperf_mini,
                 "mlperf-dcnv2-mini": cls.mlperf_dcnv2_mini, "wukong-mini": cls.wukong_mini,
                 "mlperf-dcnv2": cls.mlperf_dcnv2, "mlperf-dcnv2-x16": cls.mlperf_dcnv2_x16,

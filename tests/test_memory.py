@@ -23,7 +23,7 @@ from cubic_harness.trial import run_trial
 from cubic_harness.workload import Workload
 from tests.helpers import fixture_cluster, fixture_cluster_as_local
 
-# benchmarks/bench_memory.py's held-out set (benchmarks/data/memory.json): median |error| 3.9%, worst 15.6% (n=34)
+# benchmarks/bench_memory.py's held-out set (benchmarks/data/memory.json): median |error| 3.6%, worst 16.6% (n=34)
 BOUND = 0.25
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,8 +96,9 @@ def _replica(rank: int, port: int, rule: str, q, transport: str = "auto") -> Non
     kernel = make_kernel("torch", [50, 30], [8, 8], optim=OptimSpec("rowwise_adagrad", 0.1))
     kernel.load([torch.randn(50, 8) * 0.1, torch.randn(30, 8) * 0.1])  # the same start on both replicas
     sync = ReplicaSync(kernel, 2, dist.group.WORLD, interval=3, momentum_scaled=rule == "momentum",
-                       comm_dtype=torch.float32)
-    sync.transport = transport
+                       comm_dtype=torch.float32, transport=transport)
+    assert sync.keeps_base == (rule == "momentum" or transport == "sparse")  # averaging in place keeps no w0
+    assert (sync.host is None) == sync.keeps_base  # ... and, on one host, goes through shared memory
     g = torch.Generator().manual_seed(100 + rank)  # each replica its own samples
     snaps = []
     for step in range(6):
@@ -155,6 +157,82 @@ def test_the_union_transport_is_the_dense_merge_at_the_rows_any_replica_touched(
     shard = 1e6  # a dense ring moves 2 (R - 1) / R of it: at R = 2 the shard; sparse R x its touched bytes
     assert choose_transport(2, 0.9 * shard / (2 * SPARSE_BYTE_COST), shard, in_place=False) == "sparse"
     assert choose_transport(2, 1.1 * shard / (2 * SPARSE_BYTE_COST), shard, in_place=False) == "dense"
+
+
+def _host_mean(rank: int, world: int, port: int, q) -> None:
+    """Means of random buffers of growing sizes through shared memory and through gloo, on `world` ranks."""
+    from cubic_harness.sharding.host_reduce import host_reduce
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    host = host_reduce(dist.group.WORLD, world, torch.device("cpu"))
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for n in (1000, 3, 70_001, 1000):  # grows twice, then reuses the larger slots
+        x = torch.randn(n, generator=g)
+        host.slot(n).copy_(x)
+        shared = host.mean(n).clone()
+        dist.all_reduce(x)
+        out.append((shared.numpy(), x.div_(world).numpy()))
+    q.put((rank, out, host.generation, sorted(p.name for p in Path("/dev/shm").glob(f"cubic-merge-{host.token}*"))))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_shared_memory_mean_is_gloos_and_every_replica_reads_the_same_bits(world):
+    """`host_reduce`: replicas on one host average through /dev/shm. Every rank reads the same bits; at R = 2
+    they are gloo's all-reduce divided by R bit for bit (at R = 3 the sum's order differs: equal to rounding);
+    the slots grow as asked and no file is left behind."""
+    ctx = mp.get_context("spawn")
+    q, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_host_mean, args=(r, world, port, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {r: (out, gen, left) for r, out, gen, left in (q.get(timeout=120) for _ in range(world))}
+    for p in procs:
+        p.join(30)
+    for r in range(world):
+        out, generation, left = got[r]
+        assert generation == 2 and left == []
+        for (shared, gloo), (first, _) in zip(out, got[0][0], strict=True):
+            np.testing.assert_array_equal(shared, first)
+            if world == 2:
+                np.testing.assert_array_equal(shared, gloo)
+            else:
+                np.testing.assert_allclose(shared, gloo, rtol=1e-6, atol=1e-7)
+
+
+def _small_shm(rank: int, port: int, shm: str, q) -> None:
+    from cubic_harness.sharding.host_reduce import host_reduce
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    host = host_reduce(dist.group.WORLD, 2, torch.device("cpu"), shm=Path(shm))
+    fits = host.slot(1000) is not None
+    too_big = host.slot(200_000)  # 3 x 800 kB: more than the 1 MB tmpfs holds
+    q.put((rank, fits, too_big is None, host.slot(10) is None, sorted(p.name for p in Path(shm).iterdir())))
+    dist.destroy_process_group()
+
+
+def test_a_dev_shm_too_small_for_the_rows_falls_back_to_the_process_group_on_every_rank(tmp_path):
+    """A container's /dev/shm can be smaller than a merge's rows: the slots are reserved when made, every rank
+    learns that one could not, and from then on all merge through gloo (no SIGBUS, no rank left waiting)."""
+    import subprocess
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(shm)], capture_output=True).returncode:
+        pytest.skip("needs a 1 MB tmpfs mount (root)")
+    try:
+        ctx = mp.get_context("spawn")
+        q, port = ctx.Queue(), _free_port()
+        procs = [ctx.Process(target=_small_shm, args=(r, port, str(shm), q)) for r in range(2)]
+        for p in procs:
+            p.start()
+        got = [q.get(timeout=120)[1:] for _ in range(2)]
+        for p in procs:
+            p.join(30)
+    finally:
+        subprocess.run(["umount", str(shm)], check=False)
+    assert got == [(True, True, True, [])] * 2
 
 
 @pytest.mark.parametrize("rule", ["average", "momentum"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from cubic_harness.config import TrialConfig
 from cubic_harness.data import make_batch
@@ -293,6 +294,28 @@ def test_dlrm_datasets_preset_reproduces_the_published_reuse(year: int, rows_tv:
     # the tables share one profile, written once: a stored config stays small and reads back the same
     d = wl.to_dict()
     assert len(d["profiles"]) == 1 and len(json.dumps(d)) < 200_000 and Workload.from_dict(d).to_dict() == d
+
+
+def test_small_meta_trains_the_default_model_on_production_reuse() -> None:
+    """`small-meta`: small-zipf's model and teacher, its tables' ids drawn from the 2022 production profile (the
+    hottest row takes 3.8% of a table's lookups, bags of 13-14), each table its own draw; a real trial trains it."""
+    from cubic_harness.dlrm_datasets import workload_dict
+    from cubic_harness.trial import run_trial
+
+    wl, zipf = Workload.preset("small-meta"), Workload.preset("small-zipf")
+    assert wl.id_source == "profile" and wl.teacher_emb_scale == zipf.teacher_emb_scale
+    assert (wl.bottom_mlp, wl.top_mlp, [t.rows for t in wl.tables]) == (
+        zipf.bottom_mlp, zipf.top_mlp, [t.rows for t in zipf.tables])
+    hottest = workload_dict(2022)["profiles"][0]["rank_cdf"][0][1]
+    b = make_batch(wl, 0, 0, 8192)
+    per_table = b.ids.split([int(b.offsets[(i + 1) * 8192] - b.offsets[i * 8192]) for i in range(wl.num_tables)])
+    for ids in per_table:
+        assert 13 <= ids.numel() / 8192 <= 14
+        assert abs(torch.bincount(ids).max().item() / ids.numel() - hottest) < 0.01
+    assert not torch.equal(per_table[0][:100], per_table[1][:100])
+    res = run_trial(TrialConfig(workload=wl, world_size=2, batch_size=256, warmup_steps=1, measure_steps=2,
+                                windows=1))
+    assert res.status == "ok", res.error
 
 
 def test_input_buffers_grow_with_the_tables_a_rank_holds() -> None:

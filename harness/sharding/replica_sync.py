@@ -51,10 +51,10 @@ reads a whole shard to find them. `CUBIC_REPLICA_SYNC=sparse|dense|union` forces
 
 Three transports (`cubic_harness.sharding.transport` decides which):
 * union (the plain rule on fp32 weights and wire, `averages_in_place`): w0 + sum_k Δ_k / R is sum_k w_k / R,
-  so no delta is needed. A row no replica touched since the last sync holds w0 on every replica already;
-  the replicas agree on which rows any of them touched (one max all-reduce of a byte per row), gather those
-  rows' weights and state into one buffer, all-reduce it and divide by R, and write it back to the kernel and
-  to w0/s0. Dense at the bytes of the union: at k = 8 on the default task, ~30% of the rows;
+  so no delta is needed, nor w0 kept. A row no replica touched since the last sync holds w0 on every replica
+  already; the replicas agree on which rows any of them touched (one max all-reduce of a byte per row), gather
+  those rows' weights and state into one buffer, all-reduce it and divide by R, and write it back to the
+  kernel. Dense at the bytes of the union: at k = 8 on the default task, ~30% of the rows;
 * sparse: each replica's touched rows' ids and payloads all-gathered, summed per row (any rule);
 * dense: every row's payload all-reduced (any rule; the plain rule's union of every row is the same).
 """
@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from cubic_harness.sharding.host_reduce import host_reduce
 from cubic_harness.sharding.transport import averages_in_place, choose_transport, union_pays
 from cubic_kernels.base import EmbeddingBagKernel
 
@@ -121,19 +122,25 @@ class ReplicaSync:
     """Merges the R replicas of this rank's shards (held by `kernel`) every `interval` steps."""
 
     def __init__(self, kernel: EmbeddingBagKernel, replicas: int, group, interval: int, momentum_scaled: bool,
-                 comm_dtype: torch.dtype) -> None:
+                 comm_dtype: torch.dtype, transport: str = "") -> None:
         self.kernel, self.R, self.group, self.k = kernel, replicas, group, interval
         self.momentum_scaled = momentum_scaled
         self.adagrad = kernel.optim.kind == "rowwise_adagrad"
         self.lr, self.eps = kernel.optim.lr, kernel.optim.eps
         self.dtype = comm_dtype
         self.device = kernel.device
-        self.w0 = [w.detach().clone() for w in kernel.weights()]
-        self.s0 = [s.detach().clone() for s in kernel.states()] if self.adagrad else []
+        self.transport = transport or os.environ.get("CUBIC_REPLICA_SYNC", "auto")
+        # The shard as of the last sync, for the transports that build deltas. Averaging in place never reads
+        # it (the union and the whole-shard all-reduce average the rows themselves), so there it is not kept:
+        # a copy of every table less, and a merge that writes each row once instead of twice.
+        self.keeps_base = not self._averages_in_place() or self.transport == "sparse"
+        self.w0 = [w.detach().clone() for w in kernel.weights()] if self.keeps_base else []
+        self.s0 = [s.detach().clone() for s in kernel.states()] if self.adagrad and self.keeps_base else []
+        # averaging in place moves whole rows: between replicas on one host, through shared memory
+        self.host = None if self.keeps_base else host_reduce(group, replicas, self.device)
         self.touched = [torch.zeros(r, dtype=torch.bool, device=self.device) for r in kernel.rows]
         # payload columns per row: the delta (or u), the state increment, then (momentum) mean(u^2), rms(delta)
         self.widths = [d + (1 if self.adagrad else 0) + (2 if self.momentum_scaled else 0) for d in kernel.dims]
-        self.transport = os.environ.get("CUBIC_REPLICA_SYNC", "auto")
         self.stats = SyncStats()
 
     def due(self, step: int, last: bool) -> bool:
@@ -276,7 +283,8 @@ class ReplicaSync:
         """The plain rule in place (`averages_in_place`), on the rows any replica touched (the module docstring):
         1. The union: each replica's touched marks, one byte per row of every shard, max-all-reduced.
         2. Per shard, its weights and then its state at those rows: gathered into one buffer, all-reduced,
-           divided by R, written back to the kernel and to w0/s0. Where gathering and scattering the union
+           divided by R, written back to the kernel (no w0/s0: `keeps_base`). Replicas on one host gather into
+           shared memory and read the mean there (`host_reduce`). Where gathering and scattering the union
            would cost more than streaming the whole shard (`transport.union_pays`; `how` "union" or "dense"
            forces one, "auto" decides per shard), the shard itself is all-reduced where the kernel keeps it.
         The sums are the dense transport's, row for row (the same R values added)."""
@@ -293,18 +301,24 @@ class ReplicaSync:
                 continue
             whole = rows is None or rows.numel() == w.shape[0] or (
                 how == "auto" and not union_pays(rows.numel(), w.shape[0]))
-            pairs = [(w, self.w0[i])] + ([(self.kernel.states()[i], self.s0[i])] if self.adagrad else [])
-            for live, kept in pairs:
-                buf = live if whole else live.index_select(0, rows)
-                clock.mark("payload")
-                dist.all_reduce(buf, group=self.group)
-                clock.mark("wire")
-                buf.div_(self.R)
-                if not whole:
-                    live.index_copy_(0, rows, buf)
-                    kept.index_copy_(0, rows, buf)
+            for live in [w] + ([self.kernel.states()[i]] if self.adagrad else []):
+                n = live.numel() if whole else rows.numel() * live[0].numel()
+                slot = self.host.slot(n) if self.host is not None else None
+                if slot is not None:  # through shared memory: gathered straight into this rank's slot
+                    slot = slot.view(-1, *live.shape[1:])
+                    slot.copy_(live) if whole else torch.index_select(live, 0, rows, out=slot)
+                    clock.mark("payload")
+                    buf = self.host.mean(n).view_as(slot)
+                    clock.mark("wire")
+                    live.copy_(buf) if whole else live.index_copy_(0, rows, buf)
                 else:
-                    kept.copy_(live)
+                    buf = live if whole else live.index_select(0, rows)
+                    clock.mark("payload")
+                    dist.all_reduce(buf, group=self.group)
+                    clock.mark("wire")
+                    buf.div_(self.R)
+                    if not whole:
+                        live.index_copy_(0, rows, buf)
                 clock.mark("apply")
 
     def _sparse(self, ids: list[torch.Tensor], counts: torch.Tensor, clock: _Clock) -> None:

@@ -3,7 +3,8 @@ simulator (`cubic_harness.sim.perf`), which prices what the harness runs.
 
 A merge of R replicas moves one of three things (`replica_sync`'s docstring):
 - union: where the plain rule averages in place (`averages_in_place`), the rows any replica touched, gathered
-  and all-reduced (a ring moves 2 (R - 1) / R of them);
+  and all-reduced (a ring moves 2 (R - 1) / R of them; replicas on one host read each other's in shared memory,
+  `host_mean_bytes`);
 - sparse: each replica's touched rows (8 bytes of id plus the row's payload), all-gathered;
 - dense: every row's payload, all-reduced.
 Sparse moves fewer bytes than dense while few rows were touched, but each of its bytes costs more: the
@@ -32,6 +33,13 @@ UNION_ROW_COST = 2.3
 def union_pays(union_rows: int, rows: int) -> bool:
     """Whether a shard merges cheaper at its union's rows (gathered, all-reduced, scattered back) than whole."""
     return UNION_ROW_COST * union_rows < rows
+
+
+def host_mean_bytes(nbytes: float, replicas: int) -> float:
+    """The bytes a rank's memory moves in `host_reduce`'s mean of an nbytes buffer among replicas on one host, beyond
+    gathering into its slot and reading the result back (the merge's own work): its chunk of each of the R slots
+    read, and its chunk of the result written. No wire: the link is the memory."""
+    return nbytes * (1 + 1 / replicas)
 
 
 def averages_in_place(momentum_scaled: bool, fp32_wire: bool, fp32_weights: bool) -> bool:

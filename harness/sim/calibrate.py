@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cubic_harness.sharding.transport import host_mean_bytes
 from cubic_harness.sim.perf import lookup_bytes, update_bytes
 
 Progress = Callable[[str], None]
@@ -289,8 +290,8 @@ def _replica_merge(k, reps: int) -> dict[str, list[float]]:
     for name, steps in (("sparse", 1), ("dense", 8)):
         times, payload = [], 0.0
         for _ in range(reps):
-            rs = ReplicaSync(k, 2, None, steps, False, torch.float32)
-            rs.transport = name  # the transport priced here, whatever the rule would pick for this many rows
+            # the transport priced here, whatever the rule would pick for this many rows
+            rs = ReplicaSync(k, 2, None, steps, False, torch.float32, transport=name)
             for _s in range(steps):
                 ids = torch.randint(0, 200_000, (4 * 1024 * 20,), generator=g)
                 rs.record(ids, torch.arange(0, ids.numel() + 1, 20))
@@ -301,6 +302,8 @@ def _replica_merge(k, reps: int) -> dict[str, list[float]]:
             rs.sync()
             times.append((time.perf_counter() - t0) * 1e3)
         out[name] = [payload, statistics.median(times)]
+        if rs.host is not None:
+            out["host"] = True  # the dense merge averaged in place through shared memory, not the link
     return out
 
 
@@ -379,14 +382,17 @@ def dense_other(device: torch.device, gemm: dict, reps: int, batches: tuple[int,
     return out
 
 
-def framework_step() -> dict:
-    """The harness's own step where there is nothing to compute: its fixed cost and a rank's memory."""
+def framework_step(spawned: bool = False) -> dict:
+    """The harness's own step where there is nothing to compute: its fixed cost and a rank's memory.
+    `spawned`: the rank oversubscribed (more threads than cores), so it starts spawned, not forked
+    (`config.oversubscribed`): its memory is an oversubscribed trial's bare rank."""
     from cubic_harness.config import TrialConfig
     from cubic_harness.trial import run_trial
     from cubic_harness.workload import Workload
 
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     cfg = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, warmup_steps=5, measure_steps=30,
-                      windows=3, kernel="native")
+                      windows=3, kernel="native", threads_per_rank=cores + 1 if spawned else 1)
     old = os.environ.get("CUBIC_LOCAL_CLUSTER")
     os.environ["CUBIC_LOCAL_CLUSTER"] = "none"  # one table-wise rank: no plan to price, no file to read
     try:
@@ -398,6 +404,8 @@ def framework_step() -> dict:
             os.environ["CUBIC_LOCAL_CLUSTER"] = old
     if res.status != "ok":
         raise RuntimeError(f"calibration step failed: {res.error}")
+    if spawned and res.env.get("rank_start") != "spawn":
+        raise RuntimeError(f"calibration step: an oversubscribed rank started by {res.env.get('rank_start')}")
     return {"step_ms": res.step_ms_p50, "peak_mem_mb": res.peak_mem_mb}
 
 
@@ -489,10 +497,11 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
         # the merge's own work: its time less its collective (an all-gather of the payload sparse, an
         # all-reduce dense), as GB/s of the replicas' payload
         merge = {}
+        host = fits["merge"].pop("host", False)
         for name, (payload, ms) in fits["merge"].items():
             link = fits["all_to_all" if name == "sparse" else "all_reduce"]
             wire = payload / 2 * 0.5 / (link["bandwidth_gbs"] * 1e6) if name == "sparse" else (
-                payload / 2 / (link["bandwidth_gbs"] * 1e6))
+                host_mean_bytes(payload / 2, 2) / (copy * 1e6) if host else payload / 2 / (link["bandwidth_gbs"] * 1e6))
             merge[name] = round(payload / (max(ms - wire, 0.1 * ms) * 1e6), 3)
         src["replica_merge"] = {"measured": fits["merge"], "merge_gbs": merge}
         src["collection_glue"] = {k: round(v, 3) for k, v in fits["glue"].items()}
@@ -502,7 +511,8 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
 
     progress("framework step")
     fw = framework_step() if not cuda else {"step_ms": 1.0, "peak_mem_mb": 0.0}
-    src["framework_step"] = fw
+    spawned_mb = framework_step(spawned=True)["peak_mem_mb"] if not cuda else 0.0
+    src["framework_step"] = fw | ({"spawned_peak_mem_mb": spawned_mb} if spawned_mb else {})
     src["seconds"] = round(time.perf_counter() - t_start, 1)
 
     mem_gb = (torch.cuda.get_device_properties(0).total_memory / 2**30) if cuda else _host_gb()
@@ -530,6 +540,7 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
             **({"overlap_hidden": round(src["overlap"]["hidden"], 3)} if "overlap" in src else {}),
             "step_overhead_ms": round(fw["step_ms"], 3),
             "process_mb": round(fw["peak_mem_mb"], 1),
+            **({"spawned_process_mb": round(spawned_mb, 1)} if spawned_mb else {}),
         },
         "intra_node": link,
         "network": dict(link),

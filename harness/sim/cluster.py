@@ -86,6 +86,8 @@ class Device:
     step_overhead_ms: float  # framework cost per step (Python, autograd, collective calls)
     cores: int = 0  # CPU: cores of a node, shared by its ranks; 0 on GPU
     process_mb: float = 0.0  # what a rank holds before any model state (a torch + gloo process on CPU)
+    spawned_process_mb: float = 0.0  # CPU: the same for a rank spawned afresh (an oversubscribed trial's,
+    #   `config.oversubscribed`) instead of forked from the preloaded server; 0: as process_mb
     elementwise_gbs: dict[str, dict[int, float]] = field(default_factory=dict)  # dense work beyond GEMMs:
     #   activation bytes per second, per dense precision, by batch size (interpolated in log batch)
     shared_speed: dict[str, float] = field(default_factory=dict)  # CPU: speed a rank keeps (dense, embedding)
@@ -159,7 +161,9 @@ class Cluster:
             raise ConfigError(f"cluster {self.name} has no {name!r} framework profile (frameworks: "
                               f"{sorted(self.frameworks) or 'none'}); measure this machine's with `cubic calibrate "
                               f"--framework {name}`")
-        return dataclasses.replace(self, device=dataclasses.replace(self.device, **prof), framework=name)
+        # a framework's ranks start one way (TorchRec's are spawned): its one bare process serves both figures
+        same = {"spawned_process_mb": prof["process_mb"]} if "process_mb" in prof else {}
+        return dataclasses.replace(self, device=dataclasses.replace(self.device, **prof, **same), framework=name)
 
     @property
     def devices(self) -> int:
@@ -242,6 +246,7 @@ class DeviceSpec(Strict):
     cores: PosInt | None = Field(None, description="cpu: the node's cores its ranks share (required on cpu)")
     thread_exp: dict[Literal[(*KERNELS, "dense")], NonNeg] = {}  # type: ignore[misc]
     process_mb: NonNeg = 0.0
+    spawned_process_mb: NonNeg = 0.0
     elementwise_gbs: dict[DensePrecision, Curve] = {}
     shared_speed: dict[Literal["dense", "embedding"], Annotated[float, Field(gt=0, le=1)]] = {}
     replica_merge_gbs: dict[Literal["sparse", "dense"], Pos] = {}
@@ -317,6 +322,7 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
         dv.type, dv.memory_gb, dv.mem_bw_gbs, dict(dv.dense_gflops), dv.gemm_half_mflop,
         {k: {p: KernelEff(dict(fb.fwd), dict(fb.bwd)) for p, fb in per.items()} for k, per in dv.embedding.items()},
         dict(dv.thread_exp), dv.step_overhead_ms, dv.cores or 0, process_mb=dv.process_mb,
+        spawned_process_mb=dv.spawned_process_mb,
         elementwise_gbs={k: dict(v) for k, v in dv.elementwise_gbs.items()}, shared_speed=dict(dv.shared_speed),
         glue_ns_per_id=dv.glue_ns_per_id, host_link_gbs=dv.host_link_gbs, jitter=dv.jitter,
         replica_merge_gbs=dict(dv.replica_merge_gbs), overlap_hidden=dv.overlap_hidden,

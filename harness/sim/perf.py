@@ -40,10 +40,10 @@ import math
 from dataclasses import dataclass, field
 
 from cubic_harness import ids as idstats
-from cubic_harness.config import DTYPE_BYTES, TrialConfig
+from cubic_harness.config import DTYPE_BYTES, TrialConfig, oversubscribed
 from cubic_harness.dense_cost import DenseCost, dense_cost
 from cubic_harness.sharding.plan import ShardingPlan, group_ranks
-from cubic_harness.sharding.transport import UNION_ROW_COST, averages_in_place, choose_transport
+from cubic_harness.sharding.transport import UNION_ROW_COST, averages_in_place, choose_transport, host_mean_bytes
 from cubic_harness.sim import collectives as coll
 from cubic_harness.sim.cluster import Cluster, KernelEff, log_interp
 from cubic_harness.sim.schedule import Op, critical_path
@@ -109,15 +109,26 @@ def speeds(cfg: TrialConfig, c: Cluster) -> Speeds:
     rpn = min(cfg.world_size, c.devices_per_node)
     if c.device.type == "cpu":
         t, cores = cfg.threads_per_rank, c.device.cores
-        contention = max(1.0, rpn * t / cores)
         # cores in use beyond the first, as a fraction of the rest: 0 alone, 1 when the node is full
         busy = (min(rpn * t, cores) - 1) / (cores - 1) if cores > 1 else 0.0
         share = {k: 1.0 - (1.0 - c.device.shared_speed.get(k, 1.0)) * busy for k in ("dense", "embedding")}
-        emb = min(t, cores) ** c.device.thread_exp.get(cfg.kernel, 0.0) / contention * share["embedding"]
-        dense = min(t, cores) ** c.device.thread_exp.get("dense", 0.0) / contention * share["dense"]
+        emb = _thread_speed(t, rpn, cores, c.device.thread_exp.get(cfg.kernel, 0.0)) * share["embedding"]
+        dense = _thread_speed(t, rpn, cores, c.device.thread_exp.get("dense", 0.0)) * share["dense"]
     else:
         emb = dense = 1.0
     return Speeds(c.device.mem_bw_gbs, eff, emb, dense, rpn)
+
+
+def _thread_speed(threads: int, ranks: int, cores: int, exp: float) -> float:
+    """A CPU rank's speed with `threads` threads beside `ranks` - 1 others on `cores` cores, over one thread alone.
+
+    Alone its work runs min(t, cores) ** exp times faster (`thread_exp`, calibrated): that many cores' worth of
+    it is busy at once. The ranks together then ask for ranks x that many cores, and past `cores` each gets its
+    share, so a rank runs at min(its speed-up, cores / ranks). A kernel that does not parallelise (FBGEMM's CPU
+    kernel: exp ~0) keeps one core busy whatever its thread count, and its idle threads cost nothing; dividing
+    by ranks x threads / cores instead charged them as if they ran, half the speed at 2 x 2 on 2 cores where
+    the trials lose ~7% (OMP_WAIT_POLICY=PASSIVE: `trial.rank_env`)."""
+    return min(min(threads, cores) ** exp, cores / ranks)
 
 
 def _emb_ms(nbytes: float, phase: str, dim: int, s: Speeds) -> float:
@@ -262,8 +273,10 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad", cfg.comm_precision == "fp32",
             cfg.emb_precision == "fp32"))
     wa_sparse = wa_how == "sparse"
+    union_frac = [u / max(1, r) for u, r in zip(union_rows, shard_rows, strict=True)] if wa_how == "union" else []
+    host_merge = wa_how == "union" and c.device.type == "cpu" and r_span.k == 1  # replica_sync's `host_reduce`
     fixed, held = _memory(cfg, c, dc, pool, held_ids, held_lens, held_cols, recv_cols, on_pos, plan.dp_tables(),
-                          touched_rows, wa_sparse)
+                          touched_rows, wa_sparse, union_frac, host_merge)
     mem = [(fixed + b + h) / 2**20 for b, h in zip(shard_bytes, held, strict=True)]
     mem_limit = c.rank_memory_mb(s.ranks_per_node)
     offload: dict[int, list[dict]] = {}
@@ -328,6 +341,10 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             if sparse:
                 t = coll.all_gather(max(touched_bytes), r_span, c)
                 work = R * max(touched_rows)
+            elif host_merge:  # replicas on one host: through shared memory, at memory speed (its two barriers a
+                # call, ~0.2 ms each here, are left out: the link's fitted latency is no barrier's cost)
+                t = host_mean_bytes(max(shard_rows_bytes), R) / (s.copy_gbs * 1e6 * s.emb_speed)
+                work = 2 * max(shard_rows)  # gather into the slot, write the mean back
             else:
                 t = coll.all_reduce(max(shard_rows_bytes), r_span, c, concurrent=G)
                 work = 2 * max(shard_rows)  # build the payload, apply the sum (the collective reduces)
@@ -532,7 +549,8 @@ def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Spe
 
 def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held_ids: list[float],
             held_lens: list[float], held_cols: list[float], recv_cols: float, on_pos: list[list[_ShardLoad]],
-            dp_tables: list[int], touched_rows: list[float], wa_sparse: bool) -> tuple[float, list[float]]:
+            dp_tables: list[int], touched_rows: list[float], wa_sparse: bool,
+            union_frac: list[float], host_merge: bool) -> tuple[float, list[float]]:
     """A rank's peak memory beyond its shards' weights and optimizer state, in bytes: (what every group
     position holds, what position p holds on top). What the harness allocates (harness/train.py,
     harness/sharding, harness/model.py), buffer by buffer; checked against real trials by
@@ -554,7 +572,9 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
     cpu = c.device.type == "cpu"
     # the framework: torch, the embedding kernels' code, the process groups, dynamo (the optimizer and DDP
     # import it): the calibration's bare one-rank trial's peak
-    fixed = c.device.process_mb * 2**20
+    spawned = cpu and c.device.spawned_process_mb and oversubscribed(min(W, c.devices_per_node),
+                                                                      cfg.threads_per_rank, c.device.cores)
+    fixed = (c.device.spawned_process_mb if spawned else c.device.process_mb) * 2**20
     # the dense part: weights, gradients (DDP's buckets hold them), Adagrad's sum of squares and its step's
     # temporaries (the sum's square root, for every parameter at once: the foreach implementation); under
     # autocast a bf16 copy of every weight is cached for the step
@@ -572,7 +592,8 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
     held: list[float] = []
     seen: dict[tuple, float] = {}  # positions that hold alike (most of them at scale) hold the same bytes
     for p, xs in enumerate(on_pos):
-        key = (held_cols[p], held_ids[p], held_lens[p], touched_rows[p], *((x.rows, x.row_bytes, x.dim) for x in xs))
+        key = (held_cols[p], held_ids[p], held_lens[p], touched_rows[p], union_frac[p] if union_frac else 0.0,
+               *((x.rows, x.row_bytes, x.dim) for x in xs))
         if key in seen:
             held.append(seen[key])
             continue
@@ -606,15 +627,22 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
             step = max(sum(fwd), sum(inp), sum(dense_phase), sum(bwd))
         h = keep + step
         if R > 1 and cfg.sparse_sync == "weight_avg":
-            # the replica sync keeps its shards as they were at the last merge (weights and state) and a
-            # touched-row flag per row; after the backward the merge builds each shard's payload (delta, the
-            # state's increment and under momentum scaling two more columns) in fp32: of every row when dense
-            # (all shards at once, then one at a time cast to the comm precision and back), of the touched
-            # rows when sparse (with their ids: the payloads, their concatenation, the R replicas' gathered)
+            # the replica sync keeps a touched-row flag per row and, unless it averages in place (the union
+            # transport), its shards as they were at the last merge (weights and state); after the backward
+            # the merge builds each shard's payload (delta, the state's increment and under momentum scaling
+            # two more columns) in fp32: of every row when dense (all shards at once, then one at a time cast
+            # to the comm precision and back), of the touched rows when sparse (with their ids: the payloads,
+            # their concatenation, the R replicas' gathered)
             width = (0 if cfg.emb_optimizer == "sgd" else 1) + (
                 2 if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" else 0)
-            h += sum(x.rows * (x.row_bytes + 1) for x in xs)
-            if wa_sparse:
+            h += sum(x.rows * (1 if union_frac else x.row_bytes + 1) for x in xs)
+            if union_frac:  # averaging in place keeps no last-sync copy: one shard's union gathered at a time
+                merge = max((x.rows * (x.dim * 4 + ID_BYTES) for x in xs), default=0) * min(1.0, union_frac[p])
+                if host_merge:  # into shared memory that stays mapped: its own slot and the result whole, its
+                    # chunk of each other replica's slot
+                    h += merge * (2 + (R - 1) / R)
+                    merge = 0.0
+            elif wa_sparse:
                 dims = sum(x.rows * x.dim for x in xs) / max(1, sum(x.rows for x in xs))
                 merge = touched_rows[p] * ((dims + width) * 4 + ID_BYTES) * (2 + R)
             else:
