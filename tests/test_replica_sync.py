@@ -208,7 +208,9 @@ def _small_shm(rank: int, port: int, shm: str, q) -> None:
     host = host_reduce(dist.group.WORLD, 2, torch.device("cpu"), shm=Path(shm))
     fits = host.slot(1000) is not None
     too_big = host.slot(200_000)  # 3 x 800 kB: more than the 1 MB tmpfs holds
-    q.put((rank, fits, too_big is None, host.slot(10) is None, sorted(p.name for p in Path(shm).iterdir())))
+    after = host.slot(10) is None
+    dist.barrier()  # every rank has unlinked its files by its next collective
+    q.put((rank, fits, too_big is None, after, sorted(p.name for p in Path(shm).iterdir())))
     dist.destroy_process_group()
 
 
