@@ -47,7 +47,9 @@ def host_reduce(group, replicas: int, device: torch.device, shm: Path = SHM) -> 
     if replicas < 2 or device.type != "cpu":
         return None
     hosts: list[object] = [None] * replicas
-    dist.all_gather_object(hosts, (_host_id() if shm.is_dir() else uuid.uuid4().hex, uuid.uuid4().hex), group=group)
+    # (where this rank is, a token for the files); a rank without the folder names no host, so none matches it
+    where = _host_id() if shm.is_dir() else uuid.uuid4().hex
+    dist.all_gather_object(hosts, (where, uuid.uuid4().hex), group=group)
     if len({h for h, _ in hosts}) != 1:
         return None
     return HostReduce(group, replicas, dist.get_rank(group), token=hosts[0][1], shm=shm)
