@@ -18,6 +18,11 @@ from cubic_harness.errors import ConfigError
 from cubic_harness.workload import Workload
 
 
+def host_cores() -> int:
+    """The cores this process may run on (its affinity, which a container or `taskset` narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def oversubscribed(ranks: int, threads: int, cores: int) -> bool:
     """More threads than cores among a host's ranks. Their OpenMP workers must then wait passively
     (`trial.rank_env`), a setting a rank cannot take after the fork, so it starts spawned, not forked from the

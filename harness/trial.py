@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cubic_harness.config import TrialConfig, TrialResult, env_overrides, oversubscribed
+from cubic_harness.config import TrialConfig, TrialResult, env_overrides, host_cores, oversubscribed
 from cubic_harness.errors import ConfigError
 
 
@@ -159,8 +159,7 @@ def rank_env(cfg: TrialConfig) -> dict[str, str]:
     (libgomp's default, milliseconds on this CPU) on cores another rank needs: 2 ranks x 2
     threads on 2 cores ran at 10.6k samples/s with fbgemm and 40k with OMP_WAIT_POLICY=PASSIVE
     (world 2 x 1 thread: 43k). So oversubscribed trials wait passively; a user's own setting wins."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cfg.device == "cpu" and oversubscribed(cfg.world_size, cfg.threads_per_rank, cores) and (
+    if cfg.device == "cpu" and oversubscribed(cfg.world_size, cfg.threads_per_rank, host_cores()) and (
             "OMP_WAIT_POLICY" not in os.environ):
         return {"OMP_WAIT_POLICY": "PASSIVE"}
     return {}

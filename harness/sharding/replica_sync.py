@@ -302,24 +302,28 @@ class ReplicaSync:
             whole = rows is None or rows.numel() == w.shape[0] or (
                 how == "auto" and not union_pays(rows.numel(), w.shape[0]))
             for live in [w] + ([self.kernel.states()[i]] if self.adagrad else []):
-                n = live.numel() if whole else rows.numel() * live[0].numel()
-                slot = self.host.slot(n) if self.host is not None else None
-                if slot is not None:  # through shared memory: gathered straight into this rank's slot
-                    slot = slot.view(-1, *live.shape[1:])
-                    slot.copy_(live) if whole else torch.index_select(live, 0, rows, out=slot)
-                    clock.mark("payload")
-                    buf = self.host.mean(n).view_as(slot)
-                    clock.mark("wire")
-                    live.copy_(buf) if whole else live.index_copy_(0, rows, buf)
-                else:
-                    buf = live if whole else live.index_select(0, rows)
-                    clock.mark("payload")
-                    dist.all_reduce(buf, group=self.group)
-                    clock.mark("wire")
-                    buf.div_(self.R)
-                    if not whole:
-                        live.index_copy_(0, rows, buf)
-                clock.mark("apply")
+                self._average_rows(live, None if whole else rows, clock)
+
+    def _average_rows(self, live: torch.Tensor, rows: torch.Tensor | None, clock: _Clock) -> None:
+        """The replicas' mean of `live` at `rows` (None: all of it), written back in place: gathered straight
+        into this rank's shared-memory slot where the replicas share a host, else all-reduced by the group."""
+        n = live.numel() if rows is None else rows.numel() * live[0].numel()
+        slot = self.host.slot(n) if self.host is not None else None
+        if slot is not None:
+            slot = slot.view(-1, *live.shape[1:])
+            slot.copy_(live) if rows is None else torch.index_select(live, 0, rows, out=slot)
+            clock.mark("payload")
+            buf = self.host.mean(n).view_as(slot)
+        else:
+            buf = live if rows is None else live.index_select(0, rows)
+            clock.mark("payload")
+            dist.all_reduce(buf, group=self.group)
+        clock.mark("wire")
+        if slot is None:
+            buf.div_(self.R)  # (the shared mean comes divided)
+        if buf is not live:
+            live.copy_(buf) if rows is None else live.index_copy_(0, rows, buf)
+        clock.mark("apply")
 
     def _sparse(self, ids: list[torch.Tensor], counts: torch.Tensor, clock: _Clock) -> None:
         """All-gather every replica's touched rows and payloads; sum them per row; apply to the union.

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cubic_harness.config import host_cores
 from cubic_harness.sharding.transport import host_mean_bytes
 from cubic_harness.sim.perf import lookup_bytes, update_bytes
 
@@ -390,9 +391,8 @@ def framework_step(spawned: bool = False) -> dict:
     from cubic_harness.trial import run_trial
     from cubic_harness.workload import Workload
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     cfg = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, warmup_steps=5, measure_steps=30,
-                      windows=3, kernel="native", threads_per_rank=cores + 1 if spawned else 1)
+                      windows=3, kernel="native", threads_per_rank=host_cores() + 1 if spawned else 1)
     old = os.environ.get("CUBIC_LOCAL_CLUSTER")
     os.environ["CUBIC_LOCAL_CLUSTER"] = "none"  # one table-wise rank: no plan to price, no file to read
     try:
@@ -422,7 +422,7 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
     """Measure this machine; return a cluster file's dict (see harness/sim/cluster.py)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = host_cores()
     torch.set_num_threads(1)
     reps = 3 if short else 7
     src: dict[str, Any] = {"command": "cubic calibrate" + (" --short" if short else ""),
