@@ -19,8 +19,8 @@ cubic's kernels in 2D (DMPCollection merges FBGEMM's only), the input pipeline, 
 model unless the workload names the user's own factory: `UnsupportedConfig`.
 
 2D runs TorchRec's own DMPCollection (its sharding/replica DeviceMesh, ShardingEnv2D, sync()). TorchRec
-1.8.0 opens DMPCollection.__init__ with `assert device.type in ("cuda", "mtia")`, but nothing after it is
-CUDA-specific (DeviceMesh takes the device type, sync() is an all-reduce over the replica group); so 2D
+(1.8.0 through 1.9.2) opens DMPCollection.__init__ with `assert device.type in ("cuda", "mtia")`, but nothing after
+it is CUDA-specific (DeviceMesh takes the device type, sync() is an all-reduce over the replica group); so 2D
 ranks start with PYTHONOPTIMIZE=1, which skips that assert, and average through `custom_all_reduce` (a
 gloo SUM, then / replicas: gloo has no ReduceOp.AVG, which sync() would ask for). Its plan remap
 also writes CUDA-style shard placements ("cpu:1") that CPU tensors ("cpu") never match; the subclass
@@ -210,7 +210,7 @@ def check_runs_in_torchrec(cfg: TrialConfig, cwd: str | None = None) -> None:
     build; the backend runs no substitute."""
     if not torchrec_available():
         raise ConfigError("--backend torchrec needs TorchRec: `make` installs it (.[cpu,dev,torchrec], then "
-                          "`pip install --no-deps torchrec==1.8.0`)")
+                          "the Makefile's torchrec pin with --no-deps)")
     if cfg.workload.interaction == "wukong" and not cfg.workload.factory:
         raise ConfigError("interaction='wukong' has no TorchRec model: import your own with `cubic workload "
                           "from-torchrec MODULE:FACTORY`")

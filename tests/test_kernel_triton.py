@@ -229,8 +229,8 @@ def test_backward_never_waits_for_the_gpu() -> None:
         assert torch.equal(a, b)
 
 
-@pytest.mark.skipif(__import__("triton").__version__ != "3.9.0",
-                    reason="offline compile (ASTSource attrs) written against the pinned Triton 3.9.0")
+@pytest.mark.skipif(__import__("triton").__version__ not in ("3.8.0", "3.9.0"),
+                    reason="offline compile (ASTSource attrs) written against Triton 3.8 and 3.9")
 def test_update_and_forward_compile_to_16_byte_loads() -> None:
     """Compiled offline for an H100 (sm_90, Triton's bundled ptxas; no GPU needed): with dims that are
     multiples of 4 the weight and gradient rows move in 16-byte `v4` loads and stores. A per-column

@@ -133,3 +133,29 @@ def test_a_simulated_warm_start_teaches_the_order_and_measurements_set_the_scale
     assert tau_warm > tau_few + 0.1, (tau_warm, tau_few)
     mu, _ = warm.predict(held)
     assert abs(np.median(mu - np.log(held_y))) < 0.3  # not log 2 = 0.69 above: the measured scale
+
+
+def test_the_cubic_sampler_refits_its_proxy_as_its_data_grows(data) -> None:
+    """Below 2 x REFIT_GROWTH trials (a real tune) the proxy refits after every trial; past it, once its data grew
+    by 1/REFIT_GROWTH, so a thousand-trial simulated tune pays ~100 fits of five rankers, not a thousand."""
+    import optuna
+
+    from cubic.search.samplers import CubicSampler, Observations
+    from cubic.search.samplers.cubic import REFIT_GROWTH
+
+    space, tuples, y, more, ymore = data
+    T, Y = tuples + more, list(y) + list(ymore)
+    s = CubicSampler(space, feature_fn=None, n_random=50, n_fresh=5, n_tpe=0)
+    study = optuna.create_study(direction="maximize")
+    study.ask()
+    frozen = study.get_trials(deepcopy=False)[-1]
+    fitted_at = []
+    for n in range(2 * REFIT_GROWTH - 4, 2 * REFIT_GROWTH + 48):
+        before = s.fit_rows
+        pick, info = s.propose(study, frozen, Observations(seen=set(T[:n]), ok=T[:n], qps=Y[:n]))
+        assert pick is not None and pick not in T[:n] and info["phase"] == "proxy"
+        if s.fit_rows != before:
+            fitted_at.append(n)
+    assert fitted_at[:5] == list(range(2 * REFIT_GROWTH - 4, 2 * REFIT_GROWTH + 1))  # every trial, then
+    gaps = np.diff(fitted_at[4:])
+    assert len(gaps) > 10 and (gaps == [max(1, a // REFIT_GROWTH) for a in fitted_at[4:-1]]).all() and min(gaps) >= 2

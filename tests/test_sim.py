@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -474,6 +475,27 @@ def test_the_cache_model_at_hit_rates_0_and_1() -> None:
         ms, moved, _ = _offload([shard], 0.0, 1e12, c)
         assert moved[0]["hit_rate"] == 0.0 and moved[0]["cache_rows"] == 0
         assert ms == pytest.approx(50_000 * (64 * 4 + 4) / (c.device.host_link_gbs * 1e6))
+
+
+def test_zipf_ids_touch_as_few_rows_as_the_harness_draws() -> None:
+    """What a 2D merge moves is the rows its replicas touched. For Zipf ids the simulator counts them by the
+    harness's own law (`perf.rows_touched`): on the default task's tables, within 3% of the distinct rows in
+    the harness's batches (2 replicas, 8 steps of 1,024 samples), where the uniform birthday count is 1.3-5x
+    too many. The merge's price follows: the union transport costs its fixed part plus its rows'."""
+    from cubic_harness.data import make_batch
+    from cubic_harness.sharding.transport import UNION_FIXED, union_cost, union_pays
+    from cubic_harness.sim.perf import rows_touched
+
+    wl = Workload.preset("small-zipf")
+    batches = [make_batch(wl, 0, s * 1024, 1024) for s in range(16)]  # 2 replicas x 8 steps, all different samples
+    T, pool = wl.num_tables, wl.tables[0].pooling
+    for i in (0, 3, 7):  # alpha 1.2, 1.0, 0.7
+        t = wl.tables[i]
+        seen = np.unique(np.concatenate([b.ids.view(T, -1)[i].numpy() for b in batches]))
+        draws = 16 * 1024 * pool
+        assert rows_touched(t, t.rows, 1.0, draws, False) == pytest.approx(seen.size, rel=0.03)
+        assert t.rows * -math.expm1(-draws / t.rows) > 1.25 * seen.size
+    assert union_cost(0, 100) == UNION_FIXED and union_pays(40, 100) and not union_pays(50, 100)
 
 
 def _bench(name: str):

@@ -33,7 +33,7 @@ def _require_torchrec() -> None:
 
     if not torchrec_available():
         raise ConfigError("cubic verify needs TorchRec: `make` installs it (.[cpu,dev,torchrec], then "
-                          "`pip install --no-deps torchrec==1.8.0`)")
+                          "the Makefile's torchrec pin with --no-deps)")
 
 
 def _candidate(df: pd.DataFrame, row: pd.Series, label: str, study: str) -> dict[str, Any]:

@@ -23,16 +23,26 @@ from __future__ import annotations
 SPARSE_BYTE_COST = 1.85
 
 
-# The union transport's cost per row over the dense in-place merge's: gathering and scattering scattered rows
-# against streaming a contiguous shard. Measured as above, the union forced beside the dense merge in place:
-# 2.45 on the default task (37% of rows in the union at k = 8: 336 ms against 367 per sync) and 2.10 on the
-# uniform workload (81%: 654 ms against 386, where the whole shard is the cheaper).
-UNION_ROW_COST = 2.3
+# The union transport's cost as a share of the whole shard's merge in place, at a share u of its rows in the union:
+# UNION_FIXED + UNION_ROW_COST x u. The fixed part finds the union (every row's touched mark max-all-reduced and
+# scanned, whatever few rows it holds); the per-row part gathers and scatters scattered rows where the whole merge
+# streams a contiguous shard. Fitted by `benchmarks/bench_merge.py` (through shared memory, 2 ranks, 3 alternating
+# repeats, medians; benchmarks/data/merge_speed.json) on the default task's union at k = 1 and 8 (8.6% and 37% of
+# its rows: 76 and 196 ms per sync) against the uniform `small`'s whole-shard merge at k = 8 (231 ms). Held out:
+# `small` at k = 1 (+0.9%), `small-meta` at k = 1 and 8 (-2.6%, +8.9%), where a price per row alone (2.3 x u)
+# erred -15%, -48% and +3%. The union pays below u = 0.46.
+UNION_FIXED = 0.17
+UNION_ROW_COST = 1.8
+
+
+def union_cost(union_rows: float, rows: float) -> float:
+    """The union transport's time over the whole shard's, for `union_rows` of its `rows` in the union."""
+    return UNION_FIXED + UNION_ROW_COST * union_rows / max(1.0, rows)
 
 
 def union_pays(union_rows: int, rows: int) -> bool:
     """Whether a shard merges cheaper at its union's rows (gathered, all-reduced, scattered back) than whole."""
-    return UNION_ROW_COST * union_rows < rows
+    return union_cost(union_rows, rows) < 1.0
 
 
 def host_mean_bytes(nbytes: float, replicas: int) -> float:

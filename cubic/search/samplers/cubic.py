@@ -32,6 +32,11 @@ from cubic.space.search_space import SearchSpace
 # one: each sample rescans the whole history (the largest cost of a proposal there), and the pool's random
 # configurations and the best trials' neighbours already number over a thousand.
 TPE_FULL_UNTIL = 256
+# The proxy refits once what it learns from (measured and failed configurations) grew by 1/REFIT_GROWTH since its
+# last fit: after every trial of a real tune (under 2 x REFIT_GROWTH trials), every ~16th of a thousand-trial
+# simulated one, where five boosted rankers on hundreds of rows are a proposal's largest cost and one row more
+# hardly moves them.
+REFIT_GROWTH = 64
 
 
 class CubicSampler(SpaceSampler):
@@ -50,6 +55,7 @@ class CubicSampler(SpaceSampler):
         self.use_prior, self.slack = use_prior, slack
         self.reservoir: set[tuple] = set()  # random candidates kept across proposals (features are cached)
         self.proxy = Proxy(space, feature_fn, seed=seed)
+        self.fit_rows = 0  # the configurations the proxy last fitted on (REFIT_GROWTH)
         self.tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, multivariate=True)
         self.hist_ok = [(space.tup(h[0]), h[1], len(h) > 2 and h[2] == "sim") for h in history
                         if h[1] is not None and h[1] > 0]
@@ -66,7 +72,10 @@ class CubicSampler(SpaceSampler):
             return self._space_filling(obs, self._prior_agrees([t for t, _ in real], [q for _, q in real])), {
                 "phase": "warmup"}
         # configurations whose NE fails the quality gate teach the feasibility classifier too
-        self.proxy.fit(ok, qps, self.hist_failed + obs.failed + obs.quality_failed, simulated=sim)
+        failed = self.hist_failed + obs.failed + obs.quality_failed
+        if not self.proxy.fitted or len(ok) + len(failed) >= self.fit_rows + max(1, self.fit_rows // REFIT_GROWTH):
+            self.proxy.fit(ok, qps, failed, simulated=sim)
+            self.fit_rows = len(ok) + len(failed)
         pool = self._pool(study, trial, obs, ok, qps)
         if not pool:
             return None, {}
