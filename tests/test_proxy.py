@@ -137,7 +137,7 @@ def test_a_simulated_warm_start_teaches_the_order_and_measurements_set_the_scale
 
 def test_the_cubic_sampler_refits_its_proxy_as_its_data_grows(data) -> None:
     """Below 2 x REFIT_GROWTH trials (a real tune) the proxy refits after every trial; past it, once its data grew
-    by 1/REFIT_GROWTH, so a thousand-trial simulated tune pays ~100 fits of five rankers, not a thousand."""
+    by 1/REFIT_GROWTH, so a thousand-trial simulated tune pays ~270 fits of five rankers, not a thousand."""
     import optuna
 
     from cubic.search.samplers import CubicSampler, Observations
