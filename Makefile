@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[cpu,dev,torchrec]"
-	$(BIN)/pip install -q --no-deps torchrec==1.9.2  # its declared fbgemm-gpu (CUDA) would replace fbgemm-gpu-cpu
+	$(BIN)/pip install -q --no-deps torchrec==1.8.0  # its declared fbgemm-gpu (CUDA) would replace fbgemm-gpu-cpu
 	$(BIN)/python -m cubic_kernels.native_backend  # compile the native kernels into numba's cache once
 	touch $(STAMP)
 
