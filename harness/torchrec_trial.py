@@ -204,13 +204,15 @@ def torchrec_job(cfg: TrialConfig, plan: list[dict], notes: list[str]) -> dict[s
             "ddp": {"allreduce_comm_precision": cfg.allreduce_comm_precision}}
 
 
+INSTALL_HINT = "`make` installs it (.[cpu,dev,torchrec], then the Makefile's torchrec pin with --no-deps)"
+
+
 def check_runs_in_torchrec(cfg: TrialConfig, cwd: str | None = None) -> None:
     """ConfigError naming the first knob value TorchRec does not run here as the config says (the rules a
     `target: torchrec` space restricts its knobs by), or a model factory (imported from `cwd`) that does not
     build; the backend runs no substitute."""
     if not torchrec_available():
-        raise ConfigError("--backend torchrec needs TorchRec: `make` installs it (.[cpu,dev,torchrec], then "
-                          "the Makefile's torchrec pin with --no-deps)")
+        raise ConfigError(f"--backend torchrec needs TorchRec: {INSTALL_HINT}")
     if cfg.workload.interaction == "wukong" and not cfg.workload.factory:
         raise ConfigError("interaction='wukong' has no TorchRec model: import your own with `cubic workload "
                           "from-torchrec MODULE:FACTORY`")

@@ -29,11 +29,10 @@ from cubic_harness.errors import ConfigError
 
 
 def _require_torchrec() -> None:
-    from cubic_harness.torchrec_trial import torchrec_available
+    from cubic_harness.torchrec_trial import INSTALL_HINT, torchrec_available
 
     if not torchrec_available():
-        raise ConfigError("cubic verify needs TorchRec: `make` installs it (.[cpu,dev,torchrec], then "
-                          "the Makefile's torchrec pin with --no-deps)")
+        raise ConfigError(f"cubic verify needs TorchRec: {INSTALL_HINT}")
 
 
 def _candidate(df: pd.DataFrame, row: pd.Series, label: str, study: str) -> dict[str, Any]:

@@ -78,11 +78,14 @@ def rows_touched(t: TableSpec, rows: int, frac: float, draws: float, profiled: b
     """The distinct rows `draws` lookups touch in a shard of `rows` rows holding `frac` of t's lookups: hot
     rows are touched again, not new ones, as a profile repeats them or as Zipf ids do (their ranks scattered
     over the rows, so a shard holds its share of every rank); uniform ids, the birthday count."""
+    table_draws = draws / max(frac, 1e-12)  # the table's draws that put `draws` on this shard
     if profiled and t.profile:
-        return min(rows, idstats.expected_distinct(t.profile, draws / max(frac, 1e-12)) * rows / t.rows)
-    if t.id_dist == "zipf":
-        return min(rows, zipf_distinct(t.rows, t.zipf_alpha, draws / max(frac, 1e-12)) * rows / t.rows)
-    return rows * -math.expm1(-draws / max(1, rows))
+        distinct = idstats.expected_distinct(t.profile, table_draws)
+    elif t.id_dist == "zipf":
+        distinct = zipf_distinct(t.rows, t.zipf_alpha, table_draws)
+    else:
+        return rows * -math.expm1(-draws / max(1, rows))
+    return min(rows, distinct * rows / t.rows)
 
 
 def zipf_cdf(x: np.ndarray | float, rows: int, a: float) -> np.ndarray:
