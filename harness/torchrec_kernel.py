@@ -16,10 +16,17 @@ shardings create a lookup that builds cubic's kernel for `fused` groups on CPU:
    the EmbeddingBagCollectionSharder that shards with them. The plan keeps `compute_kernel="fused"`, so the
    planner, checkpoints and loading are TorchRec's own.
 
-What cubic's kernels do not do, refused where the group is built (`UnsupportedConfig`, a failed trial with the
-reason): a table looked up by more than one feature (one bag per table and sample), mean pooling, per-sample
-weights, variable batch sizes. 2D: DMPCollection.sync() merges only FBGEMM's kernels' weights, so replicas on
-cubic's kernels would drift apart silently: `check_runs_in_torchrec` refuses the combination.
+A group whose tables are looked up by several features, or pooled by mean, goes through `_FeatureLayout`:
+TBE takes one bag per (feature, sample) and a feature-to-table map; cubic's kernel takes one bag per (table, sample).
+The layout gives the kernel `M` slots a table (M = the most features any table of the group has), so each feature's
+bags are a slot of its table and the others are empty; the ids need no moving, since TorchRec orders a group's
+features table by table. One kernel call then sums every feature's gradients of a row before the row's update, as
+FBGEMM's backward does (a pass per feature would update row-wise AdaGrad's state once per feature instead).
+
+What cubic's kernels do not do, refused where the group is built (`UnsupportedGroup`, a failed trial with the
+reason): per-sample weights, variable batch sizes. 2D: DMPCollection.sync() merges only FBGEMM's kernels'
+weights, so replicas on cubic's kernels would drift apart silently: `check_runs_in_torchrec` refuses the
+combination.
 """
 
 from __future__ import annotations
@@ -35,6 +42,50 @@ from cubic_kernels import OptimSpec, make_kernel
 
 class UnsupportedGroup(ValueError):
     """A table group cubic's kernels cannot compute as TorchRec's would."""
+
+
+class _FeatureLayout:
+    """TorchRec's bags of one group (feature-major: F features x B samples) as cubic's kernel takes them (T tables
+    x M slots x B samples), and the kernel's pooled output back as TorchRec's, mean pooling applied.
+
+    1. Slot j of table t holds the bags of t's j-th feature; a table with fewer than M features has empty slots
+       (lengths 0), so the kernel's batch is M*B and its offsets are the cumulative sum of the padded lengths.
+    2. The kernel's output `[M*B, sum(dims)]` is cut per feature: feature f of table t in slot j is rows
+       j*B..(j+1)*B, columns of t. Pieces are concatenated in feature order, TBE's output layout.
+    3. Mean pooling divides each bag by its length (an empty bag stays 0, as in FBGEMM). Autograd carries the
+       1/length into the gradient the kernel receives, which is FBGEMM's mean-pooling backward.
+    """
+
+    def __init__(self, feature_table_map: list[int], dim_offsets: list[int], mean: bool) -> None:
+        tables = max(feature_table_map) + 1
+        slot: list[int] = []
+        for f, t in enumerate(feature_table_map):
+            slot.append(slot[-1] + 1 if f and feature_table_map[f - 1] == t else 0)
+        self.slots = max(slot) + 1
+        self.rows = tables * self.slots
+        self.position = torch.tensor([t * self.slots + j for t, j in zip(feature_table_map, slot, strict=True)])
+        self.pieces = [(j, dim_offsets[t], dim_offsets[t + 1]) for t, j in zip(feature_table_map, slot, strict=True)]
+        self.mean = mean
+
+    @property
+    def identity(self) -> bool:
+        return self.slots == 1 and not self.mean and len(self.pieces) == self.rows
+
+    def offsets(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Kernel offsets (T*M*B + 1) from TorchRec's per-feature lengths (F*B)."""
+        per_feature = lengths.view(len(self.pieces), -1)
+        padded = lengths.new_zeros(self.rows, per_feature.shape[1])
+        padded[self.position] = per_feature
+        return torch.cat([lengths.new_zeros(1), torch.cumsum(padded.view(-1), 0)]).to(torch.int64)
+
+    def output(self, pooled: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """TBE's `[B, sum over features of dim]` from the kernel's `[M*B, sum(dims)]`."""
+        per_slot = pooled.view(self.slots, -1, pooled.shape[1])
+        cuts = [per_slot[j, :, lo:hi] for j, lo, hi in self.pieces]
+        if self.mean:
+            inv = 1.0 / lengths.view(len(self.pieces), -1).clamp(min=1).to(pooled.dtype)
+            cuts = [c * inv[f].unsqueeze(1) for f, c in enumerate(cuts)]
+        return torch.cat(cuts, dim=1)
 
 
 class _Apply(torch.autograd.Function):
@@ -87,18 +138,17 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
         def __init__(self, config: Any, pg: Any = None, device: Any = None, sharding_type: Any = None) -> None:
             super().__init__(config, pg, device, sharding_type)
             names = [t.name for t in config.embedding_tables]
-            if self._feature_table_map != list(range(len(self._local_rows))):
-                raise UnsupportedGroup(f"kernel={backend} in TorchRec: a table of {names} is looked up by several "
-                                       "features; cubic's kernel takes one bag per table and sample")
-            if config.pooling != PoolingType.SUM or config.is_weighted:
+            if config.is_weighted or config.pooling not in (PoolingType.SUM, PoolingType.MEAN):
                 raise UnsupportedGroup(f"kernel={backend} in TorchRec: tables {names} pool by "
                                        f"{config.pooling.name}{' with weights' if config.is_weighted else ''}; "
-                                       "cubic's kernel sums")
+                                       "cubic's kernel sums or averages unweighted bags")
             fp = config.fused_params or {}
             self._kernel = make_kernel(backend, self._local_rows, self._local_cols, device="cpu",
                                        weight_dtype=DATA_TYPES[config.data_type.name],
                                        optim=OptimSpec(optims[fp["optimizer"]], fp["learning_rate"],
                                                        fp.get("eps", 1e-8)))
+            self._layout = _FeatureLayout(self._feature_table_map, self._kernel.dim_offsets,
+                                          mean=config.pooling == PoolingType.MEAN)
             self._anchor = torch.zeros(0, requires_grad=True)  # makes autograd call _Apply.backward
             slices = []
             for w in self._kernel.weights():
@@ -123,7 +173,11 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
         def forward(self, features: Any, vbe_output: Any = None, vbe_output_offsets: Any = None) -> torch.Tensor:
             if vbe_output is not None or features.variable_stride_per_key():
                 raise UnsupportedGroup(f"kernel={backend} in TorchRec: variable batch sizes per feature")
-            return _Apply.apply(self._anchor, self._kernel, features.values(), features.offsets())
+            if self._layout.identity:
+                return _Apply.apply(self._anchor, self._kernel, features.values(), features.offsets())
+            lengths = features.lengths()
+            pooled = _Apply.apply(self._anchor, self._kernel, features.values(), self._layout.offsets(lengths))
+            return self._layout.output(pooled, lengths)
 
         def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
             yield from ()

@@ -43,7 +43,16 @@ import torch.multiprocessing as mp
 
 from cubic_harness.config import CHOICES, TrialConfig, TrialResult
 from cubic_harness.errors import ConfigError
-from cubic_harness.trial import _environ, check_config, env_info, rank_env, summarize
+from cubic_harness.trial import (
+    TORCHREC_PRELOAD,
+    _environ,
+    adopt_trial_env,
+    check_config,
+    env_info,
+    rank_context,
+    rank_env,
+    summarize,
+)
 from cubic_harness.workload import Workload
 
 
@@ -262,7 +271,8 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
         status = "oom" if isinstance(e, PlanError) and "mem_cap" in str(e) else "error"
         return TrialResult.failed(status, str(e), cfg, env=env)
     t0, started_at = time.perf_counter(), time.time()
-    env.update(placement="local", nodes=1, rank_nodes=[platform.node()] * cfg.world_size, rank_start="spawn")
+    env.update(placement="local", nodes=1, rank_nodes=[platform.node()] * cfg.world_size,
+               rank_start=_start(cfg, job)[0].get_start_method())
     status, error, got = _launch(cfg, job, job["placements"], cwd)
     env["wall_s"] = round(time.perf_counter() - t0, 2)
     if status != "ok":
@@ -300,21 +310,30 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
     return out
 
 
+def _start(cfg: TrialConfig, job: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+    """How the ranks start and the environment variables they add to this process's: the harness's rank
+    environment (oversubscribed: PASSIVE), forked from a fork server that preloaded TorchRec where
+    `trial.rank_context` allows it. 2D on CPU is always spawned: its ranks run with PYTHONOPTIMIZE=1 (DMPCollection's
+    CUDA-only assert, module docstring), which a forked interpreter cannot take."""
+    extra = rank_env(cfg)
+    if job.get("dmp_collection") and cfg.device != "cuda":
+        return mp.get_context("spawn"), {**extra, "PYTHONOPTIMIZE": "1"}
+    return rank_context({**os.environ, **extra}, TORCHREC_PRELOAD), extra
+
+
 def _launch(cfg: TrialConfig, job: dict[str, Any], placements: dict[str, dict],
             cwd: str | None = None) -> tuple[str, str, dict[int, dict]]:
-    """Start `cfg.world_size` spawned ranks training `job` (in the folder `cwd`) and wait: (status, one-line
-    error, {rank: output})."""
-    ctx = mp.get_context("spawn")
+    """Start `cfg.world_size` ranks training `job` (in the folder `cwd`) and wait: (status, one-line error,
+    {rank: output})."""
+    ctx, extra = _start(cfg, job)
     q = ctx.Queue()
     # the parent owns the rendezvous on an OS-chosen port, as harness/trial.py does (no port to race for)
     store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=cfg.timeout_s),
                           wait_for_workers=False)
-    procs = [ctx.Process(target=_rank, args=(cfg.to_dict(), job, placements, r, store.port, q, cwd or os.getcwd()),
-                         daemon=True) for r in range(cfg.world_size)]
-    env = rank_env(cfg)  # the same rank environment as the harness trial (oversubscribed: PASSIVE)
-    if job.get("dmp_collection") and cfg.device != "cuda":
-        env["PYTHONOPTIMIZE"] = "1"  # DMPCollection's CUDA-only assert (module docstring)
-    with _environ(env):
+    env = {**os.environ, **extra}
+    procs = [ctx.Process(target=_rank, args=(cfg.to_dict(), job, placements, r, store.port, q, cwd or os.getcwd(),
+                                             env), daemon=True) for r in range(cfg.world_size)]
+    with _environ(extra):  # a spawned rank inherits it; a forked one installs `env` first
         for p in procs:
             p.start()
     try:
@@ -352,7 +371,9 @@ def _cpu_dmp_collection() -> type:
     return CpuDMPCollection
 
 
-def _rank(cfg_dict: dict, job: dict, placements: dict, rank: int, port: int, q, cwd: str) -> None:
+def _rank(cfg_dict: dict, job: dict, placements: dict, rank: int, port: int, q, cwd: str,
+          env: dict[str, str]) -> None:
+    adopt_trial_env(env)
     if not os.environ.get("CUBIC_TORCHREC_DEBUG"):  # TorchRec's and DDP's warnings; errors come back via q
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)

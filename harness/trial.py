@@ -49,11 +49,17 @@ def _watch_parent(ppid: int) -> None:
             os._exit(17)
 
 
-def _rank_entry(cfg_dict: dict, rank: int, port: int, q, collect_tables: bool, env: dict[str, str]) -> None:
-    """Process entry of one rank (module-level so a spawned or forked child can find it)."""
-    os.environ.clear()  # a forked rank starts with the fork server's environment: take the trial's
+def adopt_trial_env(env: dict[str, str]) -> None:
+    """A rank's first act: take the trial's environment (a forked rank starts with the fork server's) and exit
+    with its parent."""
+    os.environ.clear()
     os.environ.update(env)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _rank_entry(cfg_dict: dict, rank: int, port: int, q, collect_tables: bool, env: dict[str, str]) -> None:
+    """Process entry of one rank (module-level so a spawned or forked child can find it)."""
+    adopt_trial_env(env)
     try:
         out = train_one_rank(TrialConfig.from_dict(cfg_dict), rank, "127.0.0.1", port, collect_tables)
         q.put((rank, "ok", "", out))
@@ -183,9 +189,13 @@ def _environ(extra: dict[str, str]) -> Iterator[None]:
 # What a rank imports before its first step: ~3 s of CPU each in a fresh interpreter (torch 1.2 s; DDP's and the
 # optimizer's first call import dynamo, 1.5 s; the native kernels' numba 0.6 s), most of a small trial's time on
 # 2 cores; forked from a server that imported them, a tiny 2-rank trial starts in 0.15 s instead of 2.5-3.
-RANK_PRELOAD = ["cubic_harness.trial", "cubic_harness.train", "cubic_harness.planning", "torch._dynamo",
-                "torch.distributed.fsdp", "cubic_kernels.native_backend"]
-_server_env: dict[str, str] | None = None  # the environment this process's fork server started with
+RANK_PRELOAD = ("cubic_harness.trial", "cubic_harness.train", "cubic_harness.planning", "torch._dynamo",
+                "torch.distributed.fsdp", "cubic_kernels.native_backend")
+# A TorchRec rank's: TorchRec and FBGEMM take ~5 s of CPU more to import (harness/torchrec_trial.py).
+TORCHREC_PRELOAD = (*RANK_PRELOAD, "cubic_harness.torchrec_trial", "cubic_harness.torchrec_kernel",
+                    "torchrec.distributed.model_parallel", "torchrec.distributed.train_pipeline",
+                    "torchrec.distributed.planner", "torchrec.models.dlrm")
+_server: tuple[tuple[str, ...], dict[str, str]] | None = None  # this process's fork server: preload, environment
 
 
 # Variables the preloaded libraries read when they load (libgomp, MKL, glibc's malloc, the dynamic linker, numba,
@@ -204,19 +214,25 @@ def trial_env(cfg: TrialConfig) -> dict[str, str]:
     return {**os.environ, **rank_env(cfg)}
 
 
-def rank_context(env: dict[str, str]) -> Any:
-    """How to start a rank whose environment is `env`: forked from a fork server that imported
-    RANK_PRELOAD once per trial-running process (started at the first trial, with this process's own
-    environment), else spawned afresh: a rank whose LOAD_TIME_ENV differs from the server's (libgomp's
-    OMP_WAIT_POLICY for an oversubscribed trial: `rank_env`) cannot take it after the fork.
-    A forked rank's peak RSS counts only the server's pages it touches, ~170 MB less than a spawned
-    one's: the calibration's `process_mb` is a forked rank's, and a result's `env.rank_start` says which ran."""
-    global _server_env
-    if _server_env is None:
-        mp.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
+def rank_context(env: dict[str, str], preload: tuple[str, ...] = RANK_PRELOAD) -> Any:
+    """How to start a rank whose environment is `env` and whose framework imports `preload` (RANK_PRELOAD for
+    the harness's, TORCHREC_PRELOAD for TorchRec's): forked from this process's fork server, else spawned.
+
+    1. The process's first trial starts the server, with this process's own environment and that trial's
+       framework's modules imported once: a harness tune's server holds the harness, a TorchRec tune's TorchRec.
+    2. A rank is forked only from a server that imported exactly its framework's modules: a forked rank's
+       peak RSS counts the server's pages (~170 MB less than a spawned one's for the harness), so every rank
+       holds one of the two figures the calibration measured for its framework (`process_mb` forked,
+       `spawned_process_mb` spawned).
+    3. ... and whose LOAD_TIME_ENV equals the server's (libgomp's OMP_WAIT_POLICY for an oversubscribed trial:
+       `rank_env`): those variables are read when the libraries load, so a forked rank could not take them.
+    Any other rank is spawned afresh; a result's `env.rank_start` says which ran."""
+    global _server
+    if _server is None:
+        mp.get_context("forkserver").set_forkserver_preload(list(preload))
         forkserver.ensure_running()  # now, so that it holds this process's environment, not a trial's extras
-        _server_env = _native_view(dict(os.environ))
-    return mp.get_context("forkserver" if _native_view(env) == _server_env else "spawn")
+        _server = (preload, _native_view(dict(os.environ)))
+    return mp.get_context("forkserver" if _server == (preload, _native_view(env)) else "spawn")
 
 
 def run_ranks(cfg: TrialConfig, collect_tables: bool = False) -> tuple[str, str, dict[int, dict]]:

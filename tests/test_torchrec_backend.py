@@ -144,6 +144,46 @@ def test_cubics_kernel_and_torchrecs_train_pipeline_train_as_the_plain_fbgemm_lo
     assert piped.status == "ok" and piped.losses == pytest.approx(fb.losses, rel=1e-6), piped.error
 
 
+def test_cubics_kernel_in_torchrec_takes_a_table_of_several_features_and_mean_pooling_as_fbgemm(models: Path) -> None:
+    """The user's model has a table looked up by two features and pooled by mean. kernel=native runs it inside
+    TorchRec's sharded tables (harness/torchrec_kernel.py `_FeatureLayout`: one slot per feature, every feature's
+    gradients of a row summed before the row's update) and trains step for step as FBGEMM's TBE with its
+    feature-to-table map does. Column-wise puts a shard of both tables on each rank: one group of a two-feature
+    and a one-feature table, the latter padded with an empty slot."""
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.torchrec_trial import run_torchrec
+    from cubic_harness.workload import Workload
+
+    wl, _ = Workload.from_json_file(_workload("ranker", models / "ranker.json"))
+    assert [t.feature_names for t in wl.tables] == [["user_id", "friend_id"], ["item_id"]]
+    cfg = TrialConfig(workload=wl, world_size=2, batch_size=128, sharding="column_wise", warmup_steps=2,
+                      measure_steps=4, windows=1, timeout_s=180)
+    fb, nat = run_torchrec(cfg.replace(kernel="fbgemm")), run_torchrec(cfg.replace(kernel="native"))
+    assert fb.status == nat.status == "ok", (fb.error, nat.error)
+    assert nat.losses == pytest.approx(fb.losses, rel=1e-4) and fb.losses[-1] != fb.losses[0]
+    assert {p["name"]: p["kind"] for p in nat.plan} == {"users": "column_wise", "goods": "column_wise"}
+
+
+def test_the_feature_layout_gives_each_feature_its_tables_slot_and_averages_by_length() -> None:
+    """Three features on two tables (t0: a, b; t1: c), 2 samples: the kernel sees t0's two slots and t1's one slot
+    padded with empty bags; each feature's output is its slot's rows in its table's columns, divided by the bag's
+    length under mean pooling (an empty bag stays 0)."""
+    require("torchrec")
+    from cubic_harness.torchrec_kernel import _FeatureLayout
+
+    lay = _FeatureLayout([0, 0, 1], dim_offsets=[0, 2, 5], mean=True)
+    assert (lay.slots, lay.rows, lay.identity) == (2, 4, False)
+    lengths = torch.tensor([1, 2, 0, 3, 1, 1])  # a: 1, 2 | b: 0, 3 | c: 1, 1
+    assert lay.offsets(lengths).tolist() == [0, 1, 3, 3, 6, 7, 8, 8, 8]  # t0 slot0 (a), t0 slot1 (b), t1 (c), pad
+    pooled = torch.arange(4 * 5, dtype=torch.float32).view(4, 5)  # [M*B, dims]: rows slot0 b0, b1, slot1 b0, b1
+    out = lay.output(pooled, lengths)
+    assert out.shape == (2, 2 + 2 + 3)
+    assert out[:, 0:2].tolist() == [[0.0, 1.0], [2.5, 3.0]]  # a: slot 0, t0's columns, / (1, 2)
+    assert out[:, 2:4].flatten().tolist() == pytest.approx([10.0, 11.0, 5.0, 16 / 3])  # b: slot 1, / (1 if empty, 3)
+    assert out[:, 4:7].tolist() == [[2.0, 3.0, 4.0], [7.0, 8.0, 9.0]]  # c: slot 0, t1's columns
+    assert _FeatureLayout([0, 1], dim_offsets=[0, 2, 5], mean=False).identity
+
+
 def test_bad_input_for_the_torchrec_backend_is_one_line_exit_2(models: Path) -> None:
     wl = _workload("ranker", models / "ranker.json")
     for args, says in (
@@ -191,9 +231,10 @@ def test_a_users_model_trains_in_torchrec_and_a_factory_that_raises_is_one_line_
 
 
 def test_a_torchrec_tune_of_a_users_model_records_a_crash_and_exports_the_factory(models: Path) -> None:
-    """The short version of the slow tier's tune: both configurations in TorchRec on Ray (the grid); the one with
-    512-sample batches crashes inside the model's forward and is recorded with its reason while the tune goes on;
-    the export names the user's factory and `cubic verify` has nothing to re-run."""
+    """The short version of the slow tier's tune: both configurations in TorchRec on Ray (the grid), their ranks
+    forked from a fork server that preloaded TorchRec; the one with 512-sample batches crashes inside the model's
+    forward and is recorded with its reason while the tune goes on; the export names the user's factory and
+    `cubic verify` has nothing to re-run."""
     _workload("picky", models / "picky.json")
     (models / "space.yaml").write_text(SPACE)
     p = subprocess.run([*CUBIC, "tune", "--backend", "torchrec", "--space", "space.yaml", "--run-dir", "run",
@@ -208,6 +249,8 @@ def test_a_torchrec_tune_of_a_users_model_records_a_crash_and_exports_the_factor
     assert len(crashed) == 1 and set(crashed["status"]) == {"error"}
     assert all("ranker head sized for 256 samples, got 512" in e for e in crashed["reason"])
     assert df[df["batch_size"] == 256]["ok"].all()
+    # the tune's process runs TorchRec trials only: its fork server preloads TorchRec and every rank is forked
+    assert set(df["env_rank_start"]) == {"forkserver"}
     code, out, err = cli("export", "run", "--format", "torchrec")
     exp = json.loads(out)
     assert code == 0 and exp["factory"] == "usermodels:picky" and exp["model"] is None, err
@@ -342,6 +385,7 @@ def test_calibrate_framework_torchrec_adds_a_measured_profile_the_simulator_pric
     fixed = src["bare_step_ms"]["torchrec"] - src["bare_step_ms"]["harness"]
     assert prof["step_overhead_ms"] == pytest.approx(base.device.step_overhead_ms + max(0.0, fixed), abs=1e-3)
     assert prof["glue_ns_per_id"] >= 0 and prof["dist_overhead_ms"] >= 0 and prof["dense_replica_merge"] is True
+    assert prof["process_mb"] > 0 and prof["spawned_process_mb"] > 0  # a forked and a spawned bare rank
     tr = load_cluster(out).for_framework("torchrec")
     res = simulate(TrialConfig(kernel="fbgemm"), tr)
     assert res.status == "ok" and res.env["framework"] == "torchrec"

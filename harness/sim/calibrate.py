@@ -564,13 +564,14 @@ PROFILE_POOLS = (1, 16)  # ids per bag of the two steps whose difference gives t
 
 def _both_steps(cfg: Any, reps: int) -> tuple[float, float, float]:
     """`cfg`'s median step (ms) in cubic's harness and in TorchRec, alternating over `reps` runs, and TorchRec's
-    peak RSS (MB)."""
+    peak RSS (MB). TorchRec runs first, so this process's fork server preloads TorchRec as a TorchRec tune's does
+    (`trial.rank_context`): its ranks are forked as a tune's are, the harness's spawned (their step is the same)."""
     from cubic_harness.torchrec_trial import run_torchrec
     from cubic_harness.trial import run_trial
 
     h, t, mem = [], [], 0.0
     for _ in range(reps):
-        for run, out in ((run_trial, h), (run_torchrec, t)):
+        for run, out in ((run_torchrec, t), (run_trial, h)):
             res = run(cfg)
             if res.status != "ok":
                 raise RuntimeError(f"calibration step failed ({run.__name__}): {res.error}")
@@ -587,7 +588,8 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     Each micro-step runs in both frameworks with the same kernel (FBGEMM's fused TBE), ids and dense part, so
     their difference is the framework's alone; the harness's own figures (`base`) are what it is added to:
     1. the fixed cost of a step: a bare one-rank step (the tiny workload, batch 16). TorchRec's
-       `step_overhead_ms` is the harness's plus the difference. Its peak RSS is a TorchRec rank's `process_mb`.
+       `step_overhead_ms` is the harness's plus the difference. Its peak RSS is a forked TorchRec rank's
+       `process_mb`; the same step on an oversubscribed rank (spawned) gives `spawned_process_mb`.
     2. the collection's work per looked-up id (KeyedJaggedTensor routing, the distribution's bookkeeping,
        autograd): two table-wise steps on two ranks (the tiny workload's tables, batch 512) that differ only
        in their bags, PROFILE_POOLS ids each. The growth of the difference per id a rank looks up, added to
@@ -600,15 +602,20 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     validates it on those)."""
     import dataclasses
 
-    from cubic_harness.config import TrialConfig
-    from cubic_harness.torchrec_trial import package_version
+    from cubic_harness.config import TrialConfig, host_cores
+    from cubic_harness.torchrec_trial import package_version, run_torchrec
     from cubic_harness.workload import Workload
 
     reps = 2 if short else 3
     steps = dict(warmup_steps=3, measure_steps=8 if short else 16, windows=1, timeout_s=300, kernel="fbgemm")
     progress("a bare step, harness and TorchRec")
-    h0, t0, process_mb = _both_steps(TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, **steps),
-                                     reps)
+    bare = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, **steps)
+    h0, t0, process_mb = _both_steps(bare, reps)
+    progress("a bare TorchRec rank spawned afresh (an oversubscribed trial's)")
+    spawned = run_torchrec(bare.replace(threads_per_rank=host_cores() + 1))
+    if spawned.status != "ok" or spawned.env.get("rank_start") != "spawn":
+        raise RuntimeError("calibration step (a spawned TorchRec rank): "
+                           f"{spawned.error or 'started by ' + str(spawned.env.get('rank_start'))}")
     diffs, ids = [], []
     for pool in PROFILE_POOLS:
         progress(f"{pool} ids a bag, harness and TorchRec")
@@ -629,4 +636,4 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
            "ids_per_rank": ids, "step_ms": [{"harness": round(h, 3), "torchrec": round(t, 3)} for h, t in diffs]}
     return {"step_overhead_ms": round(base.device.step_overhead_ms + max(0.0, fixed), 3),
             "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3), "dense_replica_merge": True,
-            "process_mb": round(process_mb, 1)}, src
+            "process_mb": round(process_mb, 1), "spawned_process_mb": round(spawned.peak_mem_mb, 1)}, src

@@ -161,8 +161,9 @@ class Cluster:
             raise ConfigError(f"cluster {self.name} has no {name!r} framework profile (frameworks: "
                               f"{sorted(self.frameworks) or 'none'}); measure this machine's with `cubic calibrate "
                               f"--framework {name}`")
-        # a framework's ranks start one way (TorchRec's are spawned): its one bare process serves both figures
-        same = {"spawned_process_mb": prof["process_mb"]} if "process_mb" in prof else {}
+        # a profile that measured one bare process (its ranks all started one way) prices both starts with it
+        same = {"spawned_process_mb": prof["process_mb"]} if "process_mb" in prof and \
+            "spawned_process_mb" not in prof else {}
         return dataclasses.replace(self, device=dataclasses.replace(self.device, **prof, **same), framework=name)
 
     @property
@@ -278,6 +279,7 @@ class FrameworkSpec(Strict):
     step_overhead_ms: NonNeg | None = None
     glue_ns_per_id: NonNeg | None = None
     process_mb: NonNeg | None = None
+    spawned_process_mb: NonNeg | None = None  # a rank spawned afresh (an oversubscribed trial's); absent: process_mb
     reads_own_ids: bool | None = None
     dist_overhead_ms: NonNeg | None = None
     dense_replica_merge: bool | None = None
