@@ -24,9 +24,12 @@ features table by table. One kernel call then sums every feature's gradients of 
 FBGEMM's backward does (a pass per feature would update row-wise AdaGrad's state once per feature instead).
 
 What cubic's kernels do not do, refused where the group is built (`UnsupportedGroup`, a failed trial with the
-reason): per-sample weights, variable batch sizes. 2D: DMPCollection.sync() merges only FBGEMM's kernels'
-weights, so replicas on cubic's kernels would drift apart silently: `check_runs_in_torchrec` refuses the
-combination.
+reason): per-sample weights, variable batch sizes.
+
+2D: DMPCollection.sync() merges the weights and row-wise AdaGrad state of the FBGEMM kernels it finds (by type,
+walking the sharded modules' lookups), so it never sees cubic's. The sharder keeps the kernels it built, and its
+`replica_state()` gives their same tensors, which the TorchRec trial's DMPCollection averages over the replica
+group in the same sync (harness/torchrec_trial.py).
 """
 
 from __future__ import annotations
@@ -134,6 +137,8 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
         def zero_grad(self, set_to_none: bool = False) -> None:
             pass
 
+    built: list[Any] = []  # the kernels this sharder's modules hold, in this process
+
     class CubicEmbeddingBag(BaseBatchedEmbeddingBag, FusedOptimizerModule):
         def __init__(self, config: Any, pg: Any = None, device: Any = None, sharding_type: Any = None) -> None:
             super().__init__(config, pg, device, sharding_type)
@@ -147,6 +152,7 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
                                        weight_dtype=DATA_TYPES[config.data_type.name],
                                        optim=OptimSpec(optims[fp["optimizer"]], fp["learning_rate"],
                                                        fp.get("eps", 1e-8)))
+            built.append(self._kernel)
             self._layout = _FeatureLayout(self._feature_table_map, self._kernel.dim_offsets,
                                           mean=config.pooling == PoolingType.MEAN)
             self._anchor = torch.zeros(0, requires_grad=True)  # makes autograd call _Apply.backward
@@ -219,6 +225,11 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
                                                          qcomm_codecs_registry)
 
     class CubicSharder(EmbeddingBagCollectionSharder):
+        def replica_state(self, include_optimizer_state: bool = True) -> list[torch.Tensor]:
+            """What 2D's sync averages across replicas, as DMPCollection does FBGEMM's: every table's weights and
+            row-wise AdaGrad's per-row state (live storage: writes go through)."""
+            return [t for k in built for t in (*k.weights(), *(k.states() if include_optimizer_state else []))]
+
         def shard(self, module: Any, params: Any, env: Any, device: Any = None, module_fqn: Any = None) -> Any:
             return _CubicEBC(module=module, table_name_to_parameter_sharding=params, env=env,
                              fused_params=self.fused_params, device=device,

@@ -14,8 +14,8 @@ Two callers, two policies for what TorchRec cannot run as cubic's harness measur
 (`torchrec_unsupported`): the backend (`run_torchrec`) refuses such a configuration (ConfigError: bad
 input, or a failed trial with the reason), since its result must be of the config it was given; verify
 (`run_torchrec_trial`) substitutes and names every substitution (`substitutions`): row-wise kinds on CPU,
-cubic's kernels in 2D (DMPCollection merges FBGEMM's only), the input pipeline, bf16 tables on CPU, fp8, and in
-2D gradient all-reduce sync or the momentum-scaled merge (DMPCollection averages). Wukong has no TorchRec
+the input pipeline, bf16 tables on CPU, fp8, and in 2D gradient all-reduce sync or the momentum-scaled merge
+(DMPCollection averages). Wukong has no TorchRec
 model unless the workload names the user's own factory: `UnsupportedConfig`.
 
 2D runs TorchRec's own DMPCollection (its sharding/replica DeviceMesh, ShardingEnv2D, sync()). TorchRec
@@ -24,7 +24,9 @@ it is CUDA-specific (DeviceMesh takes the device type, sync() is an all-reduce o
 ranks start with PYTHONOPTIMIZE=1, which skips that assert, and average through `custom_all_reduce` (a
 gloo SUM, then / replicas: gloo has no ReduceOp.AVG, which sync() would ask for). Its plan remap
 also writes CUDA-style shard placements ("cpu:1") that CPU tensors ("cpu") never match; the subclass
-below writes them back without the index.
+below writes them back without the index, and its sync() also averages cubic's kernels (harness/torchrec_kernel.py),
+whose tensors DMPCollection does not find: the same tensors (weights, row-wise AdaGrad state) averaged the same
+way over the same replica group, grouped by dtype as DMPCollection groups FBGEMM's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -111,7 +114,6 @@ INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE",
            "emb_optimizer": "row-wise AdaGrad ran, its replicas merged by DMPCollection's averaging"}
 EMB_DATA_TYPES = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}  # emb_precision -> torchrec.types.DataType
 TWO_D_KNOBS = ("sparse_sync", "emb_optimizer")  # substitutions only where replicas exist
-TWO_D_KERNEL = "DMPCollection merges only FBGEMM's kernels' weights (cubic's would drift apart unmerged)"
 
 
 def plan_for_torchrec(cfg: TrialConfig, export: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
@@ -133,8 +135,6 @@ def plan_for_torchrec(cfg: TrialConfig, export: dict[str, Any]) -> tuple[dict[st
         subs.append("data-parallel tables: TorchRec all-reduces their dense gradients (cubic: a sparse all-gather of "
                     "ids and pooled gradients)")
     two_d = cfg.group_size < cfg.world_size
-    if two_d and cfg.kernel != "fbgemm" and not torchrec_unsupported("kernel", cfg.kernel, cfg.device):
-        subs.append(f"kernel={cfg.kernel}: {TWO_D_KERNEL}; TorchRec ran FBGEMM's fused TBE")
     for knob, instead in INSTEAD.items():
         if knob in TWO_D_KNOBS and not two_d:
             continue  # one replica: the same training as plain model parallelism
@@ -234,9 +234,6 @@ def check_runs_in_torchrec(cfg: TrialConfig, cwd: str | None = None) -> None:
         raise ConfigError(f"table(s) {', '.join(seq)}: sequence tables (an EmbeddingCollection) are not trained by "
                           "the TorchRec backend; it shards pooled ones (EmbeddingBagCollection)")
     two_d = cfg.group_size < cfg.world_size
-    if two_d and cfg.kernel != "fbgemm":
-        raise ConfigError(f"kernel={cfg.kernel!r} with sharding_group_size={cfg.sharding_group_size} (2D) does not "
-                          f"run in TorchRec: {TWO_D_KERNEL}; choose kernel=fbgemm for 2D")
     for knob in ("kernel", "sharding", *INSTEAD):
         if knob in TWO_D_KNOBS and not two_d:
             continue
@@ -359,6 +356,23 @@ def _cpu_dmp_collection() -> type:
     from torchrec.distributed.model_parallel import DMPCollection
 
     class CpuDMPCollection(DMPCollection):
+        def __init__(self, *args: Any, also_sync: Callable[[bool], list[torch.Tensor]] = lambda _: [],
+                     **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.also_sync = also_sync  # tensors sync() averages beside FBGEMM's: cubic's kernels' (their sharder's)
+
+        def sync(self, include_optimizer_state: bool = True) -> None:
+            super().sync(include_optimizer_state)
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for t in self.also_sync(include_optimizer_state):
+                by_dtype.setdefault(t.dtype, []).append(t)
+            if by_dtype:
+                group = self.device_mesh["replicate"].get_group()
+                for tensors in by_dtype.values():  # a gloo SUM, then / replicas, as `average` for FBGEMM's
+                    group.allreduce_coalesced(tensors).wait()
+                    for t in tensors:
+                        t.div_(dist.get_world_size(group))
+
         def _remap_sharding_plan(self, plan, *args, **kwargs) -> None:  # noqa: ANN001
             super()._remap_sharding_plan(plan, *args, **kwargs)
             if self._device.type != "cpu":
@@ -525,8 +539,8 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         mine_gens = {c.name: gens[c.name] for c in ebc.embedding_bag_configs()}
         plan.plan[p] = sp.construct_module_sharding_plan(ebc, mine_gens, local_size=G, world_size=G,
                                                          device_type="cpu")
-    # the tables' kernel: cubic's own through its sharder where TorchRec runs it (CPU, one replica), else FBGEMM's
-    kernel = "fbgemm" if dc or torchrec_unsupported("kernel", cfg.kernel, cfg.device) else cfg.kernel
+    # the tables' kernel: cubic's own through its sharder where TorchRec runs it (CPU), else FBGEMM's
+    kernel = "fbgemm" if torchrec_unsupported("kernel", cfg.kernel, cfg.device) else cfg.kernel
     # the pooled all-to-all's precision, forward and backward: TorchRec's QComms codecs (they run on gloo too)
     comm = CommType[cfg.comm_precision.upper()]
     qcomms = None if cfg.comm_precision == "fp32" else get_qcomm_codecs_registry(
@@ -552,7 +566,8 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         dmp = _cpu_dmp_collection()(module=model, device=device, plan=plan, world_size=W, sharding_group_size=G,
                                     global_pg=dist.group.WORLD, sharders=sharders,
                                     use_inter_host_allreduce=dc["use_inter_host_allreduce"],
-                                    custom_all_reduce=average, data_parallel_wrapper=ddp)
+                                    custom_all_reduce=average, data_parallel_wrapper=ddp,
+                                    also_sync=sharders[0].replica_state if kernel != "fbgemm" else lambda _: [])
         replica_pg.append(dmp._default_ctx.replica_pg)
         mine = dmp._default_ctx.device_mesh["shard"].mesh.tolist()  # this rank's sharding group, global ranks
         # grad_allreduce keeps the replicas equal after every step: DMPCollection's nearest is sync() every step
@@ -620,7 +635,8 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         evaluation = eval_metrics(both[0].numpy(), both[1].numpy())
     # a fingerprint of this rank's table shards: after the last sync a position's replicas hold the same numbers
     # (the tensors DMPCollection's sync() merges)
-    shards = [t for ts in dmp._default_ctx.weights_by_dtype.values() for t in ts] if dc else []
+    shards = [*(t for ts in dmp._default_ctx.weights_by_dtype.values() for t in ts),
+              *dmp.also_sync(False)] if dc else []
     checksum = float(sum(t.double().abs().sum() for t in shards))
     loss_t, peak = torch.tensor(losses, dtype=torch.float64), torch.tensor([rss_mb()], dtype=torch.float64)
     dist.all_reduce(loss_t)

@@ -164,6 +164,27 @@ def test_cubics_kernel_in_torchrec_takes_a_table_of_several_features_and_mean_po
     assert {p["name"]: p["kind"] for p in nat.plan} == {"users": "column_wise", "goods": "column_wise"}
 
 
+def test_2d_on_cubics_kernel_in_torchrec_merges_its_replicas_as_dmpcollection_merges_fbgemms() -> None:
+    """2D in TorchRec (DMPCollection, 2 replicas of a group of 1, sync every 2 steps) with kernel=native: the sync
+    averages cubic's kernels' weights and row-wise AdaGrad state over the replica group as DMPCollection averages
+    FBGEMM's, so it trains step for step as 2D on FBGEMM does; its replicas merged only after the last step train
+    apart from the third step on (1.5e-4 apart at the sixth, 10x this test's tolerance)."""
+    require("torchrec")
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.torchrec_trial import run_torchrec
+    from cubic_harness.workload import Workload
+
+    cfg = TrialConfig(workload=Workload.tiny(), world_size=2, sharding_group_size=1, sparse_sync="weight_avg",
+                      sparse_sync_interval=2, batch_size=128, sharding="table_wise", warmup_steps=2,
+                      measure_steps=4, windows=1, timeout_s=180)
+    fb, nat = run_torchrec(cfg.replace(kernel="fbgemm")), run_torchrec(cfg.replace(kernel="native"))
+    assert fb.status == nat.status == "ok", (fb.error, nat.error)
+    assert (nat.env["model_parallel"], nat.env["kernel"]) == ("CpuDMPCollection", "native")
+    assert nat.losses == pytest.approx(fb.losses, rel=1e-5) and fb.losses[-1] != fb.losses[0]
+    unmerged = run_torchrec(cfg.replace(kernel="native", sparse_sync_interval=1000))  # merged after the last only
+    assert unmerged.status == "ok" and unmerged.losses[-1] != pytest.approx(nat.losses[-1], rel=1e-5)
+
+
 def test_the_feature_layout_gives_each_feature_its_tables_slot_and_averages_by_length() -> None:
     """Three features on two tables (t0: a, b; t1: c), 2 samples: the kernel sees t0's two slots and t1's one slot
     padded with empty bags; each feature's output is its slot's rows in its table's columns, divided by the bag's
@@ -191,7 +212,6 @@ def test_bad_input_for_the_torchrec_backend_is_one_line_exit_2(models: Path) -> 
         (["--set", "sharding=row_wise"], "row-wise kinds need CUDA in TorchRec"),
         (["--set", "comm_overlap=forward"], "comm_overlap='forward' does not run in TorchRec"),
         (["--set", "pipeline_depth=2"], "PrefetchTrainPipelineSparseDist prefetches on CUDA streams"),
-        (["--set", "kernel=native", "--set", "sharding_group_size=1"], "DMPCollection merges only FBGEMM's kernels"),
     ):
         code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(wl), "--set", "kernel=fbgemm", *args)
         assert code == 2 and len(err) == 1 and says in err[0], err

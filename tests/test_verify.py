@@ -55,10 +55,10 @@ def test_substitutions_name_what_torchrec_runs_differently() -> None:
     assert [s.split(":")[0].split(" ")[0] for s in subs] == ["row-wise"]
     deep = _cfg(pipeline_depth=2)  # PrefetchTrainPipelineSparseDist needs CUDA streams
     assert [s.split(":")[0] for s in plan_for_torchrec(deep, _export(deep))[1]] == ["pipeline_depth=2"]
-    # cubic's native kernel runs inside TorchRec's sharded tables (harness/torchrec_kernel.py), except in 2D, where
-    # DMPCollection would leave its replicas unmerged
+    # cubic's native kernel runs inside TorchRec's sharded tables (harness/torchrec_kernel.py), 2D included (the
+    # trial's DMPCollection merges its replicas)
     k2d = _cfg(world_size=4, sharding_group_size=2, sparse_sync="weight_avg", kernel="native")
-    assert [s.split(":")[0] for s in plan_for_torchrec(k2d, _export(k2d))[1]] == ["kernel=native"]
+    assert plan_for_torchrec(k2d, _export(k2d))[1] == []
     two_d = _cfg(world_size=4, sharding_group_size=2, sparse_sync="grad_allreduce",
                  emb_optimizer="momentum_scaled_rowwise_adagrad")
     assert [s.split(":")[0] for s in plan_for_torchrec(two_d, _export(two_d))[1]] == [
