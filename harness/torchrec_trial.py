@@ -15,8 +15,8 @@ Two callers, two policies for what TorchRec cannot run as cubic's harness measur
 input, or a failed trial with the reason), since its result must be of the config it was given; verify
 (`run_torchrec_trial`) substitutes and names every substitution (`substitutions`): row-wise kinds on CPU,
 the input pipeline, bf16 tables on CPU, fp8, and in 2D gradient all-reduce sync or the momentum-scaled merge
-(DMPCollection averages). Wukong has no TorchRec
-model unless the workload names the user's own factory: `UnsupportedConfig`.
+(DMPCollection averages). Wukong has no TorchRec model unless the workload names the user's own factory:
+`UnsupportedConfig`.
 
 2D runs TorchRec's own DMPCollection (its sharding/replica DeviceMesh, ShardingEnv2D, sync()). TorchRec
 (1.8.0 through 1.9.2) opens DMPCollection.__init__ with `assert device.type in ("cuda", "mtia")`, but nothing after
@@ -24,8 +24,8 @@ it is CUDA-specific (DeviceMesh takes the device type, sync() is an all-reduce o
 ranks start with PYTHONOPTIMIZE=1, which skips that assert, and average through `custom_all_reduce` (a
 gloo SUM, then / replicas: gloo has no ReduceOp.AVG, which sync() would ask for). Its plan remap
 also writes CUDA-style shard placements ("cpu:1") that CPU tensors ("cpu") never match; the subclass
-below writes them back without the index, and its sync() also averages cubic's kernels (harness/torchrec_kernel.py),
-whose tensors DMPCollection does not find: the same tensors (weights, row-wise AdaGrad state) averaged the same
+below writes them back without the index. Its sync() also averages cubic's kernels (harness/torchrec_kernel.py),
+whose tensors DMPCollection does not find: the same tensors (weights, row-wise AdaGrad state), averaged the same
 way over the same replica group, grouped by dtype as DMPCollection groups FBGEMM's.
 """
 
@@ -362,6 +362,7 @@ def _cpu_dmp_collection() -> type:
             self.also_sync = also_sync  # tensors sync() averages beside FBGEMM's: cubic's kernels' (their sharder's)
 
         def sync(self, include_optimizer_state: bool = True) -> None:
+            """DMPCollection's merge of FBGEMM's tables, then the same merge of `also_sync`'s tensors."""
             super().sync(include_optimizer_state)
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
             for t in self.also_sync(include_optimizer_state):
