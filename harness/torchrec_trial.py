@@ -360,6 +360,7 @@ def _cpu_dmp_collection() -> type:
                      **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.also_sync = also_sync  # tensors sync() averages beside FBGEMM's: cubic's kernels' (their sharder's)
+            self.average = kwargs["custom_all_reduce"]  # the merge FBGEMM's tensors get, over the replica group
 
         def sync(self, include_optimizer_state: bool = True) -> None:
             """DMPCollection's merge of FBGEMM's tables, then the same merge of `also_sync`'s tensors."""
@@ -367,12 +368,8 @@ def _cpu_dmp_collection() -> type:
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
             for t in self.also_sync(include_optimizer_state):
                 by_dtype.setdefault(t.dtype, []).append(t)
-            if by_dtype:
-                group = self.device_mesh["replicate"].get_group()
-                for tensors in by_dtype.values():  # a gloo SUM, then / replicas, as `average` for FBGEMM's
-                    group.allreduce_coalesced(tensors).wait()
-                    for t in tensors:
-                        t.div_(dist.get_world_size(group))
+            for tensors in by_dtype.values():  # one coalesced all-reduce per dtype, as DMPCollection groups them
+                self.average(tensors)
 
         def _remap_sharding_plan(self, plan, *args, **kwargs) -> None:  # noqa: ANN001
             super()._remap_sharding_plan(plan, *args, **kwargs)
