@@ -24,7 +24,7 @@ tune: $(STAMP)  # make tune [SEED=1 RUN_DIR=runs/seed1]: another searcher seed, 
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile --durations=15 -m "not slow"  # a file's tests share a worker
+	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -m "not slow"  # a file's tests share a worker
 
 test-slow: $(STAMP)  # the long end-to-end tests `make test` leaves out
 	$(BIN)/python -m pytest -q -x --durations=15 --timeout=1800 -m slow

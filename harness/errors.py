@@ -1,7 +1,16 @@
 """Errors the harness raises on bad input (the CLI turns them into exit 2 + one line)."""
 
 
+import os
 from pathlib import Path
+
+# The one debug switch: a failing rank prints its traceback, and TorchRec's ranks keep their own stdout and
+# stderr (TorchRec's and DDP's warnings, silenced otherwise). It changes no measurement, so it is no knob.
+DEBUG_ENV = "CUBIC_DEBUG"
+
+
+def debugging() -> bool:
+    return bool(os.environ.get(DEBUG_ENV))
 
 
 class ConfigError(ValueError):

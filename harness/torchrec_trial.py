@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cubic_harness.config import CHOICES, TrialConfig, TrialResult
-from cubic_harness.errors import ConfigError
+from cubic_harness.errors import ConfigError, debugging
 from cubic_harness.trial import (
     TORCHREC_PRELOAD,
     _environ,
@@ -386,7 +386,7 @@ def _cpu_dmp_collection() -> type:
 def _rank(cfg_dict: dict, job: dict, placements: dict, rank: int, port: int, q, cwd: str,
           env: dict[str, str]) -> None:
     adopt_trial_env(env)
-    if not os.environ.get("CUBIC_TORCHREC_DEBUG"):  # TorchRec's and DDP's warnings; errors come back via q
+    if not debugging():  # TorchRec's and DDP's warnings; errors come back via q
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)

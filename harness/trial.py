@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cubic_harness.config import TrialConfig, TrialResult, env_overrides, host_cores, oversubscribed
-from cubic_harness.errors import ConfigError
+from cubic_harness.errors import ConfigError, debugging
 
 
 def _is_oom(msg: str) -> bool:
@@ -93,7 +93,7 @@ def train_one_rank(cfg: TrialConfig, rank: int, host: str, port: int, collect_ta
 def rank_failure(rank: int, e: BaseException) -> tuple[str, str]:
     """(status, one line) for an exception a rank died of."""
     msg = f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())}"[:400]
-    if os.environ.get("CUBIC_DEBUG"):
+    if debugging():
         traceback.print_exc()
     return ("oom" if isinstance(e, MemoryError) or _is_oom(msg) else "error"), msg
 

@@ -209,6 +209,12 @@ def test_cli_failed_trial_prints_its_result_and_exits_1():
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert res["status"] == "error" and res["error"] and res["ne"] is None  # strict JSON: NaN is null
     assert res["env"]["env_overrides"] == {"CUBIC_INJECT_FAULT": "crash"}  # a result says it was faulted
+    assert "Traceback" not in p.stderr
+    # the debug switch prints the failing rank's traceback, and the result is the same
+    d = cubic("trial", "--space", "search_spaces/tiny.yaml", "--json", timeout=120,
+              env={"CUBIC_INJECT_FAULT": "crash", "CUBIC_DEBUG": "1"})
+    assert d.returncode == 1 and "Traceback" in d.stderr and "injected" in d.stderr, d.stderr[-2000:]
+    assert json.loads(d.stdout.strip().splitlines()[-1])["error"] == res["error"]
 
 
 def test_fault_injection_is_a_retired_config_key_and_stored_keys_keep_it():

@@ -26,7 +26,7 @@ baseline: {world_size: 2, sharding: table_wise, batch_size: 32, kernel: torch}
 knobs:
   batch_size: [32, 40, 48, 56]
 constraints: {mem_cap_mb: 1500}
-trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 45, repeats: 1}
+trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 30, repeats: 1}
 budget: {trials: 4, confirm_top_k: 0}
 """
 
