@@ -8,7 +8,7 @@ configuration runs `--repeats` times, alternating code and configuration, so dri
 hits all alike; the table gives medians with min..max and the merge's parts (payload, wire, apply) per sync.
 
     .venv/bin/python benchmarks/bench_merge.py [--before GITREF] [--repeats 3] [--steps 40] [--workloads A,B]
-                                               [--cluster ~/.config/cubic/local.yaml]
+                                               [--cluster ~/.config/cubic/local.yaml] [--set emb_precision=fp16]
     .venv/bin/python benchmarks/bench_merge.py --transport [--repeats 3]
 
 --transport measures what the transport rule (`cubic_harness.sharding.transport`) needs instead: k = 8 with each
@@ -17,6 +17,8 @@ sync / the rule's sparse MB) / (dense ms per sync / the rule's dense MB). Writes
 
 --cluster adds the simulator's prediction of each ratio on that calibration of this machine (nothing here is
 fitted to these runs). small-meta (the default task's model on Meta's 2022 trace reuse) is a third workload.
+
+--set KNOB=VALUE (repeatable) changes a knob of every variant from the default space's baseline, e.g. fp16 tables.
 
 --before checks GITREF out under /tmp and runs its harness in child processes (PYTHONPATH over the installed
 packages), so both sides share this venv's torch and gloo. Writes benchmarks/data/merge_speed.json.
@@ -33,6 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -117,7 +120,10 @@ def main() -> None:
     ap.add_argument("--transport", action="store_true", help="measure a sparse byte's cost over a dense one's")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated presets")
     ap.add_argument("--cluster", type=Path, help="a calibration of this machine: the simulator's ratios beside")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="a knob of every variant, as YAML reads its value (repeatable)")
     a = ap.parse_args()
+    common = knob_values(a.set)
     con = Console()
     if a.transport:
         transport_cost(con, a.repeats, a.steps)
@@ -129,16 +135,17 @@ def main() -> None:
         for wl in workloads:
             for code, tree in codes.items():
                 for name, knobs in VARIANTS.items():
-                    r = run(tree, wl, knobs, a.steps)
+                    r = run(tree, wl, {**common, **knobs}, a.steps)
                     con.log(f"rep {rep} {wl} {code} {name}: {r.get('status')} {r.get('qps', 0):,.0f} samples/s "
                             f"{r.get('ms_per_sync') or ''} {r.get('error') or ''}")
                     runs.setdefault(wl, {}).setdefault(code, {}).setdefault(name, []).append(r)
-    predicted = predict(a.cluster, workloads) if a.cluster else {}
-    out = {"repeats": a.repeats, "steps": a.steps, "runs": runs, "predicted": predicted,
+    predicted = predict(a.cluster, workloads, common) if a.cluster else {}
+    out = {"repeats": a.repeats, "steps": a.steps, "set": common, "runs": runs, "predicted": predicted,
            "cluster": str(a.cluster or "")}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     for wl, by_code in runs.items():
-        t = Table(title=f"{wl}: median samples/s over {a.repeats} (min..max); the merge per sync (ms)"
+        t = Table(title=f"{wl}{' ' + str(common) if common else ''}: median samples/s over {a.repeats} (min..max); "
+                        "the merge per sync (ms)"
                         + ("; predicted: the simulator on --cluster" if predicted else ""))
         for c in ("code", "variant", "samples/s", "x full MP", "x k=1", "transport", "payload / wire / apply",
                   *(("predicted x full MP", "predicted x k=1") if predicted else ())):
@@ -166,7 +173,18 @@ def main() -> None:
         con.print(t)
 
 
-def predict(cluster: Path, workloads: list[str]) -> dict[str, dict[str, float]]:
+def knob_values(pairs: list[str]) -> dict:
+    """--set's KNOB=VALUE pairs, each value read as the space's YAML reads it (1024 an int, fp16 a string)."""
+    out = {}
+    for pair in pairs:
+        knob, eq, value = pair.partition("=")
+        if not eq or not knob:
+            raise SystemExit(f"--set {pair!r}: expected KNOB=VALUE")
+        out[knob] = yaml.safe_load(value)
+    return out
+
+
+def predict(cluster: Path, workloads: list[str], common: dict) -> dict[str, dict[str, float]]:
     """The simulator's samples/s for every workload and variant as the runs configure them."""
     from cubic.space.search_space import load_space
     from cubic_harness.sim.backend import simulate
@@ -178,7 +196,7 @@ def predict(cluster: Path, workloads: list[str]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for wl in workloads:
         w = Workload.from_dict({**Workload.preset(wl).to_dict(), "sample_cycle": 1 << 24})
-        out[wl] = {n: simulate(base.replace(workload=w, **knobs), c).qps for n, knobs in VARIANTS.items()}
+        out[wl] = {n: simulate(base.replace(workload=w, **common, **knobs), c).qps for n, knobs in VARIANTS.items()}
     return out
 
 

@@ -52,6 +52,9 @@ VARIANTS: dict[str, tuple[dict, str]] = {  # name -> (knobs, lr scaling rule)
     # (weight_avg): the sync interval that decides a step across data centers (bench_scale_across.py)
     **{f"2D k={k}": ({"sharding_group_size": 1, "sparse_sync": "weight_avg", "sparse_sync_interval": k}, "none")
        for k in (1, 8, 32, 128)},
+    # half-precision tables in 2D: their merge averages the rows in place (transport.averages_in_place)
+    **{f"2D k={k} fp16 tables": ({"sharding_group_size": 1, "sparse_sync": "weight_avg", "sparse_sync_interval": k,
+                                   "emb_precision": "fp16"}, "none") for k in (1, 8)},
 }
 
 

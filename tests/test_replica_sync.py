@@ -89,11 +89,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _replica(rank: int, port: int, rule: str, q, transport: str = "auto") -> None:
+def _replica(rank: int, port: int, rule: str, q, transport: str = "auto", weights: str = "fp32") -> None:
     """One of 2 replicas of a 2-table shard set: 3 local steps on its own ids, sync, 3 more, sync."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(0)
-    kernel = make_kernel("torch", [50, 30], [8, 8], optim=OptimSpec("rowwise_adagrad", 0.1))
+    kernel = make_kernel("torch", [50, 30], [8, 8], optim=OptimSpec("rowwise_adagrad", 0.1), weight_dtype=weights)
     kernel.load([torch.randn(50, 8) * 0.1, torch.randn(30, 8) * 0.1])  # the same start on both replicas
     sync = ReplicaSync(kernel, 2, dist.group.WORLD, interval=3, momentum_scaled=rule == "momentum",
                        comm_dtype=torch.float32, transport=transport)
@@ -108,15 +108,15 @@ def _replica(rank: int, port: int, rule: str, q, transport: str = "auto") -> Non
         sync.record(ids, offsets)
         if sync.due(step, last=step == 5):
             sync.sync()
-        snaps.append([w.clone() for w in kernel.weights()])
+        snaps.append([w.to(torch.float32, copy=True) for w in kernel.weights()])
     q.put((rank, [[w.numpy() for w in s] for s in snaps], [s.numpy() for s in kernel.states()]))
     dist.destroy_process_group()
 
 
-def _two_replicas(rule: str, transport: str = "auto") -> dict:
+def _two_replicas(rule: str, transport: str = "auto", weights: str = "fp32") -> dict:
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_replica, args=(r, port, rule, q, transport)) for r in range(2)]
+    procs = [ctx.Process(target=_replica, args=(r, port, rule, q, transport, weights)) for r in range(2)]
     for p in procs:
         p.start()
     got = {r: (snaps, states) for r, snaps, states in (q.get(timeout=120) for _ in range(2))}
@@ -157,6 +157,25 @@ def test_the_union_transport_is_the_dense_merge_at_the_rows_any_replica_touched(
     shard = 1e6  # a dense ring moves 2 (R - 1) / R of it: at R = 2 the shard; sparse R x its touched bytes
     assert choose_transport(2, 0.9 * shard / (2 * SPARSE_BYTE_COST), shard, in_place=False) == "sparse"
     assert choose_transport(2, 1.1 * shard / (2 * SPARSE_BYTE_COST), shard, in_place=False) == "dense"
+
+
+@pytest.mark.parametrize("weights", ["fp16", "bf16"])
+def test_half_precision_tables_average_in_place_and_round_the_deltas_merge_once(weights):
+    """On an fp32 wire the plain rule averages fp16 and bf16 rows in place too (summed in fp32 in shared memory,
+    rounded once on the way back), as the fp32 tables do: no last-sync copy kept, and the rows the deltas' merge
+    gives (w0 + sum_k Δ_k / R in fp32, rounded), every replica alike. Before, half-precision tables always took
+    the deltas' path, whose whole-shard fp32 payloads made the merge slower than TorchRec's."""
+    union, sparse = _two_replicas("average", "auto", weights), _two_replicas("average", "sparse", weights)
+    ulp = float(torch.finfo(getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[weights])).eps)
+    for step in (2, 5):
+        for x, y in zip(union[0][0][step], sparse[0][0][step], strict=True):
+            # the same real number rounded: equal but where fp32's sum of the deltas rounds across a tie
+            assert np.mean(x == y) > 0.99
+            np.testing.assert_allclose(x, y, rtol=ulp, atol=0)
+        for x, y in zip(union[0][0][step], union[1][0][step], strict=True):
+            np.testing.assert_array_equal(x, y)
+    for x, y in zip(union[0][1], sparse[0][1], strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)
 
 
 def _host_mean(rank: int, world: int, port: int, q) -> None:

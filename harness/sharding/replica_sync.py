@@ -50,11 +50,12 @@ Which rows changed is recorded from the ids each backward updates (`record`), so
 reads a whole shard to find them. `CUBIC_REPLICA_SYNC=sparse|dense|union` forces a transport (benchmarks).
 
 Three transports (`cubic_harness.sharding.transport` decides which):
-* union (the plain rule on fp32 weights and wire, `averages_in_place`): w0 + sum_k Δ_k / R is sum_k w_k / R,
-  so no delta is needed, nor w0 kept. A row no replica touched since the last sync holds w0 on every replica
-  already; the replicas agree on which rows any of them touched (one max all-reduce of a byte per row), gather
-  those rows' weights and state into one buffer, all-reduce it and divide by R, and write it back to the
-  kernel. Dense at the bytes of the union: at k = 8 on the default task, ~30% of the rows;
+* union (the plain rule on an fp32 wire, `averages_in_place`): w0 + sum_k Δ_k / R is sum_k w_k / R, so no delta
+  is needed, nor w0 kept (fp16 and bf16 weights are summed in fp32 and rounded once, as the deltas' merge rounds).
+  A row no replica touched since the last sync holds w0 on every replica already; the replicas agree on which
+  rows any of them touched (one max all-reduce of a byte per row), gather those rows' weights and state into one
+  buffer, all-reduce it and divide by R, and write it back to the kernel. Dense at the bytes of the union: at
+  k = 8 on the default task, ~30% of the rows;
 * sparse: each replica's touched rows' ids and payloads all-gathered, summed per row (any rule);
 * dense: every row's payload all-reduced (any rule; the plain rule's union of every row is the same).
 """
@@ -276,8 +277,7 @@ class ReplicaSync:
         self.stats.touched_frac.append(float(counts.sum()) / max(1, sum(rows)))
 
     def _averages_in_place(self) -> bool:
-        return averages_in_place(self.momentum_scaled, self.dtype == torch.float32,
-                                 all(w.dtype == torch.float32 for w in self.kernel.weights()))
+        return averages_in_place(self.momentum_scaled, self.dtype == torch.float32)
 
     def _average_union(self, clock: _Clock, how: str) -> None:
         """The plain rule in place (`averages_in_place`), on the rows any replica touched (the module docstring):
@@ -306,23 +306,30 @@ class ReplicaSync:
 
     def _average_rows(self, live: torch.Tensor, rows: torch.Tensor | None, clock: _Clock) -> None:
         """The replicas' mean of `live` at `rows` (None: all of it), written back in place: gathered straight
-        into this rank's shared-memory slot where the replicas share a host, else all-reduced by the group."""
+        into this rank's shared-memory slot where the replicas share a host, else all-reduced by the group. The
+        sum is fp32's (the slots are fp32; half-precision rows are widened for the all-reduce), and the mean is
+        rounded once, writing it back to half-precision rows."""
         n = live.numel() if rows is None else rows.numel() * live[0].numel()
         slot = self.host.slot(n) if self.host is not None else None
         if slot is not None:
             slot = slot.view(-1, *live.shape[1:])
-            slot.copy_(live) if rows is None else torch.index_select(live, 0, rows, out=slot)
+            if rows is None:
+                slot.copy_(live)
+            elif live.dtype == slot.dtype:
+                torch.index_select(live, 0, rows, out=slot)
+            else:  # index_select writes only its input's dtype
+                slot.copy_(live.index_select(0, rows))
             clock.mark("payload")
             buf = self.host.mean(n).view_as(slot)
         else:
-            buf = live if rows is None else live.index_select(0, rows)
+            buf = (live if rows is None else live.index_select(0, rows)).float()  # fp32 rows: no copy
             clock.mark("payload")
             dist.all_reduce(buf, group=self.group)
         clock.mark("wire")
         if slot is None:
             buf.div_(self.R)  # (the shared mean comes divided)
         if buf is not live:
-            live.copy_(buf) if rows is None else live.index_copy_(0, rows, buf)
+            live.copy_(buf) if rows is None else live.index_copy_(0, rows, buf.to(live.dtype))
         clock.mark("apply")
 
     def _sparse(self, ids: list[torch.Tensor], counts: torch.Tensor, clock: _Clock) -> None:

@@ -3,8 +3,8 @@ simulator (`cubic_harness.sim.perf`), which prices what the harness runs.
 
 A merge of R replicas moves one of three things (`replica_sync`'s docstring):
 - union: where the plain rule averages in place (`averages_in_place`), the rows any replica touched, gathered
-  and all-reduced (a ring moves 2 (R - 1) / R of them; replicas on one host read each other's in shared memory,
-  `host_mean_bytes`);
+  (in fp32) and all-reduced (a ring moves 2 (R - 1) / R of them; replicas on one host read each other's in shared
+  memory, `host_mean_bytes`);
 - sparse: each replica's touched rows (8 bytes of id plus the row's payload), all-gathered;
 - dense: every row's payload, all-reduced.
 Sparse moves fewer bytes than dense while few rows were touched, but each of its bytes costs more: the
@@ -52,10 +52,13 @@ def host_mean_bytes(nbytes: float, replicas: int) -> float:
     return nbytes * (1 + 1 / replicas)
 
 
-def averages_in_place(momentum_scaled: bool, fp32_wire: bool, fp32_weights: bool) -> bool:
-    """The plain rule with fp32 weights on an fp32 wire: the replicas' mean is that of the rows themselves, so the
-    merge all-reduces the rows where they live (`ReplicaSync._average_union`)."""
-    return not momentum_scaled and fp32_wire and fp32_weights
+def averages_in_place(momentum_scaled: bool, fp32_wire: bool) -> bool:
+    """The plain rule on an fp32 wire: the replicas' mean is that of the rows themselves, so the merge averages the
+    rows where they live (`ReplicaSync._average_union`), summed in fp32 whatever the weights' precision. fp16 or
+    bf16 weights are then rounded once, from the exact mean of the replicas' rows; the deltas' merge rounds
+    w0 + sum_k Δ_k / R, the same number. A narrower wire quantizes deltas instead: the weights themselves would
+    lose the bits the wire drops."""
+    return not momentum_scaled and fp32_wire
 
 
 def choose_transport(replicas: int, touched_bytes: float, shard_bytes: float, in_place: bool) -> str:

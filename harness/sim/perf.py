@@ -311,8 +311,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     # 2D weight_avg's transport (harness/sharding/replica_sync.py): sparse while its bytes are the fewer
     wa_how = "dense" if R == 1 or c.device.dense_replica_merge else choose_transport(
         R, max(touched_bytes), max(shard_rows_bytes), averages_in_place(
-            cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad", cfg.comm_precision == "fp32",
-            cfg.emb_precision == "fp32"))
+            cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad", cfg.comm_precision == "fp32"))
     wa_sparse = wa_how == "sparse"
     union_frac = [u / max(1, r) for u, r in zip(union_rows, shard_rows, strict=True)] if wa_how == "union" else []
     host_merge = wa_how == "union" and c.device.type == "cpu" and r_span.k == 1  # replica_sync's `host_reduce`
