@@ -28,7 +28,7 @@ from rich.table import Table
 CASES = [(opt, b) for opt in ("rowwise_adagrad", "sgd") for b in (256, 1024, 4096)]
 
 CHILD = """
-import json, statistics, sys, time
+import ctypes, json, os, statistics, sys, time
 import torch, fbgemm_gpu
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
@@ -53,6 +53,17 @@ for opt, B in cases:
         if i >= 5:
             ts.append((time.perf_counter() - t0) * 1e3)
     out["ms"][f"{opt} B={B}"] = statistics.median(ts)
+# What FBGEMM's kernel generators are gated on: its AVX2 check reads cpuinfo's ISA table, which fbgemm_gpu's
+# fbgemm.so imports from torch's libc10 (the first in the global scope). Without AVX2 it runs its reference
+# kernels (EmbeddingSpMDM_ref, rowwise_sparse_adagrad_ref) instead of the JIT ones.
+c10 = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+c10.cpuinfo_initialize.restype = ctypes.c_bool
+fb = ctypes.CDLL(os.path.join(os.path.dirname(fbgemm_gpu.__file__), "fbgemm.so"))
+avx2 = fb._ZN6fbgemm20fbgemmHasAvx2SupportEv
+avx2.restype = ctypes.c_bool
+isa = (ctypes.c_uint8 * 64).in_dll(c10, "cpuinfo_isa")
+out["isa"] = {"cpuinfo_initialize": c10.cpuinfo_initialize(), "fbgemm_has_avx2": avx2(),
+              "cpuinfo_isa_flags_set": sum(isa)}
 print(json.dumps(out))
 """
 
@@ -79,7 +90,8 @@ def main() -> None:
     stacks = []
     for py, rs in runs.items():
         ms = {case: [round(x["ms"][case], 3) for x in rs] for case in rs[0]["ms"]}
-        stacks.append({"python": py, "torch": rs[0]["torch"], "fbgemm": rs[0]["fbgemm"], "backward_ms": ms,
+        stacks.append({"python": py, "torch": rs[0]["torch"], "fbgemm": rs[0]["fbgemm"], "isa": rs[0]["isa"],
+                       "backward_ms": ms,
                        "median_ms": {c: round(statistics.median(v), 3) for c, v in ms.items()}})
     first = stacks[0]["median_ms"]
     for s in stacks:
@@ -91,6 +103,8 @@ def main() -> None:
         table.add_column(f"torch {s['torch']}\nfbgemm {s['fbgemm']}", justify="right")
     for case in first:
         table.add_row(case, *(f"{s['median_ms'][case]:.2f} ({s['ratio_to_first'][case]:.2f}x)" for s in stacks))
+    table.add_row("FBGEMM sees AVX2 (cpuinfo flags set)",
+                  *(f"{s['isa']['fbgemm_has_avx2']} ({s['isa']['cpuinfo_isa_flags_set']})" for s in stacks))
     console.print(table)
     a.out.write_text(json.dumps({"rows": a.rows, "steps": a.steps, "repeats": a.repeats, "stacks": stacks},
                                 indent=1) + "\n")
