@@ -399,9 +399,14 @@ def test_calibrate_framework_torchrec_adds_a_measured_profile_the_simulator_pric
     raw = yaml.safe_load(out.read_text())
     prof, src = raw["frameworks"]["torchrec"], raw["source"]["frameworks"]["torchrec"]
     base = load_cluster(FIXTURE_CLUSTER)
-    assert src["torchrec"] and set(src["bare_step_ms"]) == {"harness", "torchrec"} and len(src["step_ms"]) == 2
-    fixed = src["bare_step_ms"]["torchrec"] - src["bare_step_ms"]["harness"]
-    assert prof["step_overhead_ms"] == pytest.approx(base.device.step_overhead_ms + max(0.0, fixed), abs=1e-3)
+    assert src["torchrec"] and set(src["bare_step_ms"]) == {"harness", "torchrec", "paired_difference"}
+    assert len(src["step_ms"]) == 2 and all(set(x) == {"harness", "torchrec", "paired_difference"}
+                                            for x in src["step_ms"])
+    fixed = src["bare_step_ms"]["paired_difference"]  # TorchRec's runs minus the harness's, paired
+    assert prof["step_overhead_ms"] == pytest.approx(base.device.step_overhead_ms + max(0.0, fixed), abs=2e-3)
+    (d1, d2), (n1, n2) = [x["paired_difference"] for x in src["step_ms"]], src["ids_per_rank"]
+    assert prof["glue_ns_per_id"] == pytest.approx(max(0.0, base.device.glue_ns_per_id + (d2 - d1) / (n2 - n1) * 1e6),
+                                                   abs=0.05 + 2e-3 / (n2 - n1) * 1e6)
     assert prof["glue_ns_per_id"] >= 0 and prof["dist_overhead_ms"] >= 0 and prof["dense_replica_merge"] is True
     assert prof["process_mb"] > 0 and prof["spawned_process_mb"] > 0  # a forked and a spawned bare rank
     tr = load_cluster(out).for_framework("torchrec")

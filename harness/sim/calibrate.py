@@ -559,13 +559,19 @@ def _host_gb() -> float:
 
 
 # ---------------------------------------------------------------------- a framework's profile
-PROFILE_POOLS = (1, 16)  # ids per bag of the two steps whose difference gives the collection's cost per id
+# ids per bag of the two steps whose difference gives the collection's cost per id. Far apart: a 2-rank step's
+# difference between the frameworks varies by 1-3 ms from one pair of runs to the next here (a ~15 ms step), and
+# that noise is divided by the ids between the two steps. With 1 and 16 ids a bag two calibrations two hours apart
+# gave 27 and 107 ns an id; runs at 1, 16 and 64 (3 pairs each) put the growth at ~8 ns.
+PROFILE_POOLS = (1, 64)
 
 
-def _both_steps(cfg: Any, reps: int) -> tuple[float, float, float]:
-    """`cfg`'s median step (ms) in cubic's harness and in TorchRec, alternating over `reps` runs, and TorchRec's
-    peak RSS (MB). TorchRec runs first, so this process's fork server preloads TorchRec as a TorchRec tune's does
-    (`trial.rank_context`): its ranks are forked as a tune's are, the harness's spawned (their step is the same)."""
+def _both_steps(cfg: Any, reps: int) -> tuple[float, float, float, float]:
+    """`cfg`'s median step (ms) in cubic's harness and in TorchRec, alternating over `reps` runs; the median of
+    the paired differences (each TorchRec run minus the harness's run right after it, so the machine's drift
+    between pairs cancels); and TorchRec's peak RSS (MB). TorchRec runs first, so this process's fork server
+    preloads TorchRec as a TorchRec tune's does (`trial.rank_context`): its ranks are forked as a tune's are, the
+    harness's spawned (their step is the same)."""
     from cubic_harness.torchrec_trial import run_torchrec
     from cubic_harness.trial import run_trial
 
@@ -578,7 +584,8 @@ def _both_steps(cfg: Any, reps: int) -> tuple[float, float, float]:
             out.append(res.step_ms_p50)
             if run is run_torchrec:
                 mem = max(mem, res.peak_mem_mb)
-    return statistics.median(h), statistics.median(t), mem
+    paired = statistics.median(b - a for a, b in zip(h, t, strict=True))
+    return statistics.median(h), statistics.median(t), paired, mem
 
 
 def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda s: None) -> tuple[dict, dict]:
@@ -588,7 +595,7 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     Each micro-step runs in both frameworks with the same kernel (FBGEMM's fused TBE), ids and dense part, so
     their difference is the framework's alone; the harness's own figures (`base`) are what it is added to:
     1. the fixed cost of a step: a bare one-rank step (the tiny workload, batch 16). TorchRec's
-       `step_overhead_ms` is the harness's plus the difference. Its peak RSS is a forked TorchRec rank's
+       `step_overhead_ms` is the harness's plus the paired difference. Its peak RSS is a forked TorchRec rank's
        `process_mb`; the same step on an oversubscribed rank (spawned) gives `spawned_process_mb`.
     2. the collection's work per looked-up id (KeyedJaggedTensor routing, the distribution's bookkeeping,
        autograd): two table-wise steps on two ranks (the tiny workload's tables, batch 512) that differ only
@@ -610,7 +617,7 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     steps = dict(warmup_steps=3, measure_steps=8 if short else 16, windows=1, timeout_s=300, kernel="fbgemm")
     progress("a bare step, harness and TorchRec")
     bare = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, **steps)
-    h0, t0, process_mb = _both_steps(bare, reps)
+    h0, t0, fixed, process_mb = _both_steps(bare, reps)
     progress("a bare TorchRec rank spawned afresh (an oversubscribed trial's)")
     spawned = run_torchrec(bare.replace(threads_per_rank=host_cores() + 1))
     if spawned.status != "ok" or spawned.env.get("rank_start") != "spawn":
@@ -622,18 +629,18 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
         wl = Workload.tiny()
         wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, pooling=pool) for t in wl.tables])
         cfg = TrialConfig(workload=wl, world_size=2, batch_size=512, sharding="table_wise", **steps)
-        h, t, _ = _both_steps(cfg, reps)
-        diffs.append((h, t))
+        diffs.append(_both_steps(cfg, reps))
         ids.append(cfg.batch_size * sum(wl.lookups_per_sample()))
-    fixed = t0 - h0
-    per_id_ns = ((diffs[1][1] - diffs[1][0]) - (diffs[0][1] - diffs[0][0])) / (ids[1] - ids[0]) * 1e6
+    per_id_ns = (diffs[1][2] - diffs[0][2]) / (ids[1] - ids[0]) * 1e6
     glue = max(0.0, base.device.glue_ns_per_id + per_id_ns)
-    dist_ms = max(0.0, (diffs[0][1] - diffs[0][0]) - fixed - (glue - base.device.glue_ns_per_id) * ids[0] / 1e6)
+    dist_ms = max(0.0, diffs[0][2] - fixed - (glue - base.device.glue_ns_per_id) * ids[0] / 1e6)
     src = {"command": "cubic calibrate --framework torchrec" + (" --short" if short else ""),
            "torchrec": package_version("torchrec"),
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "bare_step_ms": {"harness": round(h0, 3), "torchrec": round(t0, 3)}, "pools": list(PROFILE_POOLS),
-           "ids_per_rank": ids, "step_ms": [{"harness": round(h, 3), "torchrec": round(t, 3)} for h, t in diffs]}
+           "bare_step_ms": {"harness": round(h0, 3), "torchrec": round(t0, 3), "paired_difference": round(fixed, 3)},
+           "pools": list(PROFILE_POOLS),
+           "ids_per_rank": ids, "step_ms": [{"harness": round(h, 3), "torchrec": round(t, 3),
+                                             "paired_difference": round(d, 3)} for h, t, d, _ in diffs]}
     return {"step_overhead_ms": round(base.device.step_overhead_ms + max(0.0, fixed), 3),
             "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3), "dense_replica_merge": True,
             "process_mb": round(process_mb, 1), "spawned_process_mb": round(spawned.peak_mem_mb, 1)}, src
