@@ -89,8 +89,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _replica(rank: int, port: int, rule: str, q, transport: str = "auto", weights: str = "fp32") -> None:
-    """One of 2 replicas of a 2-table shard set: 3 local steps on its own ids, sync, 3 more, sync."""
+def _replica(rank: int, port: int, rule: str, q, transport: str = "auto", weights: str = "fp32",
+             shared_memory: bool = True) -> None:
+    """One of 2 replicas of a 2-table shard set: 3 local steps on its own ids, sync, 3 more, sync (averaging in
+    place through shared memory, or, without it, through the process group as replicas on two hosts do)."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(0)
     kernel = make_kernel("torch", [50, 30], [8, 8], optim=OptimSpec("rowwise_adagrad", 0.1), weight_dtype=weights)
@@ -99,6 +101,8 @@ def _replica(rank: int, port: int, rule: str, q, transport: str = "auto", weight
                        comm_dtype=torch.float32, transport=transport)
     assert sync.keeps_base == (rule == "momentum" or transport == "sparse")  # averaging in place keeps no w0
     assert (sync.host is None) == sync.keeps_base  # ... and, on one host, goes through shared memory
+    if not shared_memory:
+        sync.host = None
     g = torch.Generator().manual_seed(100 + rank)  # each replica its own samples
     snaps = []
     for step in range(6):
@@ -113,10 +117,11 @@ def _replica(rank: int, port: int, rule: str, q, transport: str = "auto", weight
     dist.destroy_process_group()
 
 
-def _two_replicas(rule: str, transport: str = "auto", weights: str = "fp32") -> dict:
+def _two_replicas(rule: str, transport: str = "auto", weights: str = "fp32", shared_memory: bool = True) -> dict:
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_replica, args=(r, port, rule, q, transport, weights)) for r in range(2)]
+    procs = [ctx.Process(target=_replica, args=(r, port, rule, q, transport, weights, shared_memory))
+             for r in range(2)]
     for p in procs:
         p.start()
     got = {r: (snaps, states) for r, snaps, states in (q.get(timeout=120) for _ in range(2))}
@@ -176,6 +181,11 @@ def test_half_precision_tables_average_in_place_and_round_the_deltas_merge_once(
             np.testing.assert_array_equal(x, y)
     for x, y in zip(union[0][1], sparse[0][1], strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9)
+    if weights == "fp16":  # replicas on two hosts: the rows widened to fp32 for gloo's sum, the same bits
+        wire = _two_replicas("average", "auto", weights, shared_memory=False)
+        for step in (2, 5):
+            for x, y in zip(union[0][0][step], wire[0][0][step], strict=True):
+                np.testing.assert_array_equal(x, y)
 
 
 def _host_mean(rank: int, world: int, port: int, q) -> None:
