@@ -561,8 +561,10 @@ def _host_gb() -> float:
 # ---------------------------------------------------------------------- a framework's profile
 # ids per bag of the two steps whose difference gives the collection's cost per id. Far apart: a 2-rank step's
 # difference between the frameworks varies by 1-3 ms from one pair of runs to the next here (a ~15 ms step), and
-# that noise is divided by the ids between the two steps. With 1 and 16 ids a bag two calibrations two hours apart
-# gave 27 and 107 ns an id; runs at 1, 16 and 64 (3 pairs each) put the growth at ~8 ns.
+# that noise is divided by the ids between the two steps. With 1 and 16 ids a bag, two calibrations two hours apart
+# put TorchRec's cost per id at 27 and 107 ns (the harness's: 30-32 ns); with 1 and 64, at 17, 23 and 31 ns in
+# three in a row, and pairs at 1, 16 and 64 ids (3 each) grew by ~8 ns an id: TorchRec's routing costs what the
+# harness's does.
 PROFILE_POOLS = (1, 64)
 
 
