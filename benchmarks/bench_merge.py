@@ -35,7 +35,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -121,9 +120,15 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated presets")
     ap.add_argument("--cluster", type=Path, help="a calibration of this machine: the simulator's ratios beside")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                    help="a knob of every variant, as YAML reads its value (repeatable)")
+                    help="a knob of every variant, as `cubic trial --set` takes it (repeatable)")
     a = ap.parse_args()
-    common = knob_values(a.set)
+    from cubic.cli.trial import parse_sets
+    from cubic_harness.errors import ConfigError
+
+    try:
+        common = parse_sets(a.set)  # cubic trial's --set: the same names and values
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     con = Console()
     if a.transport:
         transport_cost(con, a.repeats, a.steps)
@@ -171,17 +176,6 @@ def main() -> None:
                           f"{med[n] / med['full MP']:.2f}x", f"{med[n] / med['k=1']:.2f}x" if n != "full MP" else "",
                           tr, " / ".join(f"{v:.0f}" for v in p.values()), *pred)
         con.print(t)
-
-
-def knob_values(pairs: list[str]) -> dict:
-    """--set's KNOB=VALUE pairs, each value read as the space's YAML reads it (1024 an int, fp16 a string)."""
-    out = {}
-    for pair in pairs:
-        knob, eq, value = pair.partition("=")
-        if not eq or not knob:
-            raise SystemExit(f"--set {pair!r}: expected KNOB=VALUE")
-        out[knob] = yaml.safe_load(value)
-    return out
 
 
 def predict(cluster: Path, workloads: list[str], common: dict) -> dict[str, dict[str, float]]:

@@ -79,8 +79,15 @@ def load_config_file(path: Path) -> TrialConfig:
 
 
 def apply_sets(cfg: TrialConfig, sets: list[str]) -> TrialConfig:
-    knobs = {}
-    fields = sorted(f.name for f in dataclasses.fields(cfg) if f.name != "workload")
+    knobs = parse_sets(sets)
+    return cfg.replace("--set", **knobs) if knobs else cfg
+
+
+def parse_sets(sets: list[str]) -> dict[str, object]:
+    """`--set KNOB=VALUE` pairs as TrialConfig keys and values (integer knobs as ints); ConfigError names a
+    malformed pair, an unknown knob or a value an integer knob cannot take."""
+    knobs: dict[str, object] = {}
+    fields = sorted(f.name for f in dataclasses.fields(TrialConfig) if f.name != "workload")
     for s in sets:
         key, eq, val = s.partition("=")
         key = key.strip()
@@ -95,7 +102,7 @@ def apply_sets(cfg: TrialConfig, sets: list[str]) -> TrialConfig:
             except ValueError:
                 raise ConfigError(f"--set {key}={val!r}: choose one of {list(CHOICES[key])}") from None
         knobs[key] = val
-    return cfg.replace("--set", **knobs) if knobs else cfg
+    return knobs
 
 
 def trial(

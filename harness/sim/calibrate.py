@@ -28,7 +28,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -568,7 +568,14 @@ def _host_gb() -> float:
 PROFILE_POOLS = (1, 64)
 
 
-def _both_steps(cfg: Any, reps: int) -> tuple[float, float, float, float]:
+class _Steps(NamedTuple):
+    harness: float  # median step, ms
+    torchrec: float
+    paired: float  # median of the paired differences, TorchRec's minus the harness's, ms
+    torchrec_mb: float  # TorchRec's peak RSS
+
+
+def _both_steps(cfg: Any, reps: int) -> _Steps:
     """`cfg`'s median step (ms) in cubic's harness and in TorchRec, alternating over `reps` runs; the median of
     the paired differences (each TorchRec run minus the harness's run right after it, so the machine's drift
     between pairs cancels); and TorchRec's peak RSS (MB). TorchRec runs first, so this process's fork server
@@ -587,7 +594,12 @@ def _both_steps(cfg: Any, reps: int) -> tuple[float, float, float, float]:
             if run is run_torchrec:
                 mem = max(mem, res.peak_mem_mb)
     paired = statistics.median(b - a for a, b in zip(h, t, strict=True))
-    return statistics.median(h), statistics.median(t), paired, mem
+    return _Steps(statistics.median(h), statistics.median(t), paired, mem)
+
+
+def _step_record(s: _Steps) -> dict[str, float]:
+    """What a calibrated profile's `source` keeps of one pair of steps."""
+    return {"harness": round(s.harness, 3), "torchrec": round(s.torchrec, 3), "paired_difference": round(s.paired, 3)}
 
 
 def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda s: None) -> tuple[dict, dict]:
@@ -619,30 +631,29 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     steps = dict(warmup_steps=3, measure_steps=8 if short else 16, windows=1, timeout_s=300, kernel="fbgemm")
     progress("a bare step, harness and TorchRec")
     bare = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, **steps)
-    h0, t0, fixed, process_mb = _both_steps(bare, reps)
+    bare_steps = _both_steps(bare, reps)
+    fixed = bare_steps.paired
     progress("a bare TorchRec rank spawned afresh (an oversubscribed trial's)")
     spawned = run_torchrec(bare.replace(threads_per_rank=host_cores() + 1))
     if spawned.status != "ok" or spawned.env.get("rank_start") != "spawn":
         raise RuntimeError("calibration step (a spawned TorchRec rank): "
                            f"{spawned.error or 'started by ' + str(spawned.env.get('rank_start'))}")
-    diffs, ids = [], []
+    by_pool, ids = [], []
     for pool in PROFILE_POOLS:
         progress(f"{pool} ids a bag, harness and TorchRec")
         wl = Workload.tiny()
         wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, pooling=pool) for t in wl.tables])
         cfg = TrialConfig(workload=wl, world_size=2, batch_size=512, sharding="table_wise", **steps)
-        diffs.append(_both_steps(cfg, reps))
+        by_pool.append(_both_steps(cfg, reps))
         ids.append(cfg.batch_size * sum(wl.lookups_per_sample()))
-    per_id_ns = (diffs[1][2] - diffs[0][2]) / (ids[1] - ids[0]) * 1e6
+    per_id_ns = (by_pool[1].paired - by_pool[0].paired) / (ids[1] - ids[0]) * 1e6
     glue = max(0.0, base.device.glue_ns_per_id + per_id_ns)
-    dist_ms = max(0.0, diffs[0][2] - fixed - (glue - base.device.glue_ns_per_id) * ids[0] / 1e6)
+    dist_ms = max(0.0, by_pool[0].paired - fixed - (glue - base.device.glue_ns_per_id) * ids[0] / 1e6)
     src = {"command": "cubic calibrate --framework torchrec" + (" --short" if short else ""),
            "torchrec": package_version("torchrec"),
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "bare_step_ms": {"harness": round(h0, 3), "torchrec": round(t0, 3), "paired_difference": round(fixed, 3)},
-           "pools": list(PROFILE_POOLS),
-           "ids_per_rank": ids, "step_ms": [{"harness": round(h, 3), "torchrec": round(t, 3),
-                                             "paired_difference": round(d, 3)} for h, t, d, _ in diffs]}
+           "bare_step_ms": _step_record(bare_steps), "pools": list(PROFILE_POOLS), "ids_per_rank": ids,
+           "step_ms": [_step_record(s) for s in by_pool]}
     return {"step_overhead_ms": round(base.device.step_overhead_ms + max(0.0, fixed), 3),
             "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3), "dense_replica_merge": True,
-            "process_mb": round(process_mb, 1), "spawned_process_mb": round(spawned.peak_mem_mb, 1)}, src
+            "process_mb": round(bare_steps.torchrec_mb, 1), "spawned_process_mb": round(spawned.peak_mem_mb, 1)}, src
