@@ -49,6 +49,15 @@ def _uniform(*keys: np.ndarray | int) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def id_scores(seed: int, table: int, rows: torch.Tensor) -> torch.Tensor:
+    """A weighted feature's per-id scores (TorchRec's id-score lists), fp32 in [0.5, 1.5): a hash of (seed, table,
+    row), so a row always carries the same score. The teacher's labels ignore scores, so a fixed score per row
+    only rescales what the row learns and held-out NE stays comparable with the unweighted stand-in's; the
+    lookups, the 4-byte score per id in the input all-to-all and the weighted kernels are what is measured."""
+    u = _uniform(seed, 11, table, rows.numpy().astype(np.uint64))
+    return torch.from_numpy((0.5 + u).astype(np.float32))
+
+
 def _draw_ids(t: TableSpec, u: np.ndarray) -> np.ndarray:
     if t.id_dist == "uniform":
         return np.minimum((u * t.rows).astype(np.int64), t.rows - 1)

@@ -89,6 +89,7 @@ def tables_of(entry: str, model: nn.Module) -> list[TableSpec]:
                 pooling = "none"
             tables.append(TableSpec(c.name, int(c.num_embeddings), int(c.embedding_dim), 1,
                                     features=list(c.feature_names), pooling_type=pooling,
+                                    weighted=isinstance(coll, EmbeddingBagCollection) and coll.is_weighted(),
                                     data_type=DATA_TYPES.get(c.data_type.name, c.data_type.name.lower())))
     return tables
 

@@ -23,8 +23,10 @@ bags are a slot of its table and the others are empty; the ids need no moving, s
 features table by table. One kernel call then sums every feature's gradients of a row before the row's update, as
 FBGEMM's backward does (a pass per feature would update row-wise AdaGrad's state once per feature instead).
 
-What cubic's kernels do not do, refused where the group is built (`UnsupportedGroup`, a failed trial with the
-reason): per-sample weights, variable batch sizes.
+A weighted group (an `is_weighted` collection's tables) passes the features' weights to the kernel as per-sample
+weights; they sit beside the ids, so the layout moves neither. What cubic's kernels do not do, refused where the
+group is built (`UnsupportedGroup`, a failed trial with the reason): weights with mean pooling, variable batch
+sizes.
 
 2D: DMPCollection.sync() merges the weights and row-wise AdaGrad state of the FBGEMM kernels it finds (by type,
 walking the sharded modules' lookups), so it never sees cubic's. The sharder keeps the kernels it built, and its
@@ -95,14 +97,15 @@ class _Apply(torch.autograd.Function):
     """Pooled forward; backward = the kernel's fused backward + optimizer step (no gradient tensor comes back)."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, kernel: Any, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        ctx.kernel, ctx.ids, ctx.offsets = kernel, ids, offsets
-        return kernel.forward(ids, offsets)
+    def forward(ctx: Any, anchor: torch.Tensor, kernel: Any, ids: torch.Tensor, offsets: torch.Tensor,
+                scores: torch.Tensor | None) -> torch.Tensor:
+        ctx.kernel, ctx.ids, ctx.offsets, ctx.scores = kernel, ids, offsets, scores
+        return kernel.forward(ids, offsets, scores)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None]:
-        ctx.kernel.backward_update(ctx.ids, ctx.offsets, grad.contiguous())
-        return None, None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None, None]:
+        ctx.kernel.backward_update(ctx.ids, ctx.offsets, grad.contiguous(), ctx.scores)
+        return None, None, None, None, None
 
 
 def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
@@ -143,10 +146,12 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
         def __init__(self, config: Any, pg: Any = None, device: Any = None, sharding_type: Any = None) -> None:
             super().__init__(config, pg, device, sharding_type)
             names = [t.name for t in config.embedding_tables]
-            if config.is_weighted or config.pooling not in (PoolingType.SUM, PoolingType.MEAN):
+            if config.pooling not in (PoolingType.SUM, PoolingType.MEAN) or (
+                    config.is_weighted and config.pooling != PoolingType.SUM):
                 raise UnsupportedGroup(f"kernel={backend} in TorchRec: tables {names} pool by "
                                        f"{config.pooling.name}{' with weights' if config.is_weighted else ''}; "
-                                       "cubic's kernel sums or averages unweighted bags")
+                                       "cubic's kernel sums or averages bags, and sums weighted ones")
+            self._weighted = config.is_weighted
             fp = config.fused_params or {}
             self._kernel = make_kernel(backend, self._local_rows, self._local_cols, device="cpu",
                                        weight_dtype=DATA_TYPES[config.data_type.name],
@@ -179,10 +184,12 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
         def forward(self, features: Any, vbe_output: Any = None, vbe_output_offsets: Any = None) -> torch.Tensor:
             if vbe_output is not None or features.variable_stride_per_key():
                 raise UnsupportedGroup(f"kernel={backend} in TorchRec: variable batch sizes per feature")
+            scores = features.weights() if self._weighted else None
             if self._layout.identity:
-                return _Apply.apply(self._anchor, self._kernel, features.values(), features.offsets())
+                return _Apply.apply(self._anchor, self._kernel, features.values(), features.offsets(), scores)
             lengths = features.lengths()
-            pooled = _Apply.apply(self._anchor, self._kernel, features.values(), self._layout.offsets(lengths))
+            pooled = _Apply.apply(self._anchor, self._kernel, features.values(), self._layout.offsets(lengths),
+                                  scores)
             return self._layout.output(pooled, lengths)
 
         def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:

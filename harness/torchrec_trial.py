@@ -229,6 +229,11 @@ def check_runs_in_torchrec(cfg: TrialConfig, cwd: str | None = None) -> None:
         from cubic_harness.torchrec_import import load_factory
 
         load_factory(cfg.workload.factory, cwd)
+    weighted = [t.name for t in cfg.workload.tables if t.weighted]
+    if weighted and not cfg.workload.factory:
+        raise ConfigError(f"table(s) {', '.join(weighted)}: weighted, and TorchRec's DLRM built from a workload has "
+                          "one unweighted collection; import the model that has them with `cubic workload "
+                          "from-torchrec MODULE:FACTORY`")
     seq = [t.name for t in cfg.workload.tables if t.pooling_type == "none"]
     if seq:
         raise ConfigError(f"table(s) {', '.join(seq)}: sequence tables (an EmbeddingCollection) are not trained by "
@@ -464,19 +469,37 @@ def _pipeline_parts() -> tuple[type, type]:
     return PipelineBatch, OneBatch
 
 
-def _features(model: torch.nn.Module, paths: list[str]) -> list[list[str]]:
-    """Each table's features, in the workload's table order (the collections' order, then each one's)."""
-    return [list(c.feature_names) for p in paths for c in model.get_submodule(p).embedding_bag_configs()]
+def _features(model: torch.nn.Module, paths: list[str]) -> tuple[list[list[str]], list[bool]]:
+    """Each table's features and whether its collection is weighted, in the workload's table order (the
+    collections' order, then each one's)."""
+    found = [model.get_submodule(p) for p in paths]
+    return ([list(c.feature_names) for ebc in found for c in ebc.embedding_bag_configs()],
+            [ebc.is_weighted() for ebc in found for _ in ebc.embedding_bag_configs()])
 
 
-def _kjt(b: Any, features: list[list[str]]) -> Any:
-    """The batch's bags as a KeyedJaggedTensor. The harness pools a table's features as one bag; a table
-    looked up by n features gets each sample's bag cut into n consecutive pieces, one per feature."""
+def _scores(b: Any, weighted: list[bool], seed: int) -> torch.Tensor | None:
+    """Per-id scores when any table is weighted (`data.id_scores`); 1.0 for the ids of unweighted tables,
+    since a KeyedJaggedTensor carries weights for all its keys or none (and a model's unweighted collection
+    ignores them). None when no table is weighted."""
+    if not any(weighted):
+        return None
+    from cubic_harness.data import id_scores
+
+    bounds = b.offsets[:: b.batch_size].tolist()  # table t's ids: ids[bounds[t]:bounds[t + 1]]
+    return torch.cat([id_scores(seed, t, b.ids[bounds[t]:bounds[t + 1]]) if w
+                      else torch.ones(bounds[t + 1] - bounds[t]) for t, w in enumerate(weighted)])
+
+
+def _kjt(b: Any, features: list[list[str]], scores: torch.Tensor | None = None) -> Any:
+    """The batch's bags as a KeyedJaggedTensor, with `scores` as its weights where given. The harness pools a
+    table's features as one bag; a table looked up by n features gets each sample's bag cut into n consecutive
+    pieces, one per feature."""
     from torchrec import KeyedJaggedTensor
 
     B = b.batch_size
     if all(len(f) == 1 for f in features):
-        return KeyedJaggedTensor.from_offsets_sync(keys=[f[0] for f in features], values=b.ids, offsets=b.offsets)
+        return KeyedJaggedTensor.from_offsets_sync(keys=[f[0] for f in features], values=b.ids, offsets=b.offsets,
+                                                   weights=scores)
     keys, lengths, starts = [], [], []
     for t, fs in enumerate(features):
         off = b.offsets[t * B:(t + 1) * B + 1]
@@ -490,7 +513,8 @@ def _kjt(b: Any, features: list[list[str]]) -> Any:
     total = int(lengths_t.sum())
     ends = torch.cumsum(lengths_t, 0)
     idx = torch.arange(total) - torch.repeat_interleave(ends - lengths_t - starts_t, lengths_t)
-    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=b.ids[idx], lengths=lengths_t)
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=b.ids[idx], lengths=lengths_t,
+                                               weights=None if scores is None else scores[idx])
 
 
 def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) -> dict:
@@ -514,7 +538,12 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
     device = torch.device("cpu")
     model, paths = _model(cfg, job, device)
-    features = _features(model, paths) if job.get("factory") else [t["feature_names"][:1] for t in job["tables"]]
+    features, weighted = (_features(model, paths) if job.get("factory")
+                          else ([t["feature_names"][:1] for t in job["tables"]], [False] * len(job["tables"])))
+
+    def to_kjt(b: Any) -> Any:
+        return _kjt(b, features, _scores(b, weighted, cfg.seed))
+
     for p in paths:
         params = model.get_submodule(p).parameters()
         if cfg.emb_optimizer == "sgd":
@@ -580,7 +609,7 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
     dense_opt = KeyedOptimizerWrapper(dict(dmp.named_parameters()),
                                       lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr))
     total = cfg.warmup_steps + cfg.measure_steps
-    batches = [(b.dense, _kjt(b, features), b.labels) for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
+    batches = [(b.dense, to_kjt(b), b.labels) for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
     lossf = torch.nn.BCEWithLogitsLoss(reduction="sum")
     step_s, losses, syncs = [], [], 0
     bce_sum = torch.zeros(3, dtype=torch.float64)  # sum BCE, sum labels, count over measured steps
@@ -621,10 +650,10 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         with torch.no_grad():
             for b in eval_batches(wl, cfg.seed, rank, B, W, cfg.eval_samples):
                 if pipe is not None:
-                    out = dmp(PipelineBatch(b.dense, _kjt(b, features), b.labels))[1][1].float()
+                    out = dmp(PipelineBatch(b.dense, to_kjt(b), b.labels))[1][1].float()
                 else:
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                        out = dmp(b.dense, _kjt(b, features)).float().reshape(-1)
+                        out = dmp(b.dense, to_kjt(b)).float().reshape(-1)
                 scored.append(torch.stack([out, b.labels.reshape(-1)]))
         mine_scores = torch.cat(scored, dim=1).to(torch.float64)
         parts = [torch.empty_like(mine_scores) for _ in range(W)]

@@ -78,6 +78,11 @@ class TableSpec:
     # (mean and none cost the same lookups); kept so the export and a reader see the user's model.
     pooling_type: str = "sum"
     data_type: str = "fp32"
+    # A weighted feature's table (TorchRec's `is_weighted` collection: each id comes with a score, the bag is
+    # the score-weighted sum). The TorchRec backend trains it weighted (scores from `data.id_scores`); the
+    # harness, like the pooling type, pools it unweighted: the same rows read and written, less each id's
+    # 4-byte score in the input all-to-all and a multiply per element.
+    weighted: bool = False
     # The table's ids in a sample of the user's data (`cubic workload profile`); used when the workload's
     # id_source is profile. Left out of `to_dict` when absent, with `features`, so older keys stay.
     profile: IdProfile | None = None
@@ -107,7 +112,8 @@ class TableSpec:
 
 
 #: TableSpec keys added for imported models, left out of `to_dict` at these defaults (stored keys stay).
-TABLE_EXTRAS: dict[str, Any] = {"features": [], "pooling_type": "sum", "data_type": "fp32", "profile": None}
+TABLE_EXTRAS: dict[str, Any] = {"features": [], "pooling_type": "sum", "data_type": "fp32", "weighted": False,
+                                "profile": None}
 POOLING_TYPES = ("sum", "mean", "none")
 
 
@@ -354,6 +360,11 @@ class Workload:
             if t.pooling_type not in POOLING_TYPES:
                 raise ConfigError(f"{where}: table {t.name!r} pooling_type={t.pooling_type!r}; "
                                   f"choose one of {list(POOLING_TYPES)}")
+            if not isinstance(t.weighted, bool):
+                raise ConfigError(f"{where}: table {t.name!r} weighted={t.weighted!r} must be true or false")
+            if t.weighted and t.pooling_type != "sum":
+                raise ConfigError(f"{where}: table {t.name!r} is weighted and pooled by {t.pooling_type}; "
+                                  "weighted features pool by sum")
             if not isinstance(t.features, list) or not all(isinstance(f, str) and f for f in t.features):
                 raise ConfigError(f"{where}: table {t.name!r} features must be a list of feature names")
         feats = collections.Counter(f for t in self.tables for f in t.feature_names)

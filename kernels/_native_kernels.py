@@ -235,8 +235,10 @@ def plan_backward(keys, offsets, T, B, target):
 
 
 @_jit()
-def forward(ids, offsets, w, w_off, rows, dims, d_off, B, items, k0, k1, out, err):
-    """Pooled sums of items[k0:k1]: out[b, d_off[t]:+dims[t]] = sum of table t's rows in bag (t, b).
+def forward(ids, offsets, psw, w, w_off, rows, dims, d_off, B, items, k0, k1, out, err):
+    """Pooled sums of items[k0:k1]: out[b, d_off[t]:+dims[t]] = sum of table t's rows in bag (t, b),
+    each scaled by its id's weight `psw[j]` when `psw` is not None (per-sample weights; None compiles a
+    specialisation without the branch, so unweighted bags cost what they did before weights existed).
 
     Every cache line of the row `_PF_IDS` ids ahead is prefetched, so the gather is limited by
     memory parallelism rather than latency. Out-of-range ids are skipped and flagged in err[t]."""
@@ -265,16 +267,23 @@ def forward(ids, offsets, w, w_off, rows, dims, d_off, B, items, k0, k1, out, er
                     err[t] = 1
                     continue
                 wr = w[base + r * D: base + r * D + D]
-                for c in range(D):
-                    orow[c] += _ld(wr, c)
+                if psw is not None:
+                    sc = psw[j]
+                    for c in range(D):
+                        orow[c] += sc * _ld(wr, c)
+                else:
+                    for c in range(D):
+                        orow[c] += _ld(wr, c)
 
 
 # -- backward + optimizer --------------------------------------------------------------------------
 
 
 @_jit()
-def sort_pairs(ids, offsets, rows, B, t0, t1, keys, tmp, err):
+def sort_pairs(ids, offsets, rows, B, t0, t1, keys, tmp, err, by_pos):
     """For tables t0..t1-1: the (row << 32 | bag) pairs of their ids, LSD-radix-sorted by row.
+    `by_pos`: (row << 32 | the id's position) instead, for per-sample weights, which belong to an id,
+    not its bag (positions ascend with bags, so the order within a row is the same).
 
     Digits are sized from the table's row count (e.g. 2 passes of 9 bits for 200k rows), all
     digit histograms come from the one pass that builds the keys, and the sort is stable, so bags
@@ -300,7 +309,7 @@ def sort_pairs(ids, offsets, rows, B, t0, t1, keys, tmp, err):
                 if r < 0 or r >= R:
                     err[t] = 1
                     r = 0
-                keys[j] = (r << 32) | b
+                keys[j] = (r << 32) | (j if by_pos else b)
                 for p in range(npass):
                     hist[p, (r >> (p * dbits)) & mask] += 1
         src = keys
@@ -323,9 +332,11 @@ def sort_pairs(ids, offsets, rows, B, t0, t1, keys, tmp, err):
 
 
 @_jit(fastmath={"reassoc"})
-def update(keys, grad, B, w, state, w_off, s_off, dims, d_off, chunks, k0, k1, lr, eps, adagrad):
+def update(keys, grad, bag_of, psw, B, w, state, w_off, s_off, dims, d_off, chunks, k0, k1, lr, eps, adagrad):
     """For chunks[k0:k1], walk runs of equal rows in the sorted pairs: sum the row's gradient
     once (fp32, in bag order), then the optimizer step in place, as FBGEMM's CPU TBE does:
+    (with per-sample weights `psw` not None, the pairs hold id positions (`sort_pairs(by_pos)`): the
+    gradient of position j is psw[j] * grad[bag_of[j]]; None, as in `forward`, compiles without the branch)
       rowwise AdaGrad: s += sum(g*g)/D;  w -= (lr / (sqrt(s) + eps)) * g
       SGD:             w -= lr * g
     (`reassoc` only lets the sum(g*g) reduction use vector lanes.) The weight row and state of
@@ -359,13 +370,24 @@ def update(keys, grad, B, w, state, w_off, s_off, dims, d_off, chunks, k0, k1, l
                         _prefetch(w, base + rp * D + c)
                     if adagrad:
                         _prefetch(state, sb + rp)
-                    gq = (keys[ip] & 0xFFFFFFFF) * TD + o0
+                    bq = keys[ip] & 0xFFFFFFFF
+                    if psw is not None:
+                        bq = bag_of[bq]
+                    gq = bq * TD + o0
                     for c in range(0, D, 16):
                         _prefetch(grad, gq + c)
-                gp = (keys[i] & 0xFFFFFFFF) * TD + o0
-                gr = grad[gp: gp + D]
-                for c in range(D):
-                    g[c] += gr[c]
+                low = keys[i] & 0xFFFFFFFF
+                if psw is not None:
+                    gp = bag_of[low] * TD + o0
+                    gr = grad[gp: gp + D]
+                    sc = psw[low]
+                    for c in range(D):
+                        g[c] += sc * gr[c]
+                else:
+                    gp = low * TD + o0
+                    gr = grad[gp: gp + D]
+                    for c in range(D):
+                        g[c] += gr[c]
                 i += 1
             wr = w[base + r * D: base + r * D + D]
             if adagrad:
@@ -426,70 +448,95 @@ _WKIND = {np.dtype(np.float32): _F32, np.dtype(np.int16): _F16, np.dtype(np.uint
 _SIG = types.void(types.voidptr)
 
 
+@_jit(inline="always")
+def _forward_any(ids, offs, psw, a, wk, w_off, rows, dims, d_off, B, items, k, out, err):
+    """`forward` of item k on the block's weights, viewed as their storage type `wk`."""
+    if wk == _F32:
+        forward(ids, offs, psw, carray(_voidptr(a[7]), (a[8],), np.float32), w_off, rows, dims, d_off, B,
+                items, k, k + 1, out, err)
+    elif wk == _F16:
+        forward(ids, offs, psw, carray(_voidptr(a[7]), (a[8],), np.int16), w_off, rows, dims, d_off, B,
+                items, k, k + 1, out, err)
+    else:
+        forward(ids, offs, psw, carray(_voidptr(a[7]), (a[8],), np.uint16), w_off, rows, dims, d_off, B,
+                items, k, k + 1, out, err)
+
+
+@_jit(inline="always")
+def _update_any(keys, grad, bag_of, psw, B, a, wk, state, w_off, s_off, dims, d_off, chunks, k, lr, eps, adagrad):
+    """`update` of chunk k on the block's weights, viewed as their storage type `wk`."""
+    if wk == _F32:
+        update(keys, grad, bag_of, psw, B, carray(_voidptr(a[7]), (a[8],), np.float32), state, w_off, s_off, dims,
+               d_off, chunks, k, k + 1, lr, eps, adagrad)
+    elif wk == _F16:
+        update(keys, grad, bag_of, psw, B, carray(_voidptr(a[7]), (a[8],), np.int16), state, w_off, s_off, dims,
+               d_off, chunks, k, k + 1, lr, eps, adagrad)
+    else:
+        update(keys, grad, bag_of, psw, B, carray(_voidptr(a[7]), (a[8],), np.uint16), state, w_off, s_off, dims,
+               d_off, chunks, k, k + 1, lr, eps, adagrad)
+
+
+
 @cfunc(_SIG, cache=True, nopython=True)
 def _forward_task(data):
-    # [ctr, n, wkind, ids, offsets, w, w_off, rows, dims, d_off, items, out, err] as (addr, len), B
-    a = carray(data, (26,), np.int64)
+    # [ctr, n, wkind, ids, offsets, w, w_off, rows, dims, d_off, items, out, err, psw] as (addr, len), B
+    a = carray(data, (28,), np.int64)
     ids, offs = _i64(a, 3), _i64(a, 5)
     w_off, rows, dims, d_off = _i64(a, 9), _i64(a, 11), _i64(a, 13), _i64(a, 15)
     items = carray(_voidptr(a[17]), (a[18] // 3, 3), np.int64)
     out = carray(_voidptr(a[19]), (a[20],), np.float32)
     err = carray(_voidptr(a[21]), (a[22],), np.uint8)
-    B = a[23]
+    psw = carray(_voidptr(a[23]), (a[24],), np.float32)
+    B = a[25]
     wk = a[2]
     while True:
         k = _fetch_add(a, 0)
         if k >= a[1]:
             break
-        if wk == _F32:
-            forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.float32), w_off, rows, dims, d_off, B,
-                    items, k, k + 1, out, err)
-        elif wk == _F16:
-            forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.int16), w_off, rows, dims, d_off, B,
-                    items, k, k + 1, out, err)
+        if a[24] == 0:
+            _forward_any(ids, offs, None, a, wk, w_off, rows, dims, d_off, B, items, k, out, err)
         else:
-            forward(ids, offs, carray(_voidptr(a[7]), (a[8],), np.uint16), w_off, rows, dims, d_off, B,
-                    items, k, k + 1, out, err)
+            _forward_any(ids, offs, psw, a, wk, w_off, rows, dims, d_off, B, items, k, out, err)
+
 
 
 @cfunc(_SIG, cache=True, nopython=True)
 def _sort_task(data):
-    # [ctr, n_tables, -, ids, offsets, rows, keys, tmp, err] as (addr, len), B
-    a = carray(data, (20,), np.int64)
+    # [ctr, n_tables, -, ids, offsets, rows, keys, tmp, err] as (addr, len), B, by_pos
+    a = carray(data, (21,), np.int64)
     ids, offs, rows, keys, tmp = _i64(a, 3), _i64(a, 5), _i64(a, 7), _i64(a, 9), _i64(a, 11)
     err = carray(_voidptr(a[13]), (a[14],), np.uint8)
-    B = a[15]
+    B, by_pos = a[15], a[16] != 0
     while True:
         t = _fetch_add(a, 0)
         if t >= a[1]:
             break
-        sort_pairs(ids, offs, rows, B, t, t + 1, keys, tmp, err)
+        sort_pairs(ids, offs, rows, B, t, t + 1, keys, tmp, err, by_pos)
 
 
 @cfunc(_SIG, cache=True, nopython=True)
 def _update_task(data):
-    # [ctr, n, wkind, keys, grad, w, state, w_off, s_off, dims, d_off, chunks] as (addr, len),
-    # B, adagrad, address of float64 [lr, eps]
-    a = carray(data, (30,), np.int64)
+    # [ctr, n, wkind, keys, grad, w, state, w_off, s_off, dims, d_off, chunks, bag_of, psw] as
+    # (addr, len), B, adagrad, address of float64 [lr, eps]
+    a = carray(data, (34,), np.int64)
     keys = _i64(a, 3)
     grad = carray(_voidptr(a[5]), (a[6],), np.float32)
     state = carray(_voidptr(a[9]), (a[10],), np.float32)
     w_off, s_off, dims, d_off = _i64(a, 11), _i64(a, 13), _i64(a, 15), _i64(a, 17)
     chunks = carray(_voidptr(a[19]), (a[20] // 3, 3), np.int64)
-    B, adagrad = a[21], a[22] != 0
-    f = carray(_voidptr(a[23]), (2,), np.float64)
+    bag_of = _i64(a, 21)
+    psw = carray(_voidptr(a[23]), (a[24],), np.float32)
+    B, adagrad = a[25], a[26] != 0
+    f = carray(_voidptr(a[27]), (2,), np.float64)
     lr, eps = f[0], f[1]
     wk = a[2]
     while True:
         k = _fetch_add(a, 0)
         if k >= a[1]:
             break
-        if wk == _F32:
-            update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.float32), state, w_off, s_off, dims,
-                   d_off, chunks, k, k + 1, lr, eps, adagrad)
-        elif wk == _F16:
-            update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.int16), state, w_off, s_off, dims,
-                   d_off, chunks, k, k + 1, lr, eps, adagrad)
+        if a[24] == 0:
+            _update_any(keys, grad, bag_of, None, B, a, wk, state, w_off, s_off, dims, d_off, chunks, k, lr, eps,
+                        adagrad)
         else:
-            update(keys, grad, B, carray(_voidptr(a[7]), (a[8],), np.uint16), state, w_off, s_off, dims,
-                   d_off, chunks, k, k + 1, lr, eps, adagrad)
+            _update_any(keys, grad, bag_of, psw, B, a, wk, state, w_off, s_off, dims, d_off, chunks, k, lr, eps,
+                        adagrad)

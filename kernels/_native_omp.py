@@ -60,16 +60,18 @@ def _run(task, nthreads: int, size: int, n_items: int, arrays: tuple, scalars: t
     gomp()(task.address, a.ctypes.data, nthreads, 0)
 
 
-def forward(ids, offs, w, w_off, rows, dims, d_off, B, items, out, err, nthreads: int) -> None:
-    _run(nk._forward_task, nthreads, 26, items.shape[0], (ids, offs, w, w_off, rows, dims, d_off, items, out, err),
-         (B,), nk._WKIND[w.dtype])
+def forward(ids, offs, psw, w, w_off, rows, dims, d_off, B, items, out, err, nthreads: int) -> None:
+    _run(nk._forward_task, nthreads, 28, items.shape[0],
+         (ids, offs, w, w_off, rows, dims, d_off, items, out, err, psw), (B,), nk._WKIND[w.dtype])
 
 
-def sort_pairs(ids, offs, rows, B, T, keys, tmp, err, nthreads: int) -> None:
-    _run(nk._sort_task, nthreads, 20, T, (ids, offs, rows, keys, tmp, err), (B,))
+def sort_pairs(ids, offs, rows, B, T, keys, tmp, err, by_pos: bool, nthreads: int) -> None:
+    _run(nk._sort_task, nthreads, 21, T, (ids, offs, rows, keys, tmp, err), (B, int(by_pos)))
 
 
-def update(keys, grad, B, w, state, w_off, s_off, dims, d_off, chunks, lr, eps, adagrad, nthreads: int) -> None:
+def update(keys, grad, bag_of, psw, B, w, state, w_off, s_off, dims, d_off, chunks, lr, eps, adagrad,
+           nthreads: int) -> None:
     f = np.array([lr, eps], np.float64)
-    _run(nk._update_task, nthreads, 30, chunks.shape[0], (keys, grad, w, state, w_off, s_off, dims, d_off, chunks),
-         (B, int(adagrad), f.ctypes.data), nk._WKIND[w.dtype])
+    _run(nk._update_task, nthreads, 34, chunks.shape[0],
+         (keys, grad, w, state, w_off, s_off, dims, d_off, chunks, bag_of, psw), (B, int(adagrad), f.ctypes.data),
+         nk._WKIND[w.dtype])

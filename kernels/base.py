@@ -10,6 +10,11 @@ A kernel holds several tables (or table shards) and does two things:
   optimizer. The weights are updated in place; no gradient tensor is ever
   materialised (this is what makes TBE-style kernels fast).
 
+Both take optional per-sample weights (`per_sample_weights`, fp32, one per id;
+TorchRec's weighted features, "id-score lists"): a bag is then the weighted
+sum sum_i s_i * W[id_i], and a row's gradient is sum_i s_i * grad[bag(i)],
+as FBGEMM's TBE computes them. The weights are inputs, not trained.
+
 Optimizers (exactly as FBGEMM computes them, checked against float64):
   rowwise_adagrad:  g_r = sum of the row's gradients in the batch;
                     state_r += mean(g_r * g_r);  w_r -= lr * g_r / (sqrt(state_r) + eps)
@@ -73,12 +78,14 @@ class EmbeddingBagKernel(abc.ABC):
 
     # -- the two hot operations ------------------------------------------------
     @abc.abstractmethod
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """Pooled sums `[B, sum(dims)]` (fp32) for `T * B` bags."""
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Pooled (weighted) sums `[B, sum(dims)]` (fp32) for `T * B` bags."""
 
     @abc.abstractmethod
-    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
-        """Fused backward + optimizer step for the bags of the matching forward."""
+    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+                        per_sample_weights: torch.Tensor | None = None) -> None:
+        """Fused backward + optimizer step for the bags (and weights) of the matching forward."""
 
     # -- state access (tests, checkpoint, 2D weight averaging) ----------------
     @abc.abstractmethod
@@ -101,6 +108,17 @@ class EmbeddingBagKernel(abc.ABC):
     def memory_bytes(self) -> int:
         return sum(w.numel() * w.element_size() for w in self.weights()) + sum(
             s.numel() * s.element_size() for s in self.states())
+
+
+def check_weights(name: str, ids: torch.Tensor, per_sample_weights: torch.Tensor | None) -> torch.Tensor | None:
+    """The per-sample weights as fp32 on the ids' device, or ValueError naming the kernel when they do not
+    give one weight per id."""
+    if per_sample_weights is None:
+        return None
+    if per_sample_weights.dim() != 1 or per_sample_weights.numel() != ids.numel():
+        raise ValueError(f"{name} kernel: per_sample_weights must be 1-D with one weight per id ({ids.numel()}); "
+                         f"got shape {tuple(per_sample_weights.shape)}")
+    return per_sample_weights.detach().to(device=ids.device, dtype=torch.float32)
 
 
 def bag_ids(offsets: torch.Tensor, n_ids: int) -> torch.Tensor:

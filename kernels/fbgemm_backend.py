@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from cubic_kernels.base import EmbeddingBagKernel
+from cubic_kernels.base import EmbeddingBagKernel, check_weights
 
 
 def available() -> bool:
@@ -55,7 +55,7 @@ class FbgemmEmbeddingBags(EmbeddingBagKernel):
             stochastic_rounding=False,
             device=self.device,
         )
-        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
 
     def weights(self) -> list[torch.Tensor]:
         return list(self.tbe.split_embedding_weights())
@@ -65,18 +65,20 @@ class FbgemmEmbeddingBags(EmbeddingBagKernel):
             return [torch.zeros(0) for _ in self.rows]
         return [s[0] for s in self.tbe.split_optimizer_states()]
 
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         with torch.enable_grad():
-            out = self.tbe(ids, offsets)
-        self._last = (ids, offsets, out)
+            out = self.tbe(ids, offsets, per_sample_weights=check_weights(self.name, ids, per_sample_weights))
+        self._last = (ids, offsets, per_sample_weights, out)
         return out.detach()
 
-    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+                        per_sample_weights: torch.Tensor | None = None) -> None:
         last = self._last
         self._last = None
-        if last is not None and last[0] is ids and last[1] is offsets:
-            out = last[2]
+        if last is not None and last[0] is ids and last[1] is offsets and last[2] is per_sample_weights:
+            out = last[3]
         else:
             with torch.enable_grad():
-                out = self.tbe(ids, offsets)
+                out = self.tbe(ids, offsets, per_sample_weights=check_weights(self.name, ids, per_sample_weights))
         out.backward(grad.to(out.dtype))

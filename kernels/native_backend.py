@@ -6,7 +6,8 @@ Why it exists: the embedding step is memory-bound row gathers/scatters, and FBGE
 * forward: one parallel pass over balanced (table, bag range) items, rows prefetched ahead;
 * backward fused with the optimizer: per table the (row, bag) pairs are radix-sorted, each run
   of equal rows sums its gradient once and updates the row-wise AdaGrad state and the row in
-  place (or SGD); no gradient tensor is materialised.
+  place (or SGD); no gradient tensor is materialised. With per-sample weights the pairs hold the
+  id's position instead of its bag, which maps to its bag and its weight.
 
 Threads follow `torch.get_num_threads()` (the harness sets it per rank); with more than one the
 kernels run on torch's own OpenMP team (`cubic_kernels._native_omp`), falling back to a Python thread
@@ -28,7 +29,7 @@ import torch
 
 from cubic_kernels import _native_kernels as nk
 from cubic_kernels import _native_omp as omp
-from cubic_kernels.base import DTYPES, EmbeddingBagKernel, OptimSpec
+from cubic_kernels.base import DTYPES, EmbeddingBagKernel, OptimSpec, check_weights
 
 _ITEMS_PER_THREAD = 4  # work items per thread: balance (pooling differs by table) at low overhead
 
@@ -130,6 +131,8 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         self._d_off = np.asarray(self.dim_offsets[:-1], np.int64)
         self._keys = np.empty(0, np.int64)  # sort buffers, grown on demand and reused
         self._tmp = np.empty(0, np.int64)
+        self._none_f32 = np.empty(0, np.float32)  # "no per-sample weights" in the OpenMP argument blocks
+        self._none_i64 = np.empty(0, np.int64)
 
     def weights(self) -> list[torch.Tensor]:
         return self._w
@@ -152,6 +155,13 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
                              "(the number of ids)")
         return ids_np, off_np, (offsets.numel() - 1) // T
 
+    def _weights(self, ids: torch.Tensor, per_sample_weights: torch.Tensor | None) -> np.ndarray | None:
+        psw = check_weights(self.name, ids, per_sample_weights)
+        if psw is None:
+            return None
+        _check_cpu("per_sample_weights", psw)
+        return psw.contiguous().numpy()
+
     def _raise_bad_ids(self, err: np.ndarray) -> None:
         bad = [t for t in range(self.num_tables) if err[t]]
         if bad:
@@ -160,8 +170,10 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
 
     # -- the two hot operations ---------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         ids_np, off_np, B = self._inputs(ids, offsets)
+        psw = self._weights(ids, per_sample_weights)
         out = torch.empty(B, self.total_dim, dtype=torch.float32)
         if B == 0:
             return out
@@ -172,16 +184,19 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         out_np = out.numpy().reshape(-1)
         w, w_off, rows, dims, d_off = self._w_np, self._w_off, self._rows, self._dims, self._d_off
         if _team(nthreads):
-            omp.forward(ids_np, off_np, w, w_off, rows, dims, d_off, B, items, out_np, err, nthreads)
+            omp.forward(ids_np, off_np, self._none_f32 if psw is None else psw, w, w_off, rows, dims, d_off, B, items,
+                        out_np, err, nthreads)
         else:
-            _parallel(lambda k0, k1: nk.forward(ids_np, off_np, w, w_off, rows, dims, d_off, B, items, k0, k1,
+            _parallel(lambda k0, k1: nk.forward(ids_np, off_np, psw, w, w_off, rows, dims, d_off, B, items, k0, k1,
                                                 out_np, err), items.shape[0], nthreads)
         self._raise_bad_ids(err)
         return out
 
     @torch.no_grad()
-    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+                        per_sample_weights: torch.Tensor | None = None) -> None:
         ids_np, off_np, B = self._inputs(ids, offsets)
+        psw = self._weights(ids, per_sample_weights)
         _check_cpu("grad", grad)
         if tuple(grad.shape) != (B, self.total_dim):
             raise ValueError(f"native kernel: grad shape {tuple(grad.shape)}, expected {(B, self.total_dim)}")
@@ -190,6 +205,15 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
             return
         T = self.num_tables
         nthreads = max(1, torch.get_num_threads())
+        by_pos = psw is not None
+        if by_pos and n >= 2**32:
+            raise ValueError(f"native kernel: {n} ids with per-sample weights; under 2^32 per call (positions are "
+                             "packed into 32 bits for the backward's sort)")
+        bag_of = self._none_i64
+        if by_pos:  # each id position's bag row
+            bag_of = np.zeros(n, np.int64)
+            bag_of[off_np[0]: off_np[-1]] = np.repeat(np.arange(off_np.shape[0] - 1, dtype=np.int64) % B,
+                                                       np.diff(off_np))
         if self._keys.shape[0] < n:
             self._keys = np.empty(n, np.int64)
             self._tmp = np.empty(n, np.int64)
@@ -198,14 +222,14 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         rows = self._rows
         team = _team(nthreads)
         if team:  # one table per work item, claimed dynamically
-            omp.sort_pairs(ids_np, off_np, rows, B, T, keys, tmp, err, nthreads)
+            omp.sort_pairs(ids_np, off_np, rows, B, T, keys, tmp, err, by_pos, nthreads)
         else:  # tables split into contiguous groups of about equal id counts
             per_table = np.diff(off_np[::B])
             cum = np.concatenate([[0], np.cumsum(per_table)])
             nt = min(nthreads, T)
             cuts = [0] + [int(np.searchsorted(cum, n * i / nt)) for i in range(1, nt)] + [T]
             _parallel(lambda g0, g1: nk.sort_pairs(ids_np, off_np, rows, B, cuts[g0], cuts[g1], keys, tmp,
-                                                   err), nt, nt)
+                                                   err, by_pos), nt, nt)
         self._raise_bad_ids(err)
         chunks = nk.plan_backward(keys, off_np, T, B, max(1, n // (nthreads * _ITEMS_PER_THREAD)))
         g_np = grad.detach().to(torch.float32).contiguous().numpy().reshape(-1)
@@ -213,10 +237,11 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         dims, d_off = self._dims, self._d_off
         lr, eps, adagrad = float(self.optim.lr), float(self.optim.eps), self._adagrad
         if team:
-            omp.update(keys, g_np, B, w, s, w_off, s_off, dims, d_off, chunks, lr, eps, adagrad, nthreads)
+            omp.update(keys, g_np, bag_of, self._none_f32 if psw is None else psw, B, w, s, w_off, s_off, dims, d_off,
+                       chunks, lr, eps, adagrad, nthreads)
         else:
-            _parallel(lambda k0, k1: nk.update(keys, g_np, B, w, s, w_off, s_off, dims, d_off, chunks, k0, k1,
-                                               lr, eps, adagrad), chunks.shape[0], nthreads)
+            _parallel(lambda k0, k1: nk.update(keys, g_np, bag_of, psw, B, w, s, w_off, s_off, dims, d_off, chunks,
+                                               k0, k1, lr, eps, adagrad), chunks.shape[0], nthreads)
 
 
 def warm_cache() -> None:
@@ -230,8 +255,9 @@ def warm_cache() -> None:
             for dtype in DTYPES:
                 for kind in ("rowwise_adagrad", "sgd"):
                     k = NativeEmbeddingBags([4, 5], [4, 8], weight_dtype=dtype, optim=OptimSpec(kind, lr=0.1))
-                    k.forward(ids, offsets)
-                    k.backward_update(ids, offsets, torch.ones(2, 12))
+                    for psw in (None, torch.ones(ids.numel())):
+                        k.forward(ids, offsets, psw)
+                        k.backward_update(ids, offsets, torch.ones(2, 12), psw)
     finally:
         torch.set_num_threads(old)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cubic_kernels.base import DTYPES, EmbeddingBagKernel, bag_ids
+from cubic_kernels.base import DTYPES, EmbeddingBagKernel, bag_ids, check_weights
 
 
 class TorchEmbeddingBags(EmbeddingBagKernel):
@@ -37,7 +37,9 @@ class TorchEmbeddingBags(EmbeddingBagKernel):
             yield t, B, bounds[t], bounds[t + 1]
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        psw = check_weights(self.name, ids, per_sample_weights)
         T = self.num_tables
         B = (offsets.numel() - 1) // T
         out = torch.empty(B, self.total_dim, dtype=torch.float32, device=self.device)
@@ -45,17 +47,22 @@ class TorchEmbeddingBags(EmbeddingBagKernel):
             w = self._w[t]
             o = offsets[t * B: (t + 1) * B + 1] - lo
             tid = ids[lo:hi]
+            s = None if psw is None else psw[lo:hi]
             d0, d1 = self.dim_offsets[t], self.dim_offsets[t + 1]
             if w.dtype == torch.float32:
-                out[:, d0:d1] = F.embedding_bag(tid, w, o, mode="sum", include_last_offset=True)
+                out[:, d0:d1] = F.embedding_bag(tid, w, o, mode="sum", include_last_offset=True,
+                                                per_sample_weights=s)
             else:
+                rows = w[tid].float()
                 acc = torch.zeros(B, d1 - d0, dtype=torch.float32, device=self.device)
-                acc.index_add_(0, bag_ids(o, tid.numel()), w[tid].float())
+                acc.index_add_(0, bag_ids(o, tid.numel()), rows if s is None else rows * s.unsqueeze(1))
                 out[:, d0:d1] = acc
         return out
 
     @torch.no_grad()
-    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+                        per_sample_weights: torch.Tensor | None = None) -> None:
+        psw = check_weights(self.name, ids, per_sample_weights)
         T = self.num_tables
         B = (offsets.numel() - 1) // T
         lr, eps = self.optim.lr, self.optim.eps
@@ -67,7 +74,8 @@ class TorchEmbeddingBags(EmbeddingBagKernel):
             g_bag = grad[:, self.dim_offsets[t]: self.dim_offsets[t + 1]].float()
             rows, inv = torch.unique(tid, return_inverse=True)
             g = torch.zeros(rows.numel(), g_bag.shape[1], dtype=torch.float32, device=self.device)
-            g.index_add_(0, inv, g_bag[bag_ids(o, tid.numel())])
+            g_id = g_bag[bag_ids(o, tid.numel())]
+            g.index_add_(0, inv, g_id if psw is None else g_id * psw[lo:hi].unsqueeze(1))
             w = self._w[t]
             if self.optim.kind == "sgd":
                 w[rows] = (w[rows].float() - lr * g).to(w.dtype)

@@ -47,7 +47,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from cubic_kernels.base import DTYPES, EmbeddingBagKernel  # noqa: E402
+from cubic_kernels.base import DTYPES, EmbeddingBagKernel, check_weights  # noqa: E402
 
 #: True when Triton's stdlib (and so our kernels) run under the interpreter in this process.
 INTERPRETED: bool = isinstance(tl.sum, InterpretedFunction)
@@ -369,8 +369,16 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         """Ids per gather step from the mean bag length (few distinct values -> few compilations)."""
         return min(32, max(4, _pow2_at_least(-(-n_ids // n_bags))))
 
+    def _unweighted(self, ids: torch.Tensor, per_sample_weights: torch.Tensor | None) -> None:
+        """The Triton kernels pool unweighted bags: its gather and its run-merged backward carry no per-id
+        scale (not added without a GPU to test them on)."""
+        if check_weights(self.name, ids, per_sample_weights) is not None:
+            raise ValueError("triton kernel: per-sample weights unsupported; use kernel=fbgemm, torch or native")
+
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        self._unweighted(ids, per_sample_weights)
         T, B = self.num_tables, self._batch(offsets)
         out = torch.empty(B, self.total_dim, dtype=torch.float32, device=self.device)
         if B == 0:
@@ -460,7 +468,9 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         return key[rest], b_of[rest]
 
     @torch.no_grad()
-    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+    def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+                        per_sample_weights: torch.Tensor | None = None) -> None:
+        self._unweighted(ids, per_sample_weights)
         B = self._batch(offsets)
         if B == 0 or ids.numel() == 0:
             return

@@ -1,5 +1,5 @@
 """The `native` CPU kernel against the torch reference and FBGEMM: forward, fused backward+optimizer,
-optimizer state, over dtypes, optimizers, id distributions, thread counts and ragged bags."""
+optimizer state, over dtypes, optimizers, id distributions, thread counts, ragged bags and per-sample weights."""
 
 from __future__ import annotations
 
@@ -60,26 +60,31 @@ def init_tables(rng: np.random.Generator, rows=ROWS, dims=DIMS):
     return w, s
 
 
-def run_steps(kernel, batches, grads) -> list[torch.Tensor]:
+def run_steps(kernel, batches, grads, weights) -> list[torch.Tensor]:
     outs = []
-    for (ids, offsets), g in zip(batches, grads, strict=True):
-        outs.append(kernel.forward(ids, offsets))
-        kernel.backward_update(ids, offsets, g)
+    for (ids, offsets), g, psw in zip(batches, grads, weights, strict=True):
+        outs.append(kernel.forward(ids, offsets, psw))
+        kernel.backward_update(ids, offsets, g, psw)
     outs.append(kernel.forward(*batches[0]))  # sees the updated weights
     return outs
 
 
-def compare(backends: list[str], dtype: str, optim: str, dist: str, steps: int = 3, seed: int = 0):
+def compare(backends: list[str], dtype: str, optim: str, dist: str, steps: int = 3, seed: int = 0,
+            weighted: bool = False):
+    """Each backend from the same tables over the same batches; `weighted`: per-sample weights in [-0.5, 1.5)
+    (negative ones too: a score is any float)."""
     rng = np.random.default_rng(seed)
     w0, s0 = init_tables(rng)
     batches = [make_batch(rng, dist) for _ in range(steps)]
     grads = [torch.from_numpy(rng.standard_normal((B, sum(DIMS))).astype(np.float32)) for _ in range(steps)]
+    weights = [torch.from_numpy((rng.random(ids.numel()) * 2 - 0.5).astype(np.float32)) if weighted else None
+               for ids, _ in batches]
     spec = OptimSpec(optim, lr=0.05, eps=1e-8)
     results = {}
     for name in backends:
         k = make_kernel(name, ROWS, DIMS, weight_dtype=dtype, optim=spec)
         k.load(w0, s0 if optim == "rowwise_adagrad" else None)
-        outs = run_steps(k, batches, grads)
+        outs = run_steps(k, batches, grads, weights)
         results[name] = (outs, [w.float().clone() for w in k.weights()],
                          [s.clone() for s in k.states()] if optim == "rowwise_adagrad" else [])
     return results
@@ -114,6 +119,18 @@ def test_native_matches_torch(dtype, optim, dist, threads):
     assert not torch.equal(r["native"][0][0], r["native"][0][-1])
 
 
+@pytest.mark.parametrize("threads", [1, 2, "2-pool"], indirect=True)
+@pytest.mark.parametrize("dist", ["uniform", "zipf"])
+@pytest.mark.parametrize("optim", ["rowwise_adagrad", "sgd"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_native_matches_torch_with_per_sample_weights(dtype, optim, dist, threads):
+    """Weighted bags (TorchRec's weighted features): the backward's pairs hold id positions, not bags."""
+    r = compare(["torch", "native"], dtype, optim, dist, weighted=True)
+    assert_close(r["torch"], r["native"], dtype)
+    unweighted = compare(["native"], dtype, optim, dist)["native"]
+    assert not torch.equal(r["native"][0][0], unweighted[0][0]), "the weights must change the pooled sums"
+
+
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("dist", ["uniform", "zipf"])
 @pytest.mark.parametrize("optim", ["rowwise_adagrad", "sgd"])
@@ -129,6 +146,37 @@ def test_native_matches_fbgemm(dtype, optim, dist, threads):
             torch.testing.assert_close(b, a, rtol=1e-2, atol=2e-3)
         return
     assert_close(r["fbgemm"], r["native"], dtype)
+
+
+@pytest.mark.parametrize("dist", ["uniform", "zipf"])
+@pytest.mark.parametrize("optim", ["rowwise_adagrad", "sgd"])
+def test_native_with_per_sample_weights_matches_fbgemm(optim, dist):
+    require("fbgemm_gpu")
+    r = compare(["fbgemm", "native"], "fp32", optim, dist, weighted=True)
+    assert_close(r["fbgemm"], r["native"], "fp32")
+
+
+def test_rowwise_adagrad_with_per_sample_weights_exact_float64():
+    """A row hit twice in one bag and once in another, each id with its own weight: the pooled sums and
+    the update equal the formulas in float64 (a row's gradient is the weighted sum of its bags' gradients)."""
+    k = make_kernel("native", [5], [4], optim=OptimSpec("rowwise_adagrad", lr=0.1, eps=1e-8))
+    w0 = torch.arange(20, dtype=torch.float32).view(5, 4) / 10
+    k.load([w0], [torch.full((5,), 0.5)])
+    ids, offsets = torch.tensor([3, 3, 1, 3]), torch.tensor([0, 2, 4])
+    psw = torch.tensor([0.5, -2.0, 3.0, 0.25])
+    out = k.forward(ids, offsets, psw)
+    w64 = w0.double()
+    torch.testing.assert_close(out.double(), torch.stack([(0.5 - 2.0) * w64[3], 3.0 * w64[1] + 0.25 * w64[3]]),
+                               rtol=1e-6, atol=1e-7)
+    grad = torch.tensor([[1.0, -2.0, 0.5, 0.25], [0.5, 0.5, -1.0, 2.0]])
+    k.backward_update(ids, offsets, grad, psw)
+    g = {3: ((0.5 - 2.0) * grad[0] + 0.25 * grad[1]).double(), 1: (3.0 * grad[1]).double()}
+    w, s = w64.clone(), torch.full((5,), 0.5, dtype=torch.float64)
+    for r, gr in g.items():
+        s[r] += (gr * gr).mean()
+        w[r] -= 0.1 * gr / (s[r].sqrt() + 1e-8)
+    torch.testing.assert_close(k.states()[0].double(), s, rtol=1e-6, atol=0)
+    torch.testing.assert_close(k.weights()[0].double(), w, rtol=1e-6, atol=1e-7)
 
 
 def test_rowwise_adagrad_exact_float64():
@@ -202,6 +250,9 @@ def test_errors_are_clear():
         make_kernel("native", [10, 10], [4, 4]).forward(torch.tensor([1]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="grad shape"):
         k.backward_update(torch.tensor([1]), torch.tensor([0, 1]), torch.ones(2, 4))
+    for name in ("native", "torch"):
+        with pytest.raises(ValueError, match=f"{name} kernel: per_sample_weights must be 1-D with one weight per id"):
+            make_kernel(name, [10], [4]).forward(torch.tensor([1, 2]), torch.tensor([0, 2]), torch.ones(3))
 
 
 

@@ -196,6 +196,10 @@ def test_int32_indices_empty_batch_and_live_views(device: str) -> None:
                       torch.tensor([0, 0, 0, 1, 1], device=device))  # B=1: table 2 bag holds row 5
     assert torch.equal(one[0, 12:24].cpu(), torch.ones(12))
     assert tri.memory_bytes() == ref.memory_bytes()
+    # per-sample weights: refused in one line naming the kernels that take them, before any weight moves
+    with pytest.raises(ValueError, match="triton kernel: per-sample weights unsupported; use kernel=fbgemm"):
+        tri.backward_update(ids.to(device), offsets.to(device), torch.ones(4, sum(DIMS), device=device),
+                            torch.ones(ids.numel(), device=device))
 
 
 @pytest.mark.skipif("cpu" in DEVICES, reason="interpreter active in this process; CPU cases ran in-process")

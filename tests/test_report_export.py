@@ -239,6 +239,19 @@ def test_torchrec_export_matches_the_plan(knobs: dict) -> None:
     _check_torchrec_dict(d, cfg, rec["result"]["plan"])
 
 
+def test_torchrec_export_keeps_the_models_pooling_and_weighted_features() -> None:
+    """An imported model's mean-pooled table is exported as MEAN and its weighted one marked `is_weighted`
+    (TorchRec needs both to rebuild the model the plan shards); a plain table stays SUM and unmarked."""
+    import dataclasses
+
+    wl = Workload.tiny()
+    wl = dataclasses.replace(wl, tables=[dataclasses.replace(wl.tables[0], pooling_type="mean"),
+                                         dataclasses.replace(wl.tables[1], weighted=True), *wl.tables[2:]])
+    tables = export.to_torchrec_dict(_rec(TrialConfig(workload=wl, kernel="torch").validate()))["tables"]
+    assert [(t["pooling"], t.get("is_weighted", False)) for t in tables[:3]] == [
+        ("MEAN", False), ("SUM", True), ("SUM", False)]
+
+
 @pytest.mark.parametrize("knobs", TORCHREC_CASES, ids=_id)
 def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     """Feed the export to TorchRec itself: ParameterConstraints, its planner, construct_module_sharding_plan,

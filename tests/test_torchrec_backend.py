@@ -20,7 +20,9 @@ CUBIC = [sys.executable, "-m", "cubic"]
 
 # A model that is not cubic's: an EBC inside a module of its own, one table looked up by two features, and a dense
 # part of its own. `picky` crashes inside TorchRec's forward on batches over 256 samples (a user's bug);
-# `sequence` holds an EmbeddingCollection, which the backend does not shard.
+# `sequence` holds an EmbeddingCollection, which the backend does not shard; `scored` has a weighted collection
+# (an id-score list feature) beside an unweighted one, both fed from one KeyedJaggedTensor, and `scored_plain` is
+# the same model with that collection unweighted.
 MODELS = textwrap.dedent('''
     import torch
     from torch import nn
@@ -66,6 +68,27 @@ MODELS = textwrap.dedent('''
 
     def sequence():
         return Sessions()
+
+    class Scored(nn.Module):
+        def __init__(self, weighted):
+            super().__init__()
+            self.ebc = EmbeddingBagCollection(tables=[
+                EmbeddingBagConfig(name="goods", num_embeddings=3000, embedding_dim=16, feature_names=["item_id"])])
+            self.wbc = EmbeddingBagCollection(tables=[
+                EmbeddingBagConfig(name="topics", num_embeddings=2000, embedding_dim=16,
+                                   feature_names=["topic_score"])], is_weighted=weighted)
+            self.tower = nn.Sequential(nn.Linear(5, 16), nn.ReLU())
+            self.head = nn.Sequential(nn.Linear(16 * 3, 32), nn.ReLU(), nn.Linear(32, 1))
+
+        def forward(self, dense, kjt):
+            a, b = self.ebc(kjt).to_dict(), self.wbc(kjt).to_dict()
+            return self.head(torch.cat([self.tower(dense), a["item_id"], b["topic_score"]], dim=1))
+
+    def scored():
+        return Scored(weighted=True)
+
+    def scored_plain():
+        return Scored(weighted=False)
 ''')
 
 SPACE = """\
@@ -162,6 +185,35 @@ def test_cubics_kernel_in_torchrec_takes_a_table_of_several_features_and_mean_po
     assert fb.status == nat.status == "ok", (fb.error, nat.error)
     assert nat.losses == pytest.approx(fb.losses, rel=1e-4) and fb.losses[-1] != fb.losses[0]
     assert {p["name"]: p["kind"] for p in nat.plan} == {"users": "column_wise", "goods": "column_wise"}
+
+
+def test_a_weighted_feature_trains_weighted_in_torchrec_and_cubics_kernel_weights_it_as_fbgemm(models: Path) -> None:
+    """The user's model has a weighted collection (scores per id) beside an unweighted one. The import marks its
+    table weighted; the TorchRec trial feeds the ids' scores (`data.id_scores`) as the KeyedJaggedTensor's weights,
+    so FBGEMM's TBE pools score-weighted sums: the losses differ from the same model unweighted. kernel=native
+    takes the scores as per-sample weights inside TorchRec's sharded tables and trains step for step as FBGEMM.
+    A weighted table without the model's factory is refused in one line."""
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.torchrec_trial import run_torchrec
+    from cubic_harness.workload import Workload
+
+    wl, _ = Workload.from_json_file(_workload("scored", models / "scored.json"))
+    plain, _ = Workload.from_json_file(_workload("scored_plain", models / "plain.json"))
+    assert [t.weighted for t in wl.tables] == [False, True] and not any(t.weighted for t in plain.tables)
+    assert "weighted" not in json.loads((models / "plain.json").read_text())["tables"][1]  # the default stays out
+    cfg = TrialConfig(workload=wl, world_size=2, batch_size=128, sharding="table_wise", warmup_steps=2,
+                      measure_steps=4, windows=1, timeout_s=180)
+    fb, nat = run_torchrec(cfg.replace(kernel="fbgemm")), run_torchrec(cfg.replace(kernel="native"))
+    unweighted = run_torchrec(cfg.replace(workload=plain, kernel="fbgemm"))
+    assert fb.status == nat.status == unweighted.status == "ok", (fb.error, nat.error, unweighted.error)
+    assert nat.losses == pytest.approx(fb.losses, rel=1e-4) and fb.losses[-1] != fb.losses[0]
+    assert unweighted.losses[0] == pytest.approx(fb.losses[0], rel=1e-3)  # same model, same initial loss scale
+    assert max(abs(a - b) for a, b in zip(unweighted.losses[1:], fb.losses[1:], strict=True)) > 1e-4
+    raw = json.loads((models / "scored.json").read_text())
+    (models / "nofactory.json").write_text(json.dumps({**raw, "factory": None, "dense_model": None}))
+    code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(models / "nofactory.json"), "--set",
+                       "kernel=fbgemm")
+    assert code == 2 and len(err) == 1 and "table(s) topics: weighted" in err[0], err
 
 
 def test_2d_on_cubics_kernel_in_torchrec_merges_its_replicas_as_dmpcollection_merges_fbgemms() -> None:

@@ -156,9 +156,10 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         features = t.features or [f"f{i}"]
         per_feature = t.lookups(wl.profiled) / len(features)
         tables.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim,
-                       "feature_names": features, "pooling": "SUM", "data_type": dtype,
+                       "feature_names": features, "pooling": t.pooling_type.upper(), "data_type": dtype,
                        "mean_pooling_factor": t.pooling if not wl.profiled else round(per_feature, 4),
-                       "id_distribution": t.id_dist if not wl.profiled else wl.id_source})
+                       "id_distribution": t.id_dist if not wl.profiled else wl.id_source,
+                       **({"is_weighted": True} if t.weighted else {})})  # its collection's, in TorchRec
         c: dict[str, Any] = {"pooling_factors": [float(max(per_feature, 1))] * len(features),
                              "output_dtype": out_dtype}
         tp = plan.get(t.name)

@@ -1,0 +1,205 @@
+"""Per-sample weights (TorchRec's weighted features) in the embedding kernels: what they cost, side by side.
+
+On the `small` workload's shape (8 tables x 200k x 64, batch 1024, pooling 20), one process, kernels interleaved
+call by call, warm-up excluded, the median (min..max) of forward + fused backward/optimizer ms per call:
+
+* `native` unweighted, `native` weighted: what scores add to cubic's kernel (a multiply per element, and the
+  backward's sort keyed by id position, which then looks up each id's bag);
+* `fbgemm` unweighted and weighted: the same for FBGEMM's TBE;
+* with `--before REF`: `native` unweighted at git revision REF (its kernels loaded under another package name),
+  so the unweighted path is compared before and after in the same run.
+
+The order of the variants rotates every repeat (the first after a batch change meets its ids cold).
+
+`--torchrec N`: also a model with a weighted collection, trained in TorchRec on 2 ranks (the TorchRec backend,
+`harness/torchrec_trial.py`) with FBGEMM and with cubic's native kernel, alternating, N repeats each: samples/s.
+
+    python benchmarks/bench_weighted.py [--before REF] [--repeats 20] [--threads 1,2] [--dist zipf]
+                                        [--torchrec N] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from cubic_harness.data import id_scores, make_batch
+from cubic_harness.workload import Workload
+from cubic_kernels import OptimSpec, make_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kernels_at(ref: str) -> str:
+    """The kernels package at git revision `ref`, importable as `cubic_kernels_<ref>`: its files written to a temp
+    folder with `cubic_kernels` renamed in their imports (numba caches it beside those files)."""
+    name = f"cubic_kernels_{ref.replace('-', '_')}"
+    folder = Path(tempfile.mkdtemp(prefix="cubic-bench-")) / name
+    folder.mkdir()
+    files = subprocess.run(["git", "ls-tree", "--name-only", ref, "kernels/"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for f in files:
+        if f.endswith(".py"):
+            text = subprocess.run(["git", "show", f"{ref}:{f}"], cwd=ROOT, check=True, capture_output=True,
+                                  text=True).stdout
+            (folder / Path(f).name).write_text(text.replace("cubic_kernels", name))
+    sys.path.insert(0, str(folder.parent))
+    return name
+
+
+MODEL = """
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+
+class Scored(nn.Module):
+    \"\"\"Two plain tables and two weighted ones (id-score lists), 200k x 64 each, and a small dense part.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        cfg = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=200_000, embedding_dim=64, feature_names=[f"f{i}"])
+               for i in range(4)]
+        self.ebc = EmbeddingBagCollection(tables=cfg[:2])
+        self.wbc = EmbeddingBagCollection(tables=cfg[2:], is_weighted=True)
+        self.tower = nn.Sequential(nn.Linear(13, 64), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(64 * 5, 128), nn.ReLU(), nn.Linear(128, 1))
+
+    def forward(self, dense, kjt):
+        a, b = self.ebc(kjt).to_dict(), self.wbc(kjt).to_dict()
+        return self.head(torch.cat([self.tower(dense), a["f0"], a["f1"], b["f2"], b["f3"]], dim=1))
+
+
+def scored():
+    return Scored()
+"""
+
+
+def torchrec_runs(repeats: int, dist: str, console: Console) -> dict[str, list[float]]:
+    """Samples/s of the weighted model in TorchRec with `fbgemm` and `native`, alternating `repeats` times."""
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.torchrec_import import import_workload
+    from cubic_harness.torchrec_trial import run_torchrec
+
+    folder = Path(tempfile.mkdtemp(prefix="cubic-bench-"))
+    (folder / "scoredmodel.py").write_text(MODEL)
+    sys.path.insert(0, str(folder))
+    wl = import_workload("scoredmodel:scored", dense_features=13)
+    wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, pooling=20, id_dist=dist) for t in wl.tables])
+    cfg = TrialConfig(workload=wl, world_size=2, batch_size=1024, sharding="table_wise", warmup_steps=3,
+                      measure_steps=24, windows=3, timeout_s=300)
+    qps: dict[str, list[float]] = {"fbgemm": [], "native": []}
+    for r in range(repeats):
+        for k in qps if r % 2 == 0 else reversed(list(qps)):
+            res = run_torchrec(cfg.replace(kernel=k), cwd=str(folder))
+            if res.status != "ok":
+                raise SystemExit(f"TorchRec trial with kernel={k} failed: {res.error}")
+            qps[k].append(res.qps)
+            console.print(f"TorchRec, weighted model, kernel={k}: {res.qps:,.0f} samples/s")
+    return qps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", default="", help="git revision whose unweighted native kernel runs beside")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--dist", default="zipf", choices=["uniform", "zipf"])
+    ap.add_argument("--torchrec", type=int, default=0, help="repeats of the TorchRec runs (0: none)")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    console = Console(width=140)
+
+    wl = Workload.small()
+    wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, id_dist=args.dist) for t in wl.tables])
+    rows, dims, B = [t.rows for t in wl.tables], [t.dim for t in wl.tables], 1024
+    batches = [make_batch(wl, 0, s * B, B) for s in range(4)]
+    scores = []
+    for b in batches:
+        bounds = b.offsets[::B].tolist()
+        scores.append(torch.cat([id_scores(0, t, b.ids[bounds[t]:bounds[t + 1]]) for t in range(len(rows))]))
+    grad = torch.randn(B, sum(dims), generator=torch.Generator().manual_seed(1)) * 1e-3
+    init = [torch.randn(r, d, generator=torch.Generator().manual_seed(t)) * 0.01
+            for t, (r, d) in enumerate(zip(rows, dims, strict=True))]
+    opt = OptimSpec("rowwise_adagrad", lr=0.01)
+
+    variants: dict[str, tuple[object, bool]] = {}
+    for name in ("native", "fbgemm"):
+        k = make_kernel(name, rows, dims, optim=opt)
+        k.load(init)
+        w = make_kernel(name, rows, dims, optim=opt)
+        w.load(init)
+        variants[f"{name}"], variants[f"{name} weighted"] = (k, False), (w, True)
+    if args.before:
+        old = importlib.import_module(kernels_at(args.before))
+        k = old.make_kernel("native", rows, dims, optim=old.OptimSpec("rowwise_adagrad", lr=0.01))
+        k.load(init)
+        variants[f"native at {args.before}"] = (k, False)
+
+    console.print(f"{wl.name}, {args.dist} ids: {len(rows)} tables x {rows[0]} x {dims[0]}, batch {B}; load "
+                  f"average {os.getloadavg()[0]:.1f}")
+    table = Table(title=f"ms per step (forward + backward/optimizer): median (min..max), {args.repeats} "
+                        "interleaved repeats after 3 warm-up")
+    for col in ("threads", "variant", "forward", "backward+opt", "step", "over unweighted"):
+        table.add_column(col, justify="right")
+    out: dict[str, dict] = {}
+    for nt in (int(x) for x in args.threads.split(",")):
+        torch.set_num_threads(nt)
+        times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+        names = list(variants)
+        for i in range(3 + args.repeats):
+            j = i % len(batches)
+            # the order rotates every repeat: the first kernel after a batch change meets its ids cold
+            for v in names[i % len(names):] + names[:i % len(names)]:
+                k, weighted = variants[v]
+                psw = scores[j] if weighted else None
+                t0 = time.perf_counter()
+                k.forward(batches[j].ids, batches[j].offsets, *([psw] if weighted else []))
+                t1 = time.perf_counter()
+                k.backward_update(batches[j].ids, batches[j].offsets, grad, *([psw] if weighted else []))
+                t2 = time.perf_counter()
+                if i >= 3:
+                    times[v].append(((t1 - t0) * 1e3, (t2 - t1) * 1e3))
+        step = {v: [f + b for f, b in ts] for v, ts in times.items()}
+        med = {v: statistics.median(s) for v, s in step.items()}
+        out[str(nt)] = {v: {"forward_ms": [f for f, _ in ts], "backward_ms": [b for _, b in ts]}
+                        for v, ts in times.items()}
+        for v, ts in times.items():
+            base = v.replace(" weighted", "") if v.endswith("weighted") else "native" if " at " in v else ""
+            ratio = f"{med[v] / med[base]:.2f}x" if base else ""
+            fw, bw = [f for f, _ in ts], [b for _, b in ts]
+            table.add_row(str(nt), v, f"{statistics.median(fw):.2f}", f"{statistics.median(bw):.2f}",
+                          f"{med[v]:.2f} ({min(step[v]):.2f}..{max(step[v]):.2f})", ratio,
+                          end_section=v == list(times)[-1])
+    console.print(table)
+    console.print("over unweighted: a weighted variant's median step over its kernel's unweighted one; "
+                  "`native at REF` over today's unweighted native (above 1: today's is faster)")
+    torchrec = torchrec_runs(args.torchrec, args.dist, console) if args.torchrec else {}
+    if torchrec:
+        f, n = statistics.median(torchrec["fbgemm"]), statistics.median(torchrec["native"])
+        console.print(f"TorchRec, 2 ranks, 2 plain + 2 weighted tables (200k x 64, {args.dist}, 20 ids a bag), "
+                      f"batch 1024: fbgemm {f:,.0f} samples/s ({min(torchrec['fbgemm']):,.0f}.."
+                      f"{max(torchrec['fbgemm']):,.0f}), native {n:,.0f} ({min(torchrec['native']):,.0f}.."
+                      f"{max(torchrec['native']):,.0f}): native {n / f:.2f}x")
+    console.print(f"load average at end {os.getloadavg()[0]:.1f} (on 2 cores, >1: other work shared them)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"workload": wl.name, "dist": args.dist, "batch": B,
+                                              "repeats": args.repeats, "before": args.before, "runs": out,
+                                              "torchrec_qps": torchrec}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
