@@ -11,8 +11,9 @@ call by call, warm-up excluded, the median (min..max) of forward + fused backwar
 
 The order of the variants rotates every repeat (the first after a batch change meets its ids cold).
 
-`--torchrec N`: also a model with a weighted collection, trained in TorchRec on 2 ranks (the TorchRec backend,
-`harness/torchrec_trial.py`) with FBGEMM and with cubic's native kernel, alternating, N repeats each: samples/s.
+`--torchrec N`: also a model with two weighted tables beside two plain ones, on 2 ranks: in TorchRec (the TorchRec
+backend, `harness/torchrec_trial.py`) with FBGEMM and with cubic's native kernel, and in cubic's harness with the
+native kernel, weighted and with the same tables unweighted; alternating, N repeats each: samples/s.
 
     python benchmarks/bench_weighted.py [--before REF] [--repeats 20] [--threads 1,2] [--dist zipf]
                                         [--torchrec N] [--out F]
@@ -89,10 +90,11 @@ def scored():
 
 
 def torchrec_runs(repeats: int, dist: str, console: Console) -> dict[str, list[float]]:
-    """Samples/s of the weighted model in TorchRec with `fbgemm` and `native`, alternating `repeats` times."""
+    """Samples/s of the weighted model per variant (see the module docstring), alternating `repeats` times."""
     from cubic_harness.config import TrialConfig
     from cubic_harness.torchrec_import import import_workload
     from cubic_harness.torchrec_trial import run_torchrec
+    from cubic_harness.trial import run_trial
 
     folder = Path(tempfile.mkdtemp(prefix="cubic-bench-"))
     (folder / "scoredmodel.py").write_text(MODEL)
@@ -101,14 +103,19 @@ def torchrec_runs(repeats: int, dist: str, console: Console) -> dict[str, list[f
     wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, pooling=20, id_dist=dist) for t in wl.tables])
     cfg = TrialConfig(workload=wl, world_size=2, batch_size=1024, sharding="table_wise", warmup_steps=3,
                       measure_steps=24, windows=3, timeout_s=300)
-    qps: dict[str, list[float]] = {"fbgemm": [], "native": []}
+    plain = dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=False) for t in wl.tables])
+    runs = {"TorchRec fbgemm": lambda: run_torchrec(cfg.replace(kernel="fbgemm"), cwd=str(folder)),
+            "TorchRec native": lambda: run_torchrec(cfg.replace(kernel="native"), cwd=str(folder)),
+            "harness native": lambda: run_trial(cfg.replace(kernel="native")),
+            "harness native, unweighted": lambda: run_trial(cfg.replace(kernel="native", workload=plain))}
+    qps: dict[str, list[float]] = {k: [] for k in runs}
     for r in range(repeats):
-        for k in qps if r % 2 == 0 else reversed(list(qps)):
-            res = run_torchrec(cfg.replace(kernel=k), cwd=str(folder))
+        for k in list(runs)[r % len(runs):] + list(runs)[:r % len(runs)]:
+            res = runs[k]()
             if res.status != "ok":
-                raise SystemExit(f"TorchRec trial with kernel={k} failed: {res.error}")
+                raise SystemExit(f"{k} failed: {res.error}")
             qps[k].append(res.qps)
-            console.print(f"TorchRec, weighted model, kernel={k}: {res.qps:,.0f} samples/s")
+            console.print(f"{k}: {res.qps:,.0f} samples/s")
     return qps
 
 
@@ -130,7 +137,8 @@ def main() -> None:
     scores = []
     for b in batches:
         bounds = b.offsets[::B].tolist()
-        scores.append(torch.cat([id_scores(0, t, b.ids[bounds[t]:bounds[t + 1]]) for t in range(len(rows))]))
+        scores.append(torch.cat([torch.from_numpy(id_scores(0, t, b.ids[bounds[t]:bounds[t + 1]].numpy()))
+                                 for t in range(len(rows))]))
     grad = torch.randn(B, sum(dims), generator=torch.Generator().manual_seed(1)) * 1e-3
     init = [torch.randn(r, d, generator=torch.Generator().manual_seed(t)) * 0.01
             for t, (r, d) in enumerate(zip(rows, dims, strict=True))]
@@ -189,11 +197,15 @@ def main() -> None:
                   "`native at REF` over today's unweighted native (above 1: today's is faster)")
     torchrec = torchrec_runs(args.torchrec, args.dist, console) if args.torchrec else {}
     if torchrec:
-        f, n = statistics.median(torchrec["fbgemm"]), statistics.median(torchrec["native"])
-        console.print(f"TorchRec, 2 ranks, 2 plain + 2 weighted tables (200k x 64, {args.dist}, 20 ids a bag), "
-                      f"batch 1024: fbgemm {f:,.0f} samples/s ({min(torchrec['fbgemm']):,.0f}.."
-                      f"{max(torchrec['fbgemm']):,.0f}), native {n:,.0f} ({min(torchrec['native']):,.0f}.."
-                      f"{max(torchrec['native']):,.0f}): native {n / f:.2f}x")
+        t = Table(title=f"2 ranks, 2 plain + 2 weighted tables (200k x 64, {args.dist}, 20 ids a bag), batch 1024: "
+                        f"samples/s, median (min..max) of {args.torchrec}")
+        for col in ("variant", "samples/s", "over TorchRec fbgemm"):
+            t.add_column(col, justify="right")
+        ref = statistics.median(torchrec["TorchRec fbgemm"])
+        for k, v in torchrec.items():
+            t.add_row(k, f"{statistics.median(v):,.0f} ({min(v):,.0f}..{max(v):,.0f})",
+                      f"{statistics.median(v) / ref:.2f}x")
+        console.print(t)
     console.print(f"load average at end {os.getloadavg()[0]:.1f} (on 2 cores, >1: other work shared them)")
     if args.out:
         Path(args.out).write_text(json.dumps({"workload": wl.name, "dist": args.dist, "batch": B,

@@ -49,13 +49,12 @@ def _uniform(*keys: np.ndarray | int) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def id_scores(seed: int, table: int, rows: torch.Tensor) -> torch.Tensor:
+def id_scores(seed: int, table: int, rows: np.ndarray) -> np.ndarray:
     """A weighted feature's per-id scores (TorchRec's id-score lists), fp32 in [0.5, 1.5): a hash of (seed, table,
     row), so a row always carries the same score. The teacher's labels ignore scores, so a fixed score per row
-    only rescales what the row learns and held-out NE stays comparable with the unweighted stand-in's; the
+    only rescales what the row learns and held-out NE stays comparable with the same model unweighted; the
     lookups, the 4-byte score per id in the input all-to-all and the weighted kernels are what is measured."""
-    u = _uniform(seed, 11, table, rows.numpy().astype(np.uint64))
-    return torch.from_numpy((0.5 + u).astype(np.float32))
+    return (0.5 + _uniform(seed, 11, table, rows.astype(np.uint64))).astype(np.float32)
 
 
 def _draw_ids(t: TableSpec, u: np.ndarray) -> np.ndarray:
@@ -132,13 +131,17 @@ class Batch:
     ids: torch.Tensor  # [sum of lengths] int64
     offsets: torch.Tensor  # [T*B + 1] int64
     labels: torch.Tensor  # [B] fp32
+    # [sum of lengths] fp32, beside `ids`, when the workload has weighted tables: their ids' scores
+    # (`id_scores`), 1.0 for the others' ids (weights come for every id or none, as in a KeyedJaggedTensor)
+    scores: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
         return self.dense.shape[0]
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(*(x.to(device, non_blocking=True) for x in (self.dense, self.ids, self.offsets, self.labels)))
+        return Batch(*(x.to(device, non_blocking=True) for x in (self.dense, self.ids, self.offsets, self.labels)),
+                     scores=None if self.scores is None else self.scores.to(device, non_blocking=True))
 
 
 def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held_out: bool = False) -> Batch:
@@ -172,11 +175,17 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held
     noise = _uniform(seed, g, 5)
     labels = (noise < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
     offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
+    scores = None
+    if wl.weighted:
+        scores = torch.from_numpy(np.concatenate([
+            id_scores(seed, ti, ids) if t.weighted else np.ones(ids.size, np.float32)
+            for ti, (t, ids) in enumerate(zip(wl.tables, ids_per_table, strict=True))]))
     return Batch(
         dense=torch.from_numpy(dense.astype(np.float32)),
         ids=torch.from_numpy(np.concatenate(ids_per_table).astype(np.int64)),
         offsets=torch.from_numpy(offsets.astype(np.int64)),
         labels=torch.from_numpy(labels),
+        scores=scores,
     )
 
 

@@ -477,26 +477,13 @@ def _features(model: torch.nn.Module, paths: list[str]) -> tuple[list[list[str]]
             [ebc.is_weighted() for ebc in found for _ in ebc.embedding_bag_configs()])
 
 
-def _scores(b: Any, weighted: list[bool], seed: int) -> torch.Tensor | None:
-    """Per-id scores when any table is weighted (`data.id_scores`); 1.0 for the ids of unweighted tables,
-    since a KeyedJaggedTensor carries weights for all its keys or none (and a model's unweighted collection
-    ignores them). None when no table is weighted."""
-    if not any(weighted):
-        return None
-    from cubic_harness.data import id_scores
-
-    bounds = b.offsets[:: b.batch_size].tolist()  # table t's ids: ids[bounds[t]:bounds[t + 1]]
-    return torch.cat([id_scores(seed, t, b.ids[bounds[t]:bounds[t + 1]]) if w
-                      else torch.ones(bounds[t + 1] - bounds[t]) for t, w in enumerate(weighted)])
-
-
-def _kjt(b: Any, features: list[list[str]], scores: torch.Tensor | None = None) -> Any:
-    """The batch's bags as a KeyedJaggedTensor, with `scores` as its weights where given. The harness pools a
-    table's features as one bag; a table looked up by n features gets each sample's bag cut into n consecutive
-    pieces, one per feature."""
+def _kjt(b: Any, features: list[list[str]]) -> Any:
+    """The batch's bags as a KeyedJaggedTensor, its ids' scores (weighted tables) as its weights. The harness
+    pools a table's features as one bag; a table looked up by n features gets each sample's bag cut into n
+    consecutive pieces, one per feature."""
     from torchrec import KeyedJaggedTensor
 
-    B = b.batch_size
+    B, scores = b.batch_size, b.scores
     if all(len(f) == 1 for f in features):
         return KeyedJaggedTensor.from_offsets_sync(keys=[f[0] for f in features], values=b.ids, offsets=b.offsets,
                                                    weights=scores)
@@ -540,9 +527,10 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
     model, paths = _model(cfg, job, device)
     features, weighted = (_features(model, paths) if job.get("factory")
                           else ([t["feature_names"][:1] for t in job["tables"]], [False] * len(job["tables"])))
-
-    def to_kjt(b: Any) -> Any:
-        return _kjt(b, features, _scores(b, weighted, cfg.seed))
+    differ = [t.name for t, w in zip(wl.tables, weighted, strict=True) if t.weighted != w]
+    if differ:  # the batches carry scores for the workload's weighted tables; the model weights its own
+        raise UnsupportedConfig(f"{job['factory']}: table(s) {', '.join(differ)} weighted in the model and not in the "
+                                "workload, or the reverse; import it again with `cubic workload from-torchrec`")
 
     for p in paths:
         params = model.get_submodule(p).parameters()
@@ -609,7 +597,7 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
     dense_opt = KeyedOptimizerWrapper(dict(dmp.named_parameters()),
                                       lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr))
     total = cfg.warmup_steps + cfg.measure_steps
-    batches = [(b.dense, to_kjt(b), b.labels) for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
+    batches = [(b.dense, _kjt(b, features), b.labels) for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
     lossf = torch.nn.BCEWithLogitsLoss(reduction="sum")
     step_s, losses, syncs = [], [], 0
     bce_sum = torch.zeros(3, dtype=torch.float64)  # sum BCE, sum labels, count over measured steps
@@ -650,10 +638,10 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         with torch.no_grad():
             for b in eval_batches(wl, cfg.seed, rank, B, W, cfg.eval_samples):
                 if pipe is not None:
-                    out = dmp(PipelineBatch(b.dense, to_kjt(b), b.labels))[1][1].float()
+                    out = dmp(PipelineBatch(b.dense, _kjt(b, features), b.labels))[1][1].float()
                 else:
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                        out = dmp(b.dense, to_kjt(b)).float().reshape(-1)
+                        out = dmp(b.dense, _kjt(b, features)).float().reshape(-1)
                 scored.append(torch.stack([out, b.labels.reshape(-1)]))
         mine_scores = torch.cat(scored, dim=1).to(torch.float64)
         parts = [torch.empty_like(mine_scores) for _ in range(W)]

@@ -63,7 +63,7 @@ class InputPipeline:
 
     def _dist(self, step: int) -> KernelInput:
         b = self.batches[step % len(self.batches)]
-        return self.coll.input_dist(b.ids, b.offsets, b.batch_size)
+        return self.coll.input_dist(b.ids, b.offsets, b.batch_size, b.scores)
 
     def get(self, step: int) -> KernelInput:
         if not self.pool:
@@ -214,7 +214,7 @@ def evaluate(cfg: TrialConfig, coll: ShardedEmbeddingCollection, dense: torch.nn
     logits, labels = [], []
     for b in eval_batches(cfg.workload, cfg.seed, rank, B, W, cfg.eval_samples):
         b = b.to(device)
-        pooled = coll.forward(coll.input_dist(b.ids, b.offsets, B))
+        pooled = coll.forward(coll.input_dist(b.ids, b.offsets, B, b.scores))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dense_precision != "fp32"):
             logits.append(dense(b.dense, pooled).float().reshape(-1))
         labels.append(b.labels.reshape(-1))
@@ -264,7 +264,8 @@ def apply_fp8_dense(dense: DenseArch, coll: ShardedEmbeddingCollection, batches:
     from cubic_harness.fp8 import apply_fp8, probe_mlp, probes_to_json
 
     with torch.no_grad():  # every rank runs the same input collectives, so they pair up
-        inputs = [(b.dense, coll.forward(coll.input_dist(b.ids, b.offsets, b.batch_size))) for b in batches[:2]]
+        inputs = [(b.dense, coll.forward(coll.input_dist(b.ids, b.offsets, b.batch_size, b.scores)))
+                  for b in batches[:2]]
     probes = probe_mlp(dense, inputs, device=device)
     flags = torch.tensor([p.use_fp8 for p in probes], dtype=torch.int32)
     if groups.world > 1:

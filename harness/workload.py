@@ -79,9 +79,8 @@ class TableSpec:
     pooling_type: str = "sum"
     data_type: str = "fp32"
     # A weighted feature's table (TorchRec's `is_weighted` collection: each id comes with a score, the bag is
-    # the score-weighted sum). The TorchRec backend trains it weighted (scores from `data.id_scores`); the
-    # harness, like the pooling type, pools it unweighted: the same rows read and written, less each id's
-    # 4-byte score in the input all-to-all and a multiply per element.
+    # the score-weighted sum). Both backends train it weighted on the scores of `data.id_scores`, and the
+    # simulator prices the score the ids then carry (`sim/perf.py id_bytes`).
     weighted: bool = False
     # The table's ids in a sample of the user's data (`cubic workload profile`); used when the workload's
     # id_source is profile. Left out of `to_dict` when absent, with `features`, so older keys stay.
@@ -319,6 +318,11 @@ class Workload:
     def profiled(self) -> bool:
         """Ids follow the tables' profiles of a data sample (drawn like it, or the sample replayed)."""
         return self.id_source != "synthetic"
+
+    @property
+    def weighted(self) -> bool:
+        """Some table is weighted, so every id of a batch carries a 4-byte score (harness/data.py `Batch.scores`)."""
+        return any(t.weighted for t in self.tables)
 
     def ids_record(self) -> dict[str, Any]:
         """Which ids a trial trained on (its result's env records this): the source, and the data behind it."""

@@ -44,3 +44,24 @@ def test_sample_cycle_is_a_workload_setting():
     assert len(rank_batches(wl, 0, 0, 1024, 2, 100)) == 100  # no repeat within the trial: every step generated
     with pytest.raises(ConfigError, match="sample_cycle=0 must be a positive integer"):
         Workload.from_dict({"preset": "tiny", "sample_cycle": 0})
+
+
+def test_weighted_tables_ids_carry_a_fixed_score_per_row() -> None:
+    """A weighted table's ids carry scores in [0.5, 1.5), the same for the same row in any batch; the other tables'
+    ids carry 1.0; a workload without weighted tables has no scores at all."""
+    import dataclasses
+
+    wl = Workload.tiny()
+    assert make_batch(wl, 0, 0, 64).scores is None
+    wl = dataclasses.replace(wl, tables=[dataclasses.replace(wl.tables[0], weighted=True), *wl.tables[1:]])
+    a, b = make_batch(wl, 0, 0, 64), make_batch(wl, 0, 64, 64)
+    B = 64
+    for x in (a, b):
+        assert x.scores is not None and x.scores.shape == x.ids.shape and x.scores.dtype == torch.float32
+        lo, hi = int(x.offsets[0]), int(x.offsets[B])
+        assert ((x.scores[lo:hi] >= 0.5) & (x.scores[lo:hi] < 1.5)).all() and x.scores[lo:hi].std() > 0.1
+        assert (x.scores[hi:] == 1.0).all()
+    score = {}
+    for x in (a, b):
+        for r, s in zip(x.ids[:int(x.offsets[B])].tolist(), x.scores[:int(x.offsets[B])].tolist(), strict=True):
+            assert score.setdefault(r, s) == s

@@ -3,9 +3,12 @@ against one process training the same global batches (fp32, tight tolerance)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from cubic_harness.config import TrialConfig
 from cubic_harness.planning import plan_for
 from tests.helpers import fixture_cluster, max_diff, reference, tiny_cfg, train
 
@@ -148,3 +151,25 @@ def test_comm_overlap_computes_exactly_what_the_step_without_it_computes(overlap
     ref_losses, ref_tables = train(tiny_cfg(**kw))
     assert losses == ref_losses
     assert max_diff(tables, ref_tables) == 0.0
+
+
+def _weighted(cfg: TrialConfig) -> TrialConfig:
+    """The config's workload with every other table weighted (its ids carry scores: harness/data.py)."""
+    wl = cfg.workload
+    return cfg.replace(workload=dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=i % 2 == 0)
+                                                                for i, t in enumerate(wl.tables)]))
+
+
+@pytest.mark.parametrize("sharding,kw", [
+    ("table_wise", {}), ("row_wise", {"pipeline_depth": 1}), ("table_row_wise", {}), ("data_parallel", {}),
+    ("table_wise", {"sharding_group_size": 1, "sparse_sync": "grad_allreduce"})])
+def test_weighted_tables_train_sharded_as_one_process_trains_them(sharding: str, kw: dict) -> None:
+    """Weighted tables' scores travel with their ids (masked with a row shard's ids, gathered with a 2D union,
+    kept with data-parallel bags, run ahead by the input pipeline) and weight the kernel's sums and updates: every
+    sharding trains as one process does, and differently from the same tables unweighted."""
+    cfg = _weighted(tiny_cfg(world_size=2, sharding=sharding, **kw))
+    if "weighted" not in _refs:
+        _refs["weighted"] = reference(_weighted(tiny_cfg(world_size=2)))
+    got = train(cfg)
+    assert_same(got, _refs["weighted"])
+    assert max_diff(got[1], ref_for(2)[1]) > 100 * W_TOL

@@ -764,3 +764,22 @@ def test_a_cluster_file_states_only_how_it_differs_from_its_base_preset(tmp_path
     path.write_text(yaml.safe_dump({"base": "h100-8", "name": "mine", "device": {"memory_gb": 141}}))
     mine = load_cluster(path)
     assert mine.device.memory_gb == 141 and mine.device.mem_bw_gbs == resolve("h100-8").device.mem_bw_gbs
+
+
+def test_a_weighted_table_sends_a_score_beside_every_id() -> None:
+    """With a weighted table every id of the batch carries a 4-byte score (harness/data.py Batch.scores), so the
+    input all-to-all moves 12 bytes an id instead of 8 and the step takes longer; the embedding work is the same."""
+    import dataclasses
+
+    from cubic_harness.planning import plan_for
+    from cubic_harness.sim.perf import estimate
+
+    wl = Workload.small()
+    weighted = dataclasses.replace(wl, tables=[dataclasses.replace(wl.tables[0], weighted=True), *wl.tables[1:]])
+    cfg = TrialConfig(workload=wl, world_size=8, batch_size=1024, sharding="table_wise", kernel="torch")
+    c = fixture_cluster()
+    plain, scored = (estimate(x, plan_for(x, c), c) for x in (cfg, cfg.replace(workload=weighted)))
+    ids = cfg.batch_size * sum(wl.lookups_per_sample())
+    assert scored.features["a2a_bytes"] - plain.features["a2a_bytes"] == pytest.approx(ids * 4)
+    assert scored.step_ms > plain.step_ms
+    assert scored.per_rank["emb_fwd"] == plain.per_rank["emb_fwd"]

@@ -145,6 +145,11 @@ def test_a_tables_bag_is_cut_into_one_piece_per_feature() -> None:
     assert kjt["c"].lengths().tolist() == [1, 2, 4] and kjt["c"].values().tolist() == [20, 21, 22, 23, 24, 25, 26]
     one = _kjt(b, [["a"], ["c"]]).to_dict()  # one feature a table: the bags as they are
     assert one["a"].values().tolist() == [10, 11, 12, 13] and one["c"].lengths().tolist() == [1, 2, 4]
+    # scores (weighted tables) are cut with their ids: every weight stays beside its id
+    scored = Batch(b.dense, ids, b.offsets, b.labels, scores=ids.float() / 100)
+    for cut in (_kjt(scored, [["a", "b"], ["c"]]), _kjt(scored, [["a"], ["c"]])):
+        assert torch.equal(cut.weights(), cut.values().float() / 100)
+    assert _kjt(b, [["a", "b"], ["c"]]).weights_or_none() is None
 
 
 def test_cubics_kernel_and_torchrecs_train_pipeline_train_as_the_plain_fbgemm_loop_does() -> None:

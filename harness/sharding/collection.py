@@ -16,6 +16,11 @@ positions of a sharding group of G ranks:
 4. backward: the reverse all-to-all brings the pooled gradients; the kernel's
    fused backward+optimizer updates the rows in place.
 
+Weighted tables (a workload with `weighted` tables: every id carries a score,
+1.0 for the unweighted tables' ids): the scores travel beside the ids in a
+third all-to-all (the same splits, 4 bytes an id), are masked and moved as the
+ids are, and reach the kernel as its per-sample weights, forward and backward.
+
 Gradient scale: every rank's loss is the mean over its B samples; the
 single-process reference's loss is the mean over W*B, so embedding gradients
 are scaled by 1/W (DDP averages the dense ones the same way).
@@ -81,6 +86,7 @@ class KernelInput:
     lengths: torch.Tensor  # [n_local_shards * G * B]
     batch_size: int
     dp: KernelInput | None = None  # the data-parallel tables' local bags (B per table)
+    scores: torch.Tensor | None = None  # beside ids: the kernel's per-sample weights (weighted tables)
 
 
 def _segment_counts(mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -136,25 +142,30 @@ class ShardedEmbeddingCollection:
         self._dummy = torch.zeros(0, device=device, requires_grad=True)
 
     # ------------------------------------------------------------------ input distribution
-    def input_dist(self, ids: torch.Tensor, offsets: torch.Tensor, B: int) -> KernelInput:
-        """Route every local bag's ids to the positions holding its shards (runs on mp_input)."""
+    def input_dist(self, ids: torch.Tensor, offsets: torch.Tensor, B: int,
+                   scores: torch.Tensor | None = None) -> KernelInput:
+        """Route every local bag's ids (and their scores) to the positions holding its shards (runs on mp_input)."""
         G, n_me = self.G, len(self.local)
         bounds = offsets[:: B].tolist() if B else [0] * (self.T + 1)
-        send_len, send_ids, send_counts = [], [], []
+        send_len, send_ids, send_scores, send_counts = [], [], [], []
         for q in range(G):
             cnt = 0
             for s in self.per_pos[q]:
                 lo, hi = bounds[s.table], bounds[s.table + 1]
                 tid = ids[lo:hi]
+                tsc = scores[lo:hi] if scores is not None else None
                 toff = offsets[s.table * B: (s.table + 1) * B + 1] - lo
                 if s.rows < self.rows[s.table]:
                     mask = (tid >= s.row_start) & (tid < s.row_end)
                     lens = _segment_counts(mask, toff)
                     tid = tid[mask] - s.row_start
+                    tsc = tsc[mask] if tsc is not None else None
                 else:
                     lens = toff[1:] - toff[:-1]
                 send_len.append(lens)
                 send_ids.append(tid)
+                if tsc is not None:
+                    send_scores.append(tsc)
                 cnt += tid.numel()
             send_counts.append(cnt)
         empty = torch.zeros(0, dtype=torch.int64, device=ids.device)
@@ -168,22 +179,32 @@ class ShardedEmbeddingCollection:
         ids_recv = torch.empty(sum(recv_counts), dtype=torch.int64, device=ids.device)
         all_to_all(ids_recv, torch.cat(send_ids) if send_ids else empty, recv_counts, send_counts,
                    self.g.mp_input, G)
+        order = [src * n_me + sh for sh in range(n_me) for src in range(G)]  # source-major -> shard-major
         pieces = ids_recv.split(seg.flatten().tolist())
-        kids = torch.cat([pieces[src * n_me + sh] for sh in range(n_me) for src in range(G)]) if n_me else empty
+        kids = torch.cat([pieces[i] for i in order]) if n_me else empty
+        kscores = None
+        if scores is not None:
+            sc_recv = torch.empty(sum(recv_counts), dtype=torch.float32, device=ids.device)
+            all_to_all(sc_recv, torch.cat(send_scores) if send_scores else scores.new_zeros(0), recv_counts,
+                       send_counts, self.g.mp_input, G)
+            sc_pieces = sc_recv.split(seg.flatten().tolist())
+            kscores = torch.cat([sc_pieces[i] for i in order]) if n_me else scores.new_zeros(0)
         lengths = L.permute(1, 0, 2).reshape(-1)
         koff = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
         torch.cumsum(lengths, 0, out=koff[1:])
-        return KernelInput(kids, koff, lengths, B, self._dp_input(ids, offsets, bounds, B))
+        return KernelInput(kids, koff, lengths, B, self._dp_input(ids, offsets, bounds, B, scores), kscores)
 
-    def _dp_input(self, ids: torch.Tensor, offsets: torch.Tensor, bounds: list[int], B: int) -> KernelInput | None:
-        """The local bags of the data-parallel tables, in the DP kernel's layout."""
+    def _dp_input(self, ids: torch.Tensor, offsets: torch.Tensor, bounds: list[int], B: int,
+                  scores: torch.Tensor | None) -> KernelInput | None:
+        """The local bags of the data-parallel tables (and their scores), in the DP kernel's layout."""
         if not self.dp_tables:
             return None
         lens = torch.cat([offsets[t * B + 1:(t + 1) * B + 1] - offsets[t * B:(t + 1) * B] for t in self.dp_tables])
         dids = torch.cat([ids[bounds[t]:bounds[t + 1]] for t in self.dp_tables])
+        dsc = torch.cat([scores[bounds[t]:bounds[t + 1]] for t in self.dp_tables]) if scores is not None else None
         doff = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=ids.device)
         torch.cumsum(lens, 0, out=doff[1:])
-        return KernelInput(dids, doff, lens, B)
+        return KernelInput(dids, doff, lens, B, scores=dsc)
 
     # ------------------------------------------------------------------ forward
     def forward(self, kin: KernelInput) -> torch.Tensor:
@@ -224,15 +245,15 @@ class ShardedEmbeddingCollection:
     # ------------------------------------------------------------------ backward / update
     def _update(self, kin: KernelInput, grad: torch.Tensor, data_parallel: bool = False) -> None:
         grad = grad * self.grad_scale
-        ids, offsets = kin.ids, kin.offsets
+        ids, offsets, scores = kin.ids, kin.offsets, kin.scores
         kernel, n = (self.dp_kernel, len(self.dp_tables)) if data_parallel else (self.kernel, len(self.local))
         if data_parallel and self.W > 1:
-            ids, offsets, grad = _gather_union(kin, grad, n, self.g.dp_pg, self.W)
+            ids, offsets, grad, scores = _gather_union(kin, grad, n, self.g.dp_pg, self.W)
         elif not data_parallel and self.R > 1 and self.cfg.sparse_sync == "grad_allreduce":
-            ids, offsets, grad = _gather_union(kin, grad, n, self.g.replica, self.R)
+            ids, offsets, grad, scores = _gather_union(kin, grad, n, self.g.replica, self.R)
         if kernel is not None:
             with TIMERS.phase("emb_bwd"):
-                kernel.backward_update(ids, offsets, grad)
+                kernel.backward_update(ids, offsets, grad, scores)
             if not data_parallel and self.replica_sync is not None:
                 self.replica_sync.record(ids, offsets)
 
@@ -267,7 +288,7 @@ class _Lookup(torch.autograd.Function):
         if kernel is None:
             return dummy.new_zeros(kin.batch_size * coll.G, 0)
         with TIMERS.phase("emb_fwd"):
-            return kernel.forward(kin.ids, kin.offsets)
+            return kernel.forward(kin.ids, kin.offsets, kin.scores)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -277,7 +298,7 @@ class _Lookup(torch.autograd.Function):
 
 
 def _gather_union(kin: KernelInput, grad: torch.Tensor, n: int, group, R: int):
-    """All-gather R ranks' bags (n tables each) and pooled gradients into one union batch.
+    """All-gather R ranks' bags (n tables each, their scores with them) and pooled gradients into one union batch.
 
     Row-wise AdaGrad sums a row's gradients before squaring, so one update with the union of
     the bags - not R separate updates - is the exact step of one process training them all.
@@ -286,14 +307,20 @@ def _gather_union(kin: KernelInput, grad: torch.Tensor, n: int, group, R: int):
         lens = [torch.empty_like(kin.lengths) for _ in range(R)]
         dist.all_gather(lens, kin.lengths, group=group)
         ids_all = all_gather_varlen(kin.ids, group, R)
+        sc_all = all_gather_varlen(kin.scores, group, R) if kin.scores is not None else None
         grads = [torch.empty_like(grad) for _ in range(R)]
         dist.all_gather(grads, grad.contiguous(), group=group)
     if n == 0:
-        return kin.ids, kin.offsets, grad
+        return kin.ids, kin.offsets, grad, kin.scores
     nb = kin.lengths.numel() // n
-    pieces = [i.split(lv.view(n, nb).sum(1).tolist()) for i, lv in zip(ids_all, lens, strict=True)]
+    splits = [lv.view(n, nb).sum(1).tolist() for lv in lens]
+    pieces = [i.split(s) for i, s in zip(ids_all, splits, strict=True)]
     ids = torch.cat([pieces[r][t] for t in range(n) for r in range(R)])
+    scores = None
+    if sc_all is not None:
+        sc_pieces = [x.split(s) for x, s in zip(sc_all, splits, strict=True)]
+        scores = torch.cat([sc_pieces[r][t] for t in range(n) for r in range(R)])
     lengths = torch.stack(lens).view(R, n, nb).permute(1, 0, 2).reshape(-1)
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(lengths, 0, out=offsets[1:])
-    return ids, offsets, torch.cat(grads, dim=0)
+    return ids, offsets, torch.cat(grads, dim=0), scores

@@ -270,7 +270,7 @@ def _collection_glue(rank: int, reps: int) -> dict[str, float]:
         TIMERS.enabled = i >= warm
         b = batches[i % len(batches)]
         t0 = time.perf_counter()
-        pooled = coll.forward(coll.input_dist(b.ids, b.offsets, cfg.batch_size))
+        pooled = coll.forward(coll.input_dist(b.ids, b.offsets, cfg.batch_size, b.scores))
         pooled.sum().backward()
         if i >= warm:
             t_all += time.perf_counter() - t0

@@ -51,10 +51,11 @@ from cubic_harness.sim import collectives as coll
 from cubic_harness.sim.cluster import Cluster, KernelEff, log_interp
 from cubic_harness.sim.schedule import Op, critical_path
 from cubic_harness.timers import PHASES
-from cubic_harness.workload import TableSpec
+from cubic_harness.workload import TableSpec, Workload
 
 STATE_BYTES = {"rowwise_adagrad": 4, "momentum_scaled_rowwise_adagrad": 4, "sgd": 0}
 ID_BYTES = 8
+SCORE_BYTES = 4  # beside every id when a table is weighted (harness/data.py Batch.scores)
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket: the last one is launched when the backward ends
 GLIBC_MMAP_MAX = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX (64-bit): larger buffers are always mmapped
 GROUP, WORLD, DP, REPLICAS = "group", "world", "dp", "replicas"  # the process groups a step's collectives use
@@ -118,6 +119,11 @@ def zipf_distinct(rows: int, a: float, draws: float) -> float:
         return 0.0
     counts, probs = _zipf_ranks(rows, a)
     return float(np.sum(counts * -np.expm1(draws * np.log1p(-np.minimum(probs, 1 - 1e-15)))))
+
+
+def id_bytes(wl: Workload) -> float:
+    """Bytes one id moves in an input all-to-all or a union's all-gather: the id, and its score when weighted."""
+    return ID_BYTES + SCORE_BYTES * wl.weighted
 
 
 def lookup_bytes(ids: float, bags: float, dim: int, wbytes: int) -> float:
@@ -217,11 +223,11 @@ class TableCosts:
     def dp_table(self, t: TableSpec, cfg: TrialConfig) -> float:
         """Local lookup of B bags, the sparse all-gather's bandwidth, the update with the union of W*B."""
         B, W = cfg.batch_size, cfg.world_size
-        pool = t.lookups(cfg.workload.profiled)
+        pool, idb = t.lookups(cfg.workload.profiled), id_bytes(cfg.workload)
         if self.cluster is None:
-            return self._lookups(t, B, W * B, cfg) + W * B * (pool * ID_BYTES + t.dim * 4) / 1e6
+            return self._lookups(t, B, W * B, cfg) + W * B * (pool * idb + t.dim * 4) / 1e6
         world = _spans(W, cfg.group_size, cfg.group_placement, self.cluster)[2]
-        gather = coll.all_gather(B * (pool * ID_BYTES + t.dim * 4), world, self.cluster) if W > 1 else 0.0
+        gather = coll.all_gather(B * (pool * idb + t.dim * 4), world, self.cluster) if W > 1 else 0.0
         return self._lookups(t, B, W * B, cfg) + gather
 
     def comm(self, t: TableSpec, cfg: TrialConfig, parts: int = 1) -> float:
@@ -268,6 +274,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     upd_mult = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
     fwd, bwd = [0.0] * G, [0.0] * G
     ids_send = lens_send = recv_cols = 0.0
+    idb = id_bytes(wl)
     # what each position's shards receive (lengths, ids) and send back (pooled columns)
     held_lens, held_ids, held_cols = [0.0] * G, [0.0] * G, [0.0] * G
     on_pos: list[list[_ShardLoad]] = [[] for _ in range(G)]
@@ -288,13 +295,13 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             bwd[sh.rank] += _emb_ms(update_bytes(ids * upd_mult, bags * upd_mult, sh.dim, wb, sb), "bwd", sh.dim, s)
             recv_cols += sh.dim
             lens_send += B * ID_BYTES
-            ids_send += B * pool[tp.table] * frac * ID_BYTES
+            ids_send += B * pool[tp.table] * frac * idb
             held_cols[sh.rank] += sh.dim
             held_lens[sh.rank] += bags * ID_BYTES
-            held_ids[sh.rank] += ids * ID_BYTES
+            held_ids[sh.rank] += ids * idb
             on_pos[sh.rank].append(_ShardLoad(tp.table, sh.rows, sh.dim * wb + sb, ids * upd_mult, t, wl.profiled,
                                               sh.dim))
-            rep_gather[sh.rank] += bags * (pool[tp.table] * frac * ID_BYTES + sh.dim * 4) + bags * ID_BYTES
+            rep_gather[sh.rank] += bags * (pool[tp.table] * frac * idb + sh.dim * 4) + bags * ID_BYTES
             shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
             k_ids = cfg.sparse_sync_interval * ids
             touched = rows_touched(t, sh.rows, frac, k_ids, wl.profiled)
@@ -369,7 +376,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         pooled = coll.all_to_all(max(B * recv_cols, G * B * max(held_cols)) * cb, g_span, c, B * recv_cols * cb)
     dp_sync = 0.0
     if dp and W > 1:
-        dp_sync = coll.all_gather(sum(B * (p * ID_BYTES + t.dim * 4 + ID_BYTES) for t, p in dp), w_span, c)
+        dp_sync = coll.all_gather(sum(B * (p * idb + t.dim * 4 + ID_BYTES) for t, p in dp), w_span, c)
     ar = coll.all_reduce(dc.params * grad_bytes, w_span, c) if W > 1 else 0.0
     gather_ms = merge_ms = 0.0
     if R > 1 and recv_cols:
@@ -619,8 +626,8 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
     fixed += _batch_bytes(cfg)
     btd = B * wl.num_tables * wl.dim * 4  # the assembled pooled rows [B, T*D]
     dp_cols = len(dp_tables) * wl.dim
-    dp_ids = B * sum(pool[t] for t in dp_tables) * ID_BYTES
-    own_ids = B * sum(pool) * ID_BYTES
+    dp_ids = B * sum(pool[t] for t in dp_tables) * id_bytes(cfg.workload)
+    own_ids = B * sum(pool) * id_bytes(cfg.workload)
     # the dense part at the start of its backward: the pooled rows, the activations autograd keeps
     # (dense_cost: each saved tensor once) and the gradients flowing back through the widest of them
     kept = [B * f * ab for f in dc.kept] + [B * f * 4 for f in dc.kept_fp32]
@@ -695,7 +702,7 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
 def _batch_bytes(cfg: TrialConfig) -> float:
     """Pre-generated input batches held by one rank (harness/data.py: rank_batches)."""
     wl = cfg.workload
-    per = cfg.batch_size * (sum(wl.lookups_per_sample()) * 8 + wl.dense_features * 4 + 4)
+    per = cfg.batch_size * (sum(wl.lookups_per_sample()) * id_bytes(wl) + wl.dense_features * 4 + 4)
     steps = cfg.warmup_steps + cfg.measure_steps
     cyc, gb = wl.sample_cycle, cfg.global_batch
     return per * (min(steps, cyc // gb) if cyc % gb == 0 else steps)
