@@ -48,7 +48,8 @@ def _summary(wl, title: str) -> None:
         tab.add_column(col, justify="left" if col in ("table", "features") else "right")
     for t in wl.tables:
         p = t.profile
-        tab.add_row(t.name, ",".join(t.feature_names), f"{t.rows:,}", str(t.dim), f"{t.lookups(wl.profiled):.2f}",
+        features = ",".join(t.feature_names) + (" (weighted)" if t.weighted else "")
+        tab.add_row(t.name, features, f"{t.rows:,}", str(t.dim), f"{t.lookups(wl.profiled):.2f}",
                     f"{p.distinct:,}" if p else "-", f"{p.top1_share:.1%}" if p else "-",
                     f"{p.zipf_alpha:.2f} ({p.zipf_fit_err:.2f})" if p else "-",
                     " ".join(f"{b}:{r:.2f}" for b, r in sorted(p.reuse.items())) if p else "-")
