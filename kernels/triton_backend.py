@@ -53,8 +53,8 @@ from cubic_kernels.base import DTYPES, EmbeddingBagKernel, check_weights  # noqa
 INTERPRETED: bool = isinstance(tl.sum, InterpretedFunction)
 
 
-def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_off_ptr, B, out_stride,
-                VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_off_ptr, sc_ptr, B, out_stride,
+                VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_W: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
     bag = t.to(tl.int64) * B + b
@@ -71,7 +71,10 @@ def _fwd_kernel(ids_ptr, offsets_ptr, w_ptr, out_ptr, w_off_ptr, dims_ptr, col_o
         rows = tl.load(ids_ptr + pos, mask=m, other=0).to(tl.int64)
         addr = tl.multiple_of(w_base + rows * D, VEC)
         vals = tl.load(w_ptr + addr[:, None] + cols[None, :], mask=m[:, None] & cmask[None, :], other=0.0)
-        acc += tl.sum(vals.to(tl.float32), axis=0)
+        vals = vals.to(tl.float32)
+        if HAS_W:  # per-sample weights: each row scaled by its id's score
+            vals = vals * tl.load(sc_ptr + pos, mask=m, other=0.0)[:, None]
+        acc += tl.sum(vals, axis=0)
     o = tl.multiple_of(b * out_stride + tl.load(col_off_ptr + t).to(tl.int64), VEC)
     tl.store(out_ptr + o + cols, acc, mask=cmask)
 
@@ -103,10 +106,10 @@ def _keys_kernel(ids_ptr, offsets_ptr, key_ptr, b_ptr, count_ptr, row_base_ptr, 
             tl.atomic_add(count_ptr + tl.load(row_base_ptr + t) + row, 1, mask=m)
 
 
-def _slots_kernel(run_start_ptr, sorted_key_ptr, sorted_b_ptr, run_key_ptr, first_b_ptr, nch_ptr, n_runs_ptr, n,
-                  SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    """Per run slot: its key, its first id's bag row, its chunk count (ceil(len / SPLIT) for runs longer
-    than SPLIT, else 0); and the number of runs. Slot-indexed copies let the update kernel start
+def _slots_kernel(run_start_ptr, sorted_key_ptr, sorted_b_ptr, run_key_ptr, first_b_ptr, nch_ptr, n_runs_ptr,
+                  sorted_sc_ptr, first_sc_ptr, n, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr):
+    """Per run slot: its key, its first id's bag row (and score, with HAS_W), its chunk count (ceil(len / SPLIT)
+    for runs longer than SPLIT, else 0); and the number of runs. Slot-indexed copies let the update kernel start
     every row's weight, state and first-gradient loads at once instead of after a dependent load."""
     u = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = u < n
@@ -115,22 +118,28 @@ def _slots_kernel(run_start_ptr, sorted_key_ptr, sorted_b_ptr, run_key_ptr, firs
     live = m & (e > s)
     tl.store(run_key_ptr + u, tl.load(sorted_key_ptr + s, mask=live, other=0), mask=m)
     tl.store(first_b_ptr + u, tl.load(sorted_b_ptr + s, mask=live, other=0), mask=m)
+    if HAS_W:
+        tl.store(first_sc_ptr + u, tl.load(sorted_sc_ptr + s, mask=live, other=0.0), mask=m)
     ln = e - s
     tl.store(nch_ptr + u, tl.where(ln > SPLIT, (ln + SPLIT - 1) // SPLIT, 0).to(nch_ptr.dtype.element_ty), mask=m)
     tl.store(n_runs_ptr + 0 * u, (u + 1).to(n_runs_ptr.dtype.element_ty), mask=live & (e == n))  # the last run
 
 
-def _add_grad_rows(acc, sorted_b_ptr, grad_ptr, grad_stride, c0, cols, m2, start, stop, first_j,
-                   IDX: tl.constexpr, VEC: tl.constexpr, EVICT: tl.constexpr):
+def _add_grad_rows(acc, sorted_b_ptr, sorted_sc_ptr, grad_ptr, grad_stride, c0, cols, m2, start, stop, first_j,
+                   IDX: tl.constexpr, VEC: tl.constexpr, EVICT: tl.constexpr, HAS_W: tl.constexpr):
     """`acc` plus the gradient rows of sorted ids `start + j` for `first_j <= j`, `start + j < stop`
-    (per tile row). With EVICT they ask L2 to keep them: each is re-read by every id of its bag."""
+    (per tile row), each scaled by the id's score with HAS_W. With EVICT they ask L2 to keep them: each is
+    re-read by every id of its bag."""
     for j in range(first_j, tl.max(stop - start, axis=0)):
         pos = start + j
         m = pos < stop
         bb = tl.load(sorted_b_ptr + pos, mask=m, other=0).to(IDX)
         g_row = tl.multiple_of(bb * grad_stride + c0, VEC)
-        acc += tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m[:, None] & m2, other=0.0,
-                       eviction_policy="evict_last" if EVICT else "")
+        g = tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m[:, None] & m2, other=0.0,
+                    eviction_policy="evict_last" if EVICT else "")
+        if HAS_W:
+            g = g * tl.load(sorted_sc_ptr + pos, mask=m, other=0.0)[:, None]
+        acc += g
     return acc
 
 
@@ -169,10 +178,10 @@ def _store_update(w, st, g, w_ptrs, s_p, D, m2, um, lr, eps, ADAGRAD: tl.constex
     tl.store(w_ptrs, w_new, mask=m2, eviction_policy="evict_first" if EVICT else "")
 
 
-def _bwd_singles_kernel(key_ptr, b_ptr, count_ptr, multi_ptr, grad_ptr, grad_stride, dims_ptr, col_off_ptr,
+def _bwd_singles_kernel(key_ptr, b_ptr, sc_ptr, count_ptr, multi_ptr, grad_ptr, grad_stride, dims_ptr, col_off_ptr,
                         w_off_ptr, s_off_ptr, w_ptr, s_ptr, n, lr, eps, ADAGRAD: tl.constexpr, BF16: tl.constexpr,
                         IDX: tl.constexpr, ROW_BITS: tl.constexpr, VEC: tl.constexpr, EVICT: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_W: tl.constexpr):
     """`BLOCK_R` ids per program, unsorted: an id whose row no other id of the batch hits (`count` 1;
     most rows for uniform ids) updates that row from its one gradient row, with no sort and nothing to
     reduce; the ids of rows hit more than once are flagged in `multi` for the sorted path."""
@@ -193,13 +202,15 @@ def _bwd_singles_kernel(key_ptr, b_ptr, count_ptr, multi_ptr, grad_ptr, grad_str
     g_row = tl.multiple_of(b * grad_stride + c0, VEC)
     g = tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=m2, other=0.0,
                 eviction_policy="evict_last" if EVICT else "")
+    if HAS_W:
+        g = g * tl.load(sc_ptr + i, mask=um, other=0.0)[:, None]
     _store_update(w, st, g, w_ptrs, s_p, D, m2, um, lr, eps, ADAGRAD, BF16, EVICT)
 
 
-def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, run_start_ptr, pend_ptr,
+def _bwd_partial_kernel(sorted_b_ptr, sorted_sc_ptr, grad_ptr, grad_stride, run_key_ptr, run_start_ptr, pend_ptr,
                         chunk_run_ptr, dims_ptr, col_off_ptr, part_ptr, n_slots, cap,
                         IDX: tl.constexpr, ROW_BITS: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
-                        EVICT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                        EVICT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_W: tl.constexpr):
     """Partial gradient sums of chunks of long runs -> `part[c, :BLOCK_D]` (fp32), `BLOCK_R` at a time.
 
     Chunk `c` belongs to run `chunk_run[c]`. The number of chunks is read on the device (the last
@@ -221,16 +232,16 @@ def _bwd_partial_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, run_st
         D = tl.load(dims_ptr + t, mask=cm, other=1).to(IDX)
         c0 = tl.load(col_off_ptr + t, mask=cm, other=0).to(IDX)
         m2 = cm[:, None] & ((cols // VEC)[None, :] < (D // VEC)[:, None])
-        acc = _add_grad_rows(tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), sorted_b_ptr, grad_ptr, grad_stride,
-                             c0, cols, m2, cs, ce, 0, IDX, VEC, EVICT)
+        acc = _add_grad_rows(tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), sorted_b_ptr, sorted_sc_ptr, grad_ptr,
+                             grad_stride, c0, cols, m2, cs, ce, 0, IDX, VEC, EVICT, HAS_W)
         tl.store(part_ptr + c[:, None] * BLOCK_D + cols[None, :], acc, mask=cm[:, None])
 
 
-def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, first_b_ptr, run_start_ptr, pend_ptr,
-                       part_ptr, dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr, n_runs_ptr, lr, eps,
-                       ADAGRAD: tl.constexpr, BF16: tl.constexpr, IDX: tl.constexpr, ROW_BITS: tl.constexpr,
-                       SPLIT: tl.constexpr, VEC: tl.constexpr, EVICT: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
+def _bwd_update_kernel(sorted_b_ptr, sorted_sc_ptr, grad_ptr, grad_stride, run_key_ptr, first_b_ptr, first_sc_ptr,
+                       run_start_ptr, pend_ptr, part_ptr, dims_ptr, col_off_ptr, w_off_ptr, s_off_ptr, w_ptr, s_ptr,
+                       n_runs_ptr, lr, eps, ADAGRAD: tl.constexpr, BF16: tl.constexpr, IDX: tl.constexpr,
+                       ROW_BITS: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr, EVICT: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_W: tl.constexpr):
     """`BLOCK_R` unique rows per tile: reduce each one's gradient (ids, or chunk partials), update.
 
     Run `u` is `[run_start[u], run_start[u+1])` of the sorted ids; programs stride over the tiles up
@@ -259,9 +270,11 @@ def _bwd_update_kernel(sorted_b_ptr, grad_ptr, grad_stride, run_key_ptr, first_b
         g_row = tl.multiple_of(b0 * grad_stride + c0, VEC)
         g = tl.load(grad_ptr + g_row[:, None] + cols[None, :], mask=(~long)[:, None] & m2, other=0.0,
                     eviction_policy="evict_last" if EVICT else "")
+        if HAS_W:  # the first id's score
+            g = g * tl.load(first_sc_ptr + u, mask=um, other=0.0)[:, None]
         # short runs: their other ids (none for long runs)
-        g = _add_grad_rows(g, sorted_b_ptr, grad_ptr, grad_stride, c0, cols, m2, s, tl.where(long, s, e), 1,
-                           IDX, VEC, EVICT)
+        g = _add_grad_rows(g, sorted_b_ptr, sorted_sc_ptr, grad_ptr, grad_stride, c0, cols, m2, s,
+                           tl.where(long, s, e), 1, IDX, VEC, EVICT, HAS_W)
         nch = tl.where(long, (ln + SPLIT - 1) // SPLIT, 0)
         first = tl.load(pend_ptr + u, mask=um & long, other=0).to(IDX) - nch
         for j in range(0, tl.max(nch, axis=0)):  # long runs: their chunk partials (none for short runs)
@@ -369,24 +382,19 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         """Ids per gather step from the mean bag length (few distinct values -> few compilations)."""
         return min(32, max(4, _pow2_at_least(-(-n_ids // n_bags))))
 
-    def _unweighted(self, ids: torch.Tensor, per_sample_weights: torch.Tensor | None) -> None:
-        """The Triton kernels pool unweighted bags: its gather and its run-merged backward carry no per-id
-        scale (not added without a GPU to test them on)."""
-        if check_weights(self.name, ids, per_sample_weights) is not None:
-            raise ValueError("triton kernel: per-sample weights unsupported; use kernel=fbgemm, torch or native")
-
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        self._unweighted(ids, per_sample_weights)
+        sc = check_weights(self.name, ids, per_sample_weights)
         T, B = self.num_tables, self._batch(offsets)
         out = torch.empty(B, self.total_dim, dtype=torch.float32, device=self.device)
         if B == 0:
             return out
         _FWD[(B, T)](
             ids.contiguous(), offsets.contiguous(), self._flat_w, out, self._w_off, self._dims_t,
-            self._col_off, B, out.stride(0), VEC=self._vec, BLOCK_N=self._block_n(ids.numel(), T * B),
-            BLOCK_D=self._block_d, enable_fp_fusion=False)
+            self._col_off, self._no_state if sc is None else sc.contiguous(), B, out.stride(0), VEC=self._vec,
+            BLOCK_N=self._block_n(ids.numel(), T * B), BLOCK_D=self._block_d, HAS_W=sc is not None,
+            enable_fp_fusion=False)
         return out
 
     def _keys(self, ids: torch.Tensor, offsets: torch.Tensor, B: int,
@@ -403,8 +411,9 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         """The sorted plan of every id of a batch (see `_runs`)."""
         return self._runs(*self._keys(ids, offsets, B))
 
-    def _runs(self, key: torch.Tensor, b_of: torch.Tensor) -> dict:
-        """Device-side preparation: sort the keys, cut them into runs, count long-run chunks.
+    def _runs(self, key: torch.Tensor, b_of: torch.Tensor, sc: torch.Tensor | None = None) -> dict:
+        """Device-side preparation: sort the keys (the ids' bag rows and scores with them), cut them into runs,
+        count long-run chunks.
 
         No host sync: arrays are sized by upper bounds (`n` run slots, `run_start` padded with `n`;
         `2n / split_len` chunk slots) and the kernels read the actual counts on the device. (v1 read
@@ -416,6 +425,8 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         dev = key.device
         sorted_key, perm = torch.sort(key, stable=True)
         sorted_b = b_of[perm]
+        sorted_sc = sc[perm] if sc is not None else self._no_state
+        first_sc = torch.empty(n if sc is not None else 1, dtype=torch.float32, device=dev)
         new = torch.ones(n, dtype=torch.bool, device=dev)
         torch.ne(sorted_key[1:], sorted_key[:-1], out=new[1:])
         run_start = torch.nonzero_static(new, size=n + 1, fill_value=n).view(-1)
@@ -423,14 +434,15 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         run_key, first_b = torch.empty_like(sorted_key), torch.empty_like(sorted_b)
         nch = torch.empty(n, dtype=idx_dt, device=dev)
         n_runs = torch.empty(1, dtype=idx_dt, device=dev)
-        _SLOTS[(triton.cdiv(n, 1024),)](run_start, sorted_key, sorted_b, run_key, first_b, nch, n_runs, n,
-                                        SPLIT=L, BLOCK=1024)
+        _SLOTS[(triton.cdiv(n, 1024),)](run_start, sorted_key, sorted_b, run_key, first_b, nch, n_runs, sorted_sc,
+                                        first_sc, n, SPLIT=L, BLOCK=1024, HAS_W=sc is not None)
         pend = torch.cumsum(nch, 0, dtype=idx_dt)
         cap = triton.cdiv(2 * n, L)  # a long run (len > L) has ceil(len / L) < 2 len / L chunks
         chunk_run = torch.searchsorted(pend, torch.arange(cap, dtype=idx_dt, device=dev), right=True,
                                        out_int32=self._idx32)
         return dict(sorted_key=sorted_key, sorted_b=sorted_b, run_start=run_start, run_key=run_key,
-                    first_b=first_b, pend=pend, n_runs=n_runs, chunk_run=chunk_run, cap=cap)
+                    first_b=first_b, pend=pend, n_runs=n_runs, chunk_run=chunk_run, cap=cap, sorted_sc=sorted_sc,
+                    first_sc=first_sc, weighted=sc is not None)
 
     def _common(self, grad: torch.Tensor, n_part: int, n: int) -> dict:
         """Constexprs and launch options shared by the backward kernels."""
@@ -449,10 +461,10 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         return (dict(ADAGRAD=self.optim.kind == "rowwise_adagrad", BF16=self._flat_w.dtype == torch.bfloat16),
                 (float(self.optim.lr), float(self.optim.eps)))
 
-    def _singles(self, ids: torch.Tensor, offsets: torch.Tensor, B: int,
-                 grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Update every row hit by one id of the batch straight from its gradient row; return the keys
-        and bag rows of the other ids (rows hit more than once), in batch order, for the sorted path.
+    def _singles(self, ids: torch.Tensor, offsets: torch.Tensor, B: int, grad: torch.Tensor,
+                 sc: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Update every row hit by one id of the batch straight from its (scored) gradient row; return the keys,
+        bag rows and scores of the other ids (rows hit more than once), in batch order, for the sorted path.
 
         Costs one host sync (the number of ids left), queued behind the singles kernel so the GPU
         stays busy while the host waits."""
@@ -462,36 +474,37 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         multi = torch.empty(n, dtype=torch.int8, device=ids.device)
         flags, (lr, eps) = self._optim_args()
         _BWD_SINGLES[(triton.cdiv(n, self.block_rows),)](
-            key, b_of, count, multi, grad, grad.stride(0), *self._update_args(), n, lr, eps, **flags,
-            **self._common(grad, 0, n))
+            key, b_of, self._no_state if sc is None else sc, count, multi, grad, grad.stride(0), *self._update_args(),
+            n, lr, eps, **flags, **self._common(grad, 0, n), HAS_W=sc is not None)
         rest = torch.nonzero(multi).view(-1)
-        return key[rest], b_of[rest]
+        return key[rest], b_of[rest], None if sc is None else sc[rest]
 
     @torch.no_grad()
     def backward_update(self, ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
                         per_sample_weights: torch.Tensor | None = None) -> None:
-        self._unweighted(ids, per_sample_weights)
+        sc = check_weights(self.name, ids, per_sample_weights)
         B = self._batch(offsets)
         if B == 0 or ids.numel() == 0:
             return
         grad = grad.contiguous()
         ids, offsets = ids.contiguous(), offsets.contiguous()
+        sc = sc.contiguous() if sc is not None else None
         if self.singles:
-            key, b_of = self._singles(ids, offsets, B, grad)
+            key, b_of, sc = self._singles(ids, offsets, B, grad, sc)
             if key.numel() == 0:
                 return
         else:
             key, b_of = self._keys(ids, offsets, B)
-        p = self._runs(key, b_of)
+        p = self._runs(key, b_of, sc)
         n, BD, BR, L, cap = key.numel(), self._block_d, self.block_rows, self.split_len, p["cap"]
         part = torch.empty(cap, BD, dtype=torch.float32, device=self.device)
-        common = dict(self._common(grad, part.numel(), n), SPLIT=L)
+        common = dict(self._common(grad, part.numel(), n), SPLIT=L, HAS_W=p["weighted"])
         # a wave of programs is plenty: long runs are few (hot rows)
         _BWD_PARTIAL[(min(triton.cdiv(cap, BR), 2048),)](
-            p["sorted_b"], grad, grad.stride(0), p["run_key"], p["run_start"], p["pend"], p["chunk_run"],
-            self._dims_t, self._col_off, part, n, cap, **common)
+            p["sorted_b"], p["sorted_sc"], grad, grad.stride(0), p["run_key"], p["run_start"], p["pend"],
+            p["chunk_run"], self._dims_t, self._col_off, part, n, cap, **common)
         tiles = triton.cdiv(n, BR)
         flags, (lr, eps) = self._optim_args()
         _BWD_UPDATE[(min(tiles, self.max_programs) if self.max_programs else tiles,)](
-            p["sorted_b"], grad, grad.stride(0), p["run_key"], p["first_b"], p["run_start"], p["pend"], part,
-            *self._update_args(), p["n_runs"], lr, eps, **flags, **common)
+            p["sorted_b"], p["sorted_sc"], grad, grad.stride(0), p["run_key"], p["first_b"], p["first_sc"],
+            p["run_start"], p["pend"], part, *self._update_args(), p["n_runs"], lr, eps, **flags, **common)

@@ -84,6 +84,16 @@ def test_matches_torch_reference(dtype: str, kind: str, device: str) -> None:
 
 @needs_interp
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,kind,singles", [("fp32", "rowwise_adagrad", False), ("fp32", "rowwise_adagrad", True),
+                                                ("fp16", "sgd", False), ("bf16", "rowwise_adagrad", True)])
+def test_per_sample_weights_match_torch_reference(dtype: str, kind: str, singles: bool, device: str) -> None:
+    """Weighted bags (TorchRec's weighted features): the forward scales each row by its id's score, and every
+    backward path (rows hit once, short runs, long runs split in chunks) scales each id's gradient row."""
+    _three_steps_match(*_pair(dtype, kind, device, singles=singles), device, dtype, weighted=True)
+
+
+@needs_interp
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dims,programs", [([3, 5, 7, 9], 0), ([6, 2, 10, 14], 3)],
                          ids=["vec1-program-per-tile", "vec2-3-programs-stride"])
 def test_narrow_loads_and_strided_grid(dims: list[int], programs: int, device: str) -> None:
@@ -93,22 +103,25 @@ def test_narrow_loads_and_strided_grid(dims: list[int], programs: int, device: s
     _three_steps_match(ref, tri, device, "fp32")
 
 
-def _three_steps_match(ref, tri, device: str, dtype: str) -> None:
-    """Three jagged Zipf batches: forward, updated weights and state match the reference each step."""
+def _three_steps_match(ref, tri, device: str, dtype: str, weighted: bool = False) -> None:
+    """Three jagged Zipf batches: forward, updated weights and state match the reference each step (`weighted`:
+    with per-sample weights in [-0.5, 1.5))."""
     gen = torch.Generator().manual_seed(2)
     B = 8
     saw_long_run = False
     for _ in range(3):
         ids, offsets = _batch(B, gen)
+        psw = torch.rand(ids.numel(), generator=gen) * 2 - 0.5 if weighted else None
+        psw_dev = psw.to(device) if weighted else None
         plan = tri._plan(ids.to(device), offsets.to(device), B)
         saw_long_run |= int(plan["pend"][-1]) > 0  # some run has chunks
-        out_ref = ref.forward(ids, offsets)
-        out_tri = tri.forward(ids.to(device), offsets.to(device))
+        out_ref = ref.forward(ids, offsets, psw)
+        out_tri = tri.forward(ids.to(device), offsets.to(device), psw_dev)
         assert out_tri.shape == (B, sum(tri.dims)) and out_tri.dtype == torch.float32
         _close(out_tri, out_ref, rtol=1e-5, atol=1e-5)  # same stored weights, fp32 accumulate
         grad = torch.randn(out_ref.shape, generator=gen)
-        ref.backward_update(ids, offsets, grad)
-        tri.backward_update(ids.to(device), offsets.to(device), grad.to(device))
+        ref.backward_update(ids, offsets, grad, psw)
+        tri.backward_update(ids.to(device), offsets.to(device), grad.to(device), psw_dev)
         for w_ref, w_tri in zip(ref.weights(), tri.weights(), strict=True):
             assert w_tri.dtype == w_ref.dtype
             _close(w_tri, w_ref, **TOL[dtype])
@@ -196,10 +209,6 @@ def test_int32_indices_empty_batch_and_live_views(device: str) -> None:
                       torch.tensor([0, 0, 0, 1, 1], device=device))  # B=1: table 2 bag holds row 5
     assert torch.equal(one[0, 12:24].cpu(), torch.ones(12))
     assert tri.memory_bytes() == ref.memory_bytes()
-    # per-sample weights: refused in one line naming the kernels that take them, before any weight moves
-    with pytest.raises(ValueError, match="triton kernel: per-sample weights unsupported; use kernel=fbgemm"):
-        tri.backward_update(ids.to(device), offsets.to(device), torch.ones(4, sum(DIMS), device=device),
-                            torch.ones(ids.numel(), device=device))
 
 
 @pytest.mark.skipif("cpu" in DEVICES, reason="interpreter active in this process; CPU cases ran in-process")
@@ -237,7 +246,8 @@ def test_backward_never_waits_for_the_gpu() -> None:
                     reason="offline compile (ASTSource attrs) written against Triton 3.8 and 3.9")
 def test_update_and_forward_compile_to_16_byte_loads() -> None:
     """Compiled offline for an H100 (sm_90, Triton's bundled ptxas; no GPU needed): with dims that are
-    multiples of 4 the weight and gradient rows move in 16-byte `v4` loads and stores. A per-column
+    multiples of 4 the weight and gradient rows move in 16-byte `v4` loads and stores, with and without
+    per-sample weights (HAS_W: the weighted variants compile for the GPU too). A per-column
     mask (`cols < D`) compiles to 4-byte loads only: the kernel measured 1.4x slower for it."""
     code = r'''
 import os, re, sys
@@ -255,21 +265,24 @@ def ptx(fn, sig, consts, nw):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
 
 i32, f32 = "*i32", "*fp32"
-upd = ptx(tb._BWD_UPDATE, dict(sorted_b_ptr=i32, grad_ptr=f32, grad_stride="i32", run_key_ptr=i32,
-          first_b_ptr=i32, run_start_ptr="*i64", pend_ptr=i32, part_ptr=f32, dims_ptr=i32, col_off_ptr=i32,
-          w_off_ptr="*i64", s_off_ptr="*i64", w_ptr=f32, s_ptr=f32, n_runs_ptr=i32, lr="fp32", eps="fp32"),
-          dict(ADAGRAD=True, BF16=False, IDX=tl.int32, ROW_BITS=20, SPLIT=32, VEC=4, EVICT=True, BLOCK_R=4,
-               BLOCK_D=128), 2)
-one = ptx(tb._BWD_SINGLES, dict(key_ptr=i32, b_ptr=i32, count_ptr=i32, multi_ptr="*i8", grad_ptr=f32,
-          grad_stride="i32", dims_ptr=i32, col_off_ptr=i32, w_off_ptr="*i64", s_off_ptr="*i64", w_ptr=f32,
-          s_ptr=f32, n="i32", lr="fp32", eps="fp32"),
-          dict(ADAGRAD=True, BF16=False, IDX=tl.int32, ROW_BITS=20, VEC=4, EVICT=True, BLOCK_R=4,
-               BLOCK_D=128), 2)
-fwd = ptx(tb._FWD, dict(ids_ptr="*i64", offsets_ptr="*i64", w_ptr=f32, out_ptr=f32, w_off_ptr="*i64",
-          dims_ptr=i32, col_off_ptr=i32, B="i32", out_stride="i32"), dict(VEC=4, BLOCK_N=32, BLOCK_D=128), 4)
-print(len(re.findall(r"ld\.global\S*\.v4", upd)), len(re.findall(r"st\.global\S*\.v4", upd)),
-      len(re.findall(r"ld\.global\S*\.v4", one)), len(re.findall(r"st\.global\S*\.v4", one)),
-      len(re.findall(r"ld\.global\S*\.v4", fwd)))
+for has_w in (False, True):
+    upd = ptx(tb._BWD_UPDATE, dict(sorted_b_ptr=i32, sorted_sc_ptr=f32, grad_ptr=f32, grad_stride="i32",
+              run_key_ptr=i32, first_b_ptr=i32, first_sc_ptr=f32, run_start_ptr="*i64", pend_ptr=i32, part_ptr=f32,
+              dims_ptr=i32, col_off_ptr=i32, w_off_ptr="*i64", s_off_ptr="*i64", w_ptr=f32, s_ptr=f32,
+              n_runs_ptr=i32, lr="fp32", eps="fp32"),
+              dict(ADAGRAD=True, BF16=False, IDX=tl.int32, ROW_BITS=20, SPLIT=32, VEC=4, EVICT=True, BLOCK_R=4,
+                   BLOCK_D=128, HAS_W=has_w), 2)
+    one = ptx(tb._BWD_SINGLES, dict(key_ptr=i32, b_ptr=i32, sc_ptr=f32, count_ptr=i32, multi_ptr="*i8",
+              grad_ptr=f32, grad_stride="i32", dims_ptr=i32, col_off_ptr=i32, w_off_ptr="*i64", s_off_ptr="*i64",
+              w_ptr=f32, s_ptr=f32, n="i32", lr="fp32", eps="fp32"),
+              dict(ADAGRAD=True, BF16=False, IDX=tl.int32, ROW_BITS=20, VEC=4, EVICT=True, BLOCK_R=4,
+                   BLOCK_D=128, HAS_W=has_w), 2)
+    fwd = ptx(tb._FWD, dict(ids_ptr="*i64", offsets_ptr="*i64", w_ptr=f32, out_ptr=f32, w_off_ptr="*i64",
+              dims_ptr=i32, col_off_ptr=i32, sc_ptr=f32, B="i32", out_stride="i32"),
+              dict(VEC=4, BLOCK_N=32, BLOCK_D=128, HAS_W=has_w), 4)
+    print(len(re.findall(r"ld\.global\S*\.v4", upd)), len(re.findall(r"st\.global\S*\.v4", upd)),
+          len(re.findall(r"ld\.global\S*\.v4", one)), len(re.findall(r"st\.global\S*\.v4", one)),
+          len(re.findall(r"ld\.global\S*\.v4", fwd)))
 '''
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
@@ -277,8 +290,10 @@ print(len(re.findall(r"ld\.global\S*\.v4", upd)), len(re.findall(r"st\.global\S*
     if r.returncode and "ptxas" in r.stderr and "not found" in r.stderr:
         pytest.skip("this Triton build has no bundled ptxas")
     assert r.returncode == 0, r.stderr[-3000:]
-    upd_ld, upd_st, one_ld, one_st, fwd_ld = map(int, r.stdout.split()[-5:])
+    counts = [list(map(int, line.split())) for line in r.stdout.strip().splitlines()[-2:]]
+    assert len(counts) == 2, r.stdout
     # update: weight row, first gradient row, looped gradient rows, chunk partials (2 per thread each at
     # 4 rows x 128 cols over 64 threads); store: the weight row. singles: weight and gradient row, weight
     # store. forward: the gathered rows.
-    assert upd_ld >= 8 and upd_st >= 2 and one_ld >= 4 and one_st >= 2 and fwd_ld >= 8, r.stdout
+    for upd_ld, upd_st, one_ld, one_st, fwd_ld in counts:
+        assert upd_ld >= 8 and upd_st >= 2 and one_ld >= 4 and one_st >= 2 and fwd_ld >= 8, r.stdout
