@@ -531,7 +531,6 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
     if differ:  # the batches carry scores for the workload's weighted tables; the model weights its own
         raise UnsupportedConfig(f"{job['factory']}: table(s) {', '.join(differ)} weighted in the model and not in the "
                                 "workload, or the reverse; import it again with `cubic workload from-torchrec`")
-
     for p in paths:
         params = model.get_submodule(p).parameters()
         if cfg.emb_optimizer == "sgd":
