@@ -37,7 +37,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from cubic_harness.data import id_scores, make_batch
+from cubic_harness.data import make_batch
 from cubic_harness.workload import Workload
 from cubic_kernels import OptimSpec, make_kernel
 
@@ -131,14 +131,10 @@ def main() -> None:
     console = Console(width=140)
 
     wl = Workload.small()
-    wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, id_dist=args.dist) for t in wl.tables])
+    # every table weighted: the batches carry each id's score (harness/data.py), passed only to the weighted variants
+    wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, id_dist=args.dist, weighted=True) for t in wl.tables])
     rows, dims, B = [t.rows for t in wl.tables], [t.dim for t in wl.tables], 1024
     batches = [make_batch(wl, 0, s * B, B) for s in range(4)]
-    scores = []
-    for b in batches:
-        bounds = b.offsets[::B].tolist()
-        scores.append(torch.cat([torch.from_numpy(id_scores(0, t, b.ids[bounds[t]:bounds[t + 1]].numpy()))
-                                 for t in range(len(rows))]))
     grad = torch.randn(B, sum(dims), generator=torch.Generator().manual_seed(1)) * 1e-3
     init = [torch.randn(r, d, generator=torch.Generator().manual_seed(t)) * 0.01
             for t, (r, d) in enumerate(zip(rows, dims, strict=True))]
@@ -173,7 +169,7 @@ def main() -> None:
             # the order rotates every repeat: the first kernel after a batch change meets its ids cold
             for v in names[i % len(names):] + names[:i % len(names)]:
                 k, weighted = variants[v]
-                psw = scores[j] if weighted else None
+                psw = batches[j].scores if weighted else None
                 t0 = time.perf_counter()
                 k.forward(batches[j].ids, batches[j].offsets, *([psw] if weighted else []))
                 t1 = time.perf_counter()

@@ -535,7 +535,7 @@ def _update_task(data):
         if k >= a[1]:
             break
         if a[24] == 0:
-            _update_any(keys, grad, bag_of, None, B, a, wk, state, w_off, s_off, dims, d_off, chunks, k, lr, eps,
+            _update_any(keys, grad, None, None, B, a, wk, state, w_off, s_off, dims, d_off, chunks, k, lr, eps,
                         adagrad)
         else:
             _update_any(keys, grad, bag_of, psw, B, a, wk, state, w_off, s_off, dims, d_off, chunks, k, lr, eps,

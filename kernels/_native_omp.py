@@ -60,9 +60,14 @@ def _run(task, nthreads: int, size: int, n_items: int, arrays: tuple, scalars: t
     gomp()(task.address, a.ctypes.data, nthreads, 0)
 
 
+# an argument block's "no per-sample weights": empty arrays (the trampolines pass None to the kernels for them)
+_NO_F32, _NO_I64 = np.empty(0, np.float32), np.empty(0, np.int64)
+
+
 def forward(ids, offs, psw, w, w_off, rows, dims, d_off, B, items, out, err, nthreads: int) -> None:
     _run(nk._forward_task, nthreads, 28, items.shape[0],
-         (ids, offs, w, w_off, rows, dims, d_off, items, out, err, psw), (B,), nk._WKIND[w.dtype])
+         (ids, offs, w, w_off, rows, dims, d_off, items, out, err, _NO_F32 if psw is None else psw), (B,),
+         nk._WKIND[w.dtype])
 
 
 def sort_pairs(ids, offs, rows, B, T, keys, tmp, err, by_pos: bool, nthreads: int) -> None:
@@ -73,5 +78,5 @@ def update(keys, grad, bag_of, psw, B, w, state, w_off, s_off, dims, d_off, chun
            nthreads: int) -> None:
     f = np.array([lr, eps], np.float64)
     _run(nk._update_task, nthreads, 34, chunks.shape[0],
-         (keys, grad, w, state, w_off, s_off, dims, d_off, chunks, bag_of, psw), (B, int(adagrad), f.ctypes.data),
-         nk._WKIND[w.dtype])
+         (keys, grad, w, state, w_off, s_off, dims, d_off, chunks, _NO_I64 if bag_of is None else bag_of,
+          _NO_F32 if psw is None else psw), (B, int(adagrad), f.ctypes.data), nk._WKIND[w.dtype])

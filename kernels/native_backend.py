@@ -131,8 +131,6 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         self._d_off = np.asarray(self.dim_offsets[:-1], np.int64)
         self._keys = np.empty(0, np.int64)  # sort buffers, grown on demand and reused
         self._tmp = np.empty(0, np.int64)
-        self._none_f32 = np.empty(0, np.float32)  # "no per-sample weights" in the OpenMP argument blocks
-        self._none_i64 = np.empty(0, np.int64)
 
     def weights(self) -> list[torch.Tensor]:
         return self._w
@@ -184,8 +182,7 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         out_np = out.numpy().reshape(-1)
         w, w_off, rows, dims, d_off = self._w_np, self._w_off, self._rows, self._dims, self._d_off
         if _team(nthreads):
-            omp.forward(ids_np, off_np, self._none_f32 if psw is None else psw, w, w_off, rows, dims, d_off, B, items,
-                        out_np, err, nthreads)
+            omp.forward(ids_np, off_np, psw, w, w_off, rows, dims, d_off, B, items, out_np, err, nthreads)
         else:
             _parallel(lambda k0, k1: nk.forward(ids_np, off_np, psw, w, w_off, rows, dims, d_off, B, items, k0, k1,
                                                 out_np, err), items.shape[0], nthreads)
@@ -209,7 +206,7 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         if by_pos and n >= 2**32:
             raise ValueError(f"native kernel: {n} ids with per-sample weights; under 2^32 per call (positions are "
                              "packed into 32 bits for the backward's sort)")
-        bag_of = self._none_i64
+        bag_of = None
         if by_pos:  # each id position's bag row
             bag_of = np.zeros(n, np.int64)
             bag_of[off_np[0]: off_np[-1]] = np.repeat(np.arange(off_np.shape[0] - 1, dtype=np.int64) % B,
@@ -237,8 +234,7 @@ class NativeEmbeddingBags(EmbeddingBagKernel):
         dims, d_off = self._dims, self._d_off
         lr, eps, adagrad = float(self.optim.lr), float(self.optim.eps), self._adagrad
         if team:
-            omp.update(keys, g_np, bag_of, self._none_f32 if psw is None else psw, B, w, s, w_off, s_off, dims, d_off,
-                       chunks, lr, eps, adagrad, nthreads)
+            omp.update(keys, g_np, bag_of, psw, B, w, s, w_off, s_off, dims, d_off, chunks, lr, eps, adagrad, nthreads)
         else:
             _parallel(lambda k0, k1: nk.update(keys, g_np, bag_of, psw, B, w, s, w_off, s_off, dims, d_off, chunks,
                                                k0, k1, lr, eps, adagrad), chunks.shape[0], nthreads)

@@ -626,8 +626,9 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
     fixed += _batch_bytes(cfg)
     btd = B * wl.num_tables * wl.dim * 4  # the assembled pooled rows [B, T*D]
     dp_cols = len(dp_tables) * wl.dim
-    dp_ids = B * sum(pool[t] for t in dp_tables) * id_bytes(cfg.workload)
-    own_ids = B * sum(pool) * id_bytes(cfg.workload)
+    idb = id_bytes(wl)
+    dp_ids = B * sum(pool[t] for t in dp_tables) * idb
+    own_ids = B * sum(pool) * idb
     # the dense part at the start of its backward: the pooled rows, the activations autograd keeps
     # (dense_cost: each saved tensor once) and the gradients flowing back through the widest of them
     kept = [B * f * ab for f in dc.kept] + [B * f * 4 for f in dc.kept_fp32]
