@@ -176,6 +176,10 @@ def test_cli_bad_set_exits_2_with_one_line(args, needle):
      "bottom_mlp must end in the embedding dim 8"),
     ('{"tables": 2, "rows": 10, "dim": 8, "pooling": 1, "dense": 4, "bottom_mlp": [8], "top_mlp": [1], "x": 1}',
      "unknown key 'x'"),
+    ('{"tables": [{"name": "a", "rows": 10, "dim": 8, "weighted": "yes"}], "bottom_mlp": [8], "top_mlp": [1]}',
+     "table 'a' weighted='yes' must be true or false"),
+    ('{"tables": [{"name": "a", "rows": 10, "dim": 8, "weighted": true, "pooling_type": "mean"}], '
+     '"bottom_mlp": [8], "top_mlp": [1]}', "table 'a' is weighted and pooled by mean; weighted features pool by sum"),
 ])
 def test_cli_malformed_workload_exits_2(tmp_path, content, needle):
     f = tmp_path / "bad.json"
