@@ -161,9 +161,81 @@ def test_the_confirm_backs_off_a_rejected_fastest_configuration_to_its_layout(tm
     assert back.run["phase"] == "backoff" and back.state == TrialState.COMPLETE
     assert back.quality_ok is True and "numerics unchanged" in back.quality_reason and len(back.confirm_qps) == 2
     assert load(run, "stacked").user_attrs["winner"]["config"]["batch_size"] == 32
-    assert "back off: #1" in r.stdout and "dropping batch_size" in r.stdout
+    assert "back off: #1" in r.stdout and "keep none (the layout alone)" in r.stdout
     assert "1 of them the confirm's back-off" in r.stdout and "(back-off)" in r.stdout
 
+
+
+def back_off_plan_of_three_changes(measured: dict[frozenset, float] | None = None):
+    """The 1.00x `make tune`'s source (stop 29): fp16 tables, bf16 dense and bf16 comm on the default space,
+    rejected as not resolved. The screen measured dense bf16 costliest; dense bf16 also carries the speed."""
+    from cubic.tune import backoff
+
+    space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
+    src = {**space.baseline_params(), "kernel": "native", "sharding": "size_greedy", "pipeline_depth": 2,
+           "emb_precision": "fp16", "dense_precision": "bf16", "comm_precision": "bf16"}
+    changed = space.differs_in_numerics(src)
+    assert sorted(changed) == ["comm_precision", "dense_precision", "emb_precision"]
+
+    def speed(p: dict) -> float:
+        return (100.0 * (1.67 if p["dense_precision"] == "bf16" else 1.0) * (1.2 if p["emb_precision"] == "fp16"
+                else 1.0) * (1.1 if p["comm_precision"] == "bf16" else 1.0))
+
+    def kept(p: dict) -> frozenset:
+        return frozenset(k for k in changed if p[k] == src[k])
+
+    cost = {"dense_precision": 0.079, "comm_precision": 0.074, "emb_precision": 0.034}
+    return backoff.plan(space, src, changed, lambda p: (measured or {}).get(kept(p)),
+                        lambda ps: [speed(p) for p in ps], cost.__getitem__)
+
+
+def test_back_off_judges_the_fastest_expected_variant_first_and_goes_on_past_a_failure() -> None:
+    """The chain ordered by the screen's cost dropped dense bf16 first and stopped when that variant was no
+    faster than the baseline. The plan judges the variant that would win if it passed first, and a failed one
+    prunes only the variants that keep all of its changes."""
+    from cubic.tune.backoff import FAILED, PASSED
+
+    plan = back_off_plan_of_three_changes()
+    assert len(plan.order) == 7 and plan.budget == 3
+    d, e, c = "dense_precision", "emb_precision", "comm_precision"
+    first = plan.next(best_passed=100.0)
+    assert first is not None and first.kept == {d, e} and not first.measured and first.speed == pytest.approx(200.4)
+    plan.record(first, FAILED)
+    second = plan.next(best_passed=100.0)
+    assert second is not None and second.kept == {d, c}  # not pruned: it does not keep fp16 tables
+    plan.record(second, PASSED)
+    assert plan.next(best_passed=100.0) is None  # the first that passes wins: the rest is expected slower
+
+
+def test_back_off_prunes_by_what_was_judged_and_keeps_the_layout_alone_as_the_last_resort() -> None:
+    from cubic.tune.backoff import FAILED, SLOW
+
+    d, e, c = "dense_precision", "emb_precision", "comm_precision"
+    plan = back_off_plan_of_three_changes()
+    for want in ({d, e}, {d, c}, {d}):  # each fails: three variants with quality runs spend the budget
+        v = plan.next(best_passed=100.0)
+        assert v is not None and v.kept == want
+        plan.record(v, FAILED)
+    last = plan.next(best_passed=100.0)
+    assert last is not None and last.kept == frozenset()  # no quality run needed: beyond the budget
+    plan.record(last, SLOW)
+    assert plan.next(best_passed=100.0) is None
+
+    plan = back_off_plan_of_three_changes()
+    v = plan.next(best_passed=100.0)
+    plan.record(v, SLOW)  # keeping dense bf16 + fp16 tables is no faster than the baseline
+    rest = []
+    while (v := plan.next(best_passed=100.0)) is not None:
+        rest.append(v.kept)
+        plan.record(v, FAILED)
+    assert rest == [{d, c}, {e, c}]  # the subsets of a slow variant are slower still; then the budget is spent
+
+    # a variant the search ran is ordered by its run, and skipped where that is no faster than what passed
+    plan = back_off_plan_of_three_changes(measured={frozenset({d, e}): 90.0, frozenset({d, c}): 300.0})
+    v = plan.next(best_passed=100.0)
+    assert v is not None and v.kept == {d, c} and v.measured
+    plan.record(v, FAILED)
+    assert plan.next(best_passed=100.0).kept == {d}  # {d, e}'s run was 90: it cannot beat 100
 
 BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
 

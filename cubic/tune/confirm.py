@@ -19,14 +19,14 @@ the very numbers that pick the winner):
    straddles the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's
    samples. Only a candidate that passes gets its other `repeats - 1` re-measurements.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected for
-   quality (failed, or not resolved within the seed budget) and is faster than everything that passed, try
-   its layout with fewer of its numerics changes, the costliest first dropped (by what the screen measured
-   each change alone to cost; an unscreened one first), down to none, one new trial at a time, stopping at
-   the first that passes. Why: the fastest configurations stack two or three changes that each pass alone
-   (fp16 tables, bf16 dense, bf16 comm), and their sum sits at the tolerance, where no seed budget resolves
-   it; the walk then found nothing else that passed and the tune crowned the baseline, though the same
-   layout with one change fewer was 1.4x faster and within the tolerance. A back-off trial is a new trial
-   (phase "backoff"), judged as any candidate; it is the confirm's cost, not the search budget's.
+   quality (failed, or not resolved within the seed budget) and is faster than everything that passed, judge
+   its layout with fewer of its numerics changes, one new trial at a time, in the order and with the pruning
+   and budget of `cubic.tune.backoff`, stopping at the first that passes. Why: the fastest configurations
+   stack two or three changes that each pass alone (fp16 tables, bf16 dense, bf16 comm), and their sum sits
+   at the tolerance, where no seed budget resolves it; the walk then found nothing else that passed and the
+   tune crowned the baseline, though the same layout with one change fewer was 1.4x faster and within the
+   tolerance. A back-off trial is a new trial (phase "backoff"), judged as any candidate; it is the
+   confirm's cost, not the search budget's.
 5. The verdict and its reason go to every screened record (`quality_ok`, `quality_reason`).
 """
 
@@ -41,8 +41,11 @@ from optuna.trial import TrialState
 
 from cubic.execution.runner import Pending
 from cubic.quality.rules import MORE, NOT_RESOLVED, covering, matched_ne, noise_floor, paired_mean, within
+from cubic.search.proxy import Proxy
 from cubic.search.samplers import distributions
 from cubic.study.record import BACKOFF, TrialRecord
+from cubic.tune import backoff
+from cubic.tune.backoff import CRASHED, FAILED, PASSED, SLOW, BackoffPlan, Variant
 from cubic.tune.checks import QualityChecks, early_reject, paired_diff, reused
 from cubic.tune.context import Tuning
 from cubic.tune.work import BackoffRun, GateRun, RemeasureRun
@@ -66,8 +69,9 @@ class Confirm:
             t.quality_heldout_ok is not False if self.qr else t.quality_est_ok is not False)]
         self.screened: list[TrialRecord] = []  # in rank order, then the back-off trials
         self.walked = 0  # candidates the walk took from `cands`
-        self.chain: list[dict[str, Any]] | None = None  # back-off params still to try (None: not planned yet)
-        self.last_backoff: TrialRecord | None = None  # the back-off trial judged last
+        self.plan: BackoffPlan | None = None  # the back-off's variants (`cubic.tune.backoff`; None: not planned)
+        self.judging: Variant | None = None  # the back-off variant being judged
+        self.last_backoff: TrialRecord | None = None  # its trial (None: it did not complete)
         self.inflight: dict[int, int] = {}  # trial number -> re-measurements in flight
         self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
 
@@ -226,65 +230,96 @@ class Confirm:
 
     # ------------------------------------------------------------------ back off (step 4)
     def backoff(self, pending: list[Pending]) -> bool:
-        """Add the next back-off trial to the walk (a new trial on `pending`, or a finished one to `screened`);
-        False when there is none: no back-off is wanted, the last one passed, or the chain is spent."""
+        """Add the next back-off variant to the walk (a new trial on `pending`, or one the search ran to
+        `screened`); False when there is none: no back-off is wanted, one passed, or the plan is spent
+        (`cubic.tune.backoff`)."""
         ctx, space = self.ctx, self.ctx.space
-        if self.chain is None:
-            self.chain = self.backoff_chain()
-        while self.chain:
-            last = self.last_backoff
-            if last is not None and (self.verdict(last) is True or self.cannot_win(last) is not None):
-                break  # it passed, or it is no faster than the baseline: each later one drops more of the speed
-            params = self.chain.pop(0)
-            cfg = space.config(params)
+        if self.plan is None:
+            self.plan = self.backoff_plan()
+        if self.plan is None:
+            return False
+        if self.judging is not None:  # what the variant judged last found
+            self.plan.record(self.judging, self.outcome(self.last_backoff))
+            self.judging = None
+        while (v := self.plan.next(self.best_passed())) is not None:
+            cfg = space.config(v.params)
             number = ctx.store.completed_keys().get(cfg.key())
             if number is not None:  # the search already ran it: judge that trial
                 t = next((o for o in [*self.ranked, *self.screened] if o.number == number), None)
-                if t is None or t is self.base:
-                    break  # the layout without any numerics change is the baseline's own
-                if any(o is t for o in self.screened):  # judged already
-                    if self.verdict(t) is True:
-                        break
-                    continue
-                if not any(o is t for o in self.cands):  # rejected while searching
-                    continue
-                self.screened.append(t)
-                self.last_backoff = t
-                return True
-            ctx.store.enqueue(params, {"phase": BACKOFF})
+                if t is None or t is self.base:  # the layout alone is the baseline's own: no faster than it
+                    self.plan.record(v, SLOW)
+                elif any(o is t for o in self.screened):  # judged already
+                    self.plan.record(v, self.outcome(t))
+                elif not any(o is t for o in self.cands):  # rejected while searching
+                    self.plan.record(v, FAILED)
+                else:
+                    self.screened.append(t)
+                    self.judging, self.last_backoff = v, t
+                    return True
+                continue
+            ctx.store.enqueue(v.params, {"phase": BACKOFF})
             trial = ctx.store.study.ask(distributions(space))
             p = ctx.launch(trial, cfg, {**trial.user_attrs, "searcher": "confirm", "config": cfg.to_dict()},
                            BackoffRun(trial))
-            if p is not None:
-                pending.append(p)
-                return True
-            self.last_backoff = None  # refused by the memory model: the next variant
-        self.chain = []
+            if p is None:  # refused by the memory model
+                self.plan.record(v, CRASHED)
+                continue
+            pending.append(p)
+            self.judging, self.last_backoff = v, None
+            return True
         return False
 
-    def backoff_chain(self) -> list[dict[str, Any]]:
-        """The params to back off to, most numerics changes first: the source's (`backoff_source`) with its
-        changes set back to the baseline's one at a time, the costliest first."""
+    def outcome(self, t: TrialRecord | None) -> str:
+        """What judging a back-off variant's trial found (None: it did not complete)."""
+        if t is None:
+            return CRASHED
+        if self.verdict(t) is True:
+            return PASSED
+        return SLOW if self.cannot_win(t) is not None else FAILED
+
+    def best_passed(self) -> float:
+        """The fastest re-measured median among the configurations that passed (0 where none did)."""
+        passed = [t for t in ([self.base] if self.base else []) + self.screened
+                  if t.confirm_qps and self.verdict(t) is True]
+        return max((statistics.median(t.confirm_qps) for t in passed), default=0.0)
+
+    def backoff_plan(self) -> BackoffPlan | None:
+        """The variants of `backoff_source`'s configuration to judge, fastest expected first (None: none)."""
         src = self.backoff_source()
         if src is None:
-            return []
-        space, base = self.ctx.space, self.ctx.space.baseline_params()
+            return None
+        space, store = self.ctx.space, self.ctx.store
         changed = [k for k in space.differs_in_numerics(src.params) if k in src.params]
-        order = sorted(changed, key=lambda k: -self.change_cost(k, src.params[k]))
-        chain, p = [], dict(src.params)
-        for k in order:
-            p = space.canonical({**p, k: base[k]})
-            if space.valid(p):
-                chain.append(p)
-        if chain:
-            why = ("was rejected while searching" if src.number not in {t.number for t in self.screened} else
-                   "is not resolved" if self.qr is not None and self.checks.sequential(src, self.base)[0] ==
-                   NOT_RESOLVED else "fails")
-            self.ctx.view.note(
-                f"confirm: back off: #{src.number} ({self.speed(src):,.0f} qps) is faster than all that passed but "
-                f"its quality {why}; trying its layout with fewer numerics changes, dropping {', '.join(order)} in "
-                "turn (costliest first)")
-        return chain
+        values = {t.number: t.value for t in self.ranked}
+        keys = store.completed_keys()
+
+        def measured(p: dict[str, Any]) -> float | None:
+            number = keys.get(space.config(p).key())
+            return values.get(number) if number is not None else None
+
+        ok = [t for t in self.ranked if (t.value or 0.0) > 0]
+        proxy = Proxy(space).fit([space.tup(t.params) for t in ok], [t.value for t in ok]) if len(ok) >= 2 else None
+
+        def predict(ps: list[dict[str, Any]]) -> list[float]:
+            """The proxy's speed of each variant relative to its own of the source, times the source's search
+            run: on the measured variants' scale, and the proxy's level error cancels."""
+            mu, _ = proxy.predict([space.tup(p) for p in [src.params, *ps]])
+            return [(src.value or 0.0) * math.exp(float(m - mu[0])) for m in mu[1:]]
+
+        plan = backoff.plan(space, src.params, changed, measured, predict if proxy is not None else None,
+                            lambda k: self.change_cost(k, src.params[k]))
+        if not plan.order:
+            return None
+        why = ("was rejected while searching" if src.number not in {t.number for t in self.screened} else
+               "is not resolved" if self.qr is not None and self.checks.sequential(src, self.base)[0] ==
+               NOT_RESOLVED else "fails")
+        shown = "; ".join(f"{v.label()} ({v.speed:,.0f} qps {'measured' if v.measured else 'predicted'})"
+                          for v in plan.order)
+        self.ctx.view.note(
+            f"confirm: back off: #{src.number} ({self.speed(src):,.0f} qps) is faster than all that passed but its "
+            f"quality {why}; judging its layout with fewer of its numerics changes ({', '.join(changed)}), the "
+            f"fastest expected first, at most {plan.budget} with quality runs: {shown}")
+        return plan
 
     def backoff_source(self) -> TrialRecord | None:
         """The configuration to back off from: the fastest one rejected for its quality (a failed or unresolved
@@ -292,10 +327,7 @@ class Confirm:
         configuration that passed (None: there is none, or the policy judges no quality)."""
         if not self.ctx.policy.judges_quality:
             return None
-        passed = [t for t in ([self.base] if self.base else []) + self.screened
-                  if t.confirm_qps and self.verdict(t) is True]
-        best = max((statistics.median(t.confirm_qps) for t in passed), default=0.0)
-
+        best = self.best_passed()
         screened, cands = {t.number for t in self.screened}, {t.number for t in self.cands}
 
         def rejected(t: TrialRecord) -> bool:
