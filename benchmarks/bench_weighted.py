@@ -13,7 +13,9 @@ The order of the variants rotates every repeat (the first after a batch change m
 
 `--torchrec N`: also a model with two weighted tables beside two plain ones, on 2 ranks: in TorchRec (the TorchRec
 backend, `harness/torchrec_trial.py`) with FBGEMM and with cubic's native kernel, and in cubic's harness with the
-native kernel, weighted and with the same tables unweighted; alternating, N repeats each: samples/s.
+native and FBGEMM kernels; FBGEMM in TorchRec and both harness kernels also with the same tables unweighted;
+alternating, N repeats each: samples/s, beside the simulator's prediction of each and of the unweighted over
+weighted ratio (the validation of `weighted_cost`, which the kernel micro-measurements of `cubic calibrate` fit).
 
     python benchmarks/bench_weighted.py [--before REF] [--repeats 20] [--threads 1,2] [--dist zipf]
                                         [--torchrec N] [--out F]
@@ -84,14 +86,38 @@ class Scored(nn.Module):
         return self.head(torch.cat([self.tower(dense), a["f0"], a["f1"], b["f2"], b["f3"]], dim=1))
 
 
+class Plain(Scored):
+    \"\"\"The same four tables, none weighted.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        cfg = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=200_000, embedding_dim=64, feature_names=[f"f{i}"])
+               for i in range(4)]
+        self.ebc = EmbeddingBagCollection(tables=cfg)
+        self.wbc = None
+
+    def forward(self, dense, kjt):
+        a = self.ebc(kjt).to_dict()
+        return self.head(torch.cat([self.tower(dense), *(a[f"f{i}"] for i in range(4))], dim=1))
+
+
 def scored():
     return Scored()
+
+
+def plain():
+    return Plain()
 """
 
 
-def torchrec_runs(repeats: int, dist: str, console: Console) -> dict[str, list[float]]:
-    """Samples/s of the weighted model per variant (see the module docstring), alternating `repeats` times."""
+def torchrec_runs(repeats: int, dist: str, console: Console,
+                  cluster: Path) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Samples/s of the weighted model per variant (see the module docstring), alternating `repeats` times, and
+    the simulator's prediction of each on `cluster` (TorchRec's by its framework profile, where it has one): the
+    kernel micro-measurements its `weighted_cost` came from never ran these trials."""
     from cubic_harness.config import TrialConfig
+    from cubic_harness.sim.backend import simulate
+    from cubic_harness.sim.cluster import load_cluster
     from cubic_harness.torchrec_import import import_workload
     from cubic_harness.torchrec_trial import run_torchrec
     from cubic_harness.trial import run_trial
@@ -104,10 +130,19 @@ def torchrec_runs(repeats: int, dist: str, console: Console) -> dict[str, list[f
     cfg = TrialConfig(workload=wl, world_size=2, batch_size=1024, sharding="table_wise", warmup_steps=3,
                       measure_steps=24, windows=3, timeout_s=300)
     plain = dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=False) for t in wl.tables])
-    runs = {"TorchRec fbgemm": lambda: run_torchrec(cfg.replace(kernel="fbgemm"), cwd=str(folder)),
-            "TorchRec native": lambda: run_torchrec(cfg.replace(kernel="native"), cwd=str(folder)),
-            "harness native": lambda: run_trial(cfg.replace(kernel="native")),
-            "harness native, unweighted": lambda: run_trial(cfg.replace(kernel="native", workload=plain))}
+    plain = dataclasses.replace(plain, factory="scoredmodel:plain")
+    cfgs = {"TorchRec fbgemm": ("torchrec", cfg.replace(kernel="fbgemm")),
+            "TorchRec fbgemm, unweighted": ("torchrec", cfg.replace(kernel="fbgemm", workload=plain)),
+            "TorchRec native": ("torchrec", cfg.replace(kernel="native")),
+            "harness native": ("harness", cfg.replace(kernel="native")),
+            "harness native, unweighted": ("harness", cfg.replace(kernel="native", workload=plain)),
+            "harness fbgemm": ("harness", cfg.replace(kernel="fbgemm")),
+            "harness fbgemm, unweighted": ("harness", cfg.replace(kernel="fbgemm", workload=plain))}
+    local = load_cluster(cluster)
+    profiles = {"harness": local, **({"torchrec": local.for_framework("torchrec")} if local.frameworks else {})}
+    predicted = {k: simulate(c, profiles[fw]).qps for k, (fw, c) in cfgs.items() if fw in profiles}
+    runs = {k: (lambda c=c: run_torchrec(c, cwd=str(folder))) if fw == "torchrec" else (lambda c=c: run_trial(c))
+            for k, (fw, c) in cfgs.items()}
     qps: dict[str, list[float]] = {k: [] for k in runs}
     for r in range(repeats):
         for k in list(runs)[r % len(runs):] + list(runs)[:r % len(runs)]:
@@ -116,7 +151,7 @@ def torchrec_runs(repeats: int, dist: str, console: Console) -> dict[str, list[f
                 raise SystemExit(f"{k} failed: {res.error}")
             qps[k].append(res.qps)
             console.print(f"{k}: {res.qps:,.0f} samples/s")
-    return qps
+    return qps, predicted
 
 
 def main() -> None:
@@ -126,6 +161,9 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--dist", default="zipf", choices=["uniform", "zipf"])
     ap.add_argument("--torchrec", type=int, default=0, help="repeats of the TorchRec runs (0: none)")
+    ap.add_argument("--cluster", type=Path, default=ROOT / "clusters" / "local.yaml",
+                    help="the cluster file that prices the --torchrec runs (TorchRec's need its torchrec profile: "
+                         "`cubic calibrate --framework torchrec`)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     console = Console(width=140)
@@ -191,22 +229,29 @@ def main() -> None:
     console.print(table)
     console.print("over unweighted: a weighted variant's median step over its kernel's unweighted one; "
                   "`native at REF` over today's unweighted native (above 1: today's is faster)")
-    torchrec = torchrec_runs(args.torchrec, args.dist, console) if args.torchrec else {}
+    torchrec, predicted = torchrec_runs(args.torchrec, args.dist, console, args.cluster) if args.torchrec else ({}, {})
     if torchrec:
         t = Table(title=f"2 ranks, 2 plain + 2 weighted tables (200k x 64, {args.dist}, 20 ids a bag), batch 1024: "
                         f"samples/s, median (min..max) of {args.torchrec}")
-        for col in ("variant", "samples/s", "over TorchRec fbgemm"):
+        for col in ("variant", "samples/s", "over TorchRec fbgemm", "predicted", "unweighted over weighted",
+                    "predicted ratio"):
             t.add_column(col, justify="right")
         ref = statistics.median(torchrec["TorchRec fbgemm"])
         for k, v in torchrec.items():
+            plain = torchrec.get(f"{k}, unweighted")
+            pw, pu = predicted.get(k), predicted.get(f"{k}, unweighted")
+            ratio = f"{statistics.median(plain) / statistics.median(v):.2f}x" if plain else ""
             t.add_row(k, f"{statistics.median(v):,.0f} ({min(v):,.0f}..{max(v):,.0f})",
-                      f"{statistics.median(v) / ref:.2f}x")
+                      f"{statistics.median(v) / ref:.2f}x", f"{pw:,.0f}" if pw else "-", ratio,
+                      f"{pu / pw:.2f}x" if pu and pw else "")
         console.print(t)
+        console.print(f"predicted: the simulator on {args.cluster} (TorchRec's framework profile for TorchRec); "
+                      "its weighted_cost is calibrate's kernel micro-measurement, not fitted on these trials")
     console.print(f"load average at end {os.getloadavg()[0]:.1f} (on 2 cores, >1: other work shared them)")
     if args.out:
         Path(args.out).write_text(json.dumps({"workload": wl.name, "dist": args.dist, "batch": B,
                                               "repeats": args.repeats, "before": args.before, "runs": out,
-                                              "torchrec_qps": torchrec}, indent=1))
+                                              "torchrec_qps": torchrec, "predicted_qps": predicted}, indent=1))
 
 
 if __name__ == "__main__":

@@ -143,6 +143,9 @@ BAD = [
     ({"set": (None, "datacenters", {"count": 3, "bandwidth_gbs": 10, "latency_ms": 1})},
      "datacenters.count=3 does not divide nodes=1"),
     ({"set": (None, "base", "h100-9999")}, "base: 'h100-9999': choose one of ["),
+    ({"set": ("device", "weighted_cost", {"native": {"fwd": -1.0, "bwd": 1.2}})},
+     "device.weighted_cost.native.fwd: -1.0 must be > 0"),
+    ({"set": ("device", "weighted_cost", {"cuda": {"fwd": 1.0, "bwd": 1.2}})}, "device.weighted_cost"),
 ]
 
 
@@ -192,6 +195,11 @@ def test_cubic_calibrate_short_writes_a_cluster_file_that_loads(tmp_path: Path,
     ov = yaml.safe_load(out.read_text())["source"]["overlap"]  # a collective beside compute, measured
     assert ov["comm_ms"] > 0 and ov["compute_ms"] > 0 and ov["both_ms"] > 0
     assert c.device.overlap_hidden == pytest.approx(ov["hidden"], abs=1e-3) and -1 <= ov["hidden"] <= 1
+    w = yaml.safe_load(out.read_text())["source"]["weighted"]  # each backend weighted and not, interleaved
+    assert set(c.device.weighted_cost) == set(c.device.embedding) == set(w)
+    for b, cost in c.device.weighted_cost.items():
+        assert cost["fwd"] == pytest.approx(w[b]["fwd_w_ms"] / w[b]["fwd_ms"], rel=2e-3)
+        assert cost["bwd"] == pytest.approx(w[b]["bwd_w_ms"] / w[b]["bwd_ms"], rel=2e-3)
     assert simulate(TrialConfig(), c).status == "ok"
     assert (shipped.read_bytes() if shipped.exists() else None) == before  # the checkout's file untouched
     local_cluster.cache_clear()
@@ -783,3 +791,22 @@ def test_a_weighted_table_sends_a_score_beside_every_id() -> None:
     assert scored.features["a2a_bytes"] - plain.features["a2a_bytes"] == pytest.approx(ids * 4)
     assert scored.step_ms > plain.step_ms
     assert scored.per_rank["emb_fwd"] == plain.per_rank["emb_fwd"]
+
+
+def test_a_weighted_table_costs_the_extra_kernel_work_its_backend_measured() -> None:
+    """A weighted table's lookups take the backend's measured `weighted_cost` times as long, per phase (FBGEMM's CPU
+    backward computes the scores' gradient too: 3x); a backend without one is priced by its bytes alone."""
+    import dataclasses
+
+    from cubic_harness.planning import plan_for
+    from cubic_harness.sim.perf import estimate
+
+    wl = Workload.small()
+    weighted = dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=True) for t in wl.tables])
+    c = fixture_cluster()
+    c = dataclasses.replace(c, device=dataclasses.replace(c.device, weighted_cost={"torch": {"fwd": 1.1, "bwd": 3.0}}))
+    for kernel, want in (("torch", (1.1, 3.0)), ("native", (1.0, 1.0))):
+        cfg = TrialConfig(workload=wl, world_size=2, batch_size=1024, sharding="table_wise", kernel=kernel)
+        plain, scored = (estimate(x, plan_for(x, c), c) for x in (cfg, cfg.replace(workload=weighted)))
+        for phase, m in zip(("emb_fwd", "emb_bwd"), want, strict=True):
+            assert scored.per_rank[phase] == pytest.approx([m * x for x in plain.per_rank[phase]], rel=1e-9), phase

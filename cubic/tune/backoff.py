@@ -6,12 +6,12 @@ baseline's values. With n changes there are 2^n - 1 variants below the source.
 1. Order: fastest first. A variant the search ran is ordered by its search run; any other by the proxy's
    prediction (`cubic.search.proxy.Proxy`, fitted on the study's measured trials). Ties go to the variant
    that keeps more changes, then to the one whose dropped changes the screen measured costliest.
-   Why not the screen's cost, as the first plan had it: the screen judges each change alone over a seed or
-   two, and stacked changes do not add up (bf16 dense and bf16 comm round the same activations). A chain
-   ordered by that cost dropped the change that carried the speed (dense bf16, 1.67x here), found the
-   variant no faster than the baseline, and stopped; the variant that dropped fp16 tables instead won an
-   earlier tune at 1.46x. Which variant passes is known only by judging it; what to judge first is the
-   one that would win if it passed.
+   Why not by the screen's cost: the screen judges each change alone over a seed or two, and stacked
+   changes do not add up (bf16 dense and bf16 comm round the same activations). Dropping the change the
+   screen found costliest can drop the one that carries the speed (dense bf16, 1.67x on the default space),
+   while dropping fp16 tables instead keeps 1.46x and passes. Which variant passes is known only by judging
+   it; what to judge first is the one that would win if it passed. The proxy's speed is taken relative to
+   its own of the source, times the source's search run, so predicted and measured variants share a scale.
 2. Prune by what was judged, on two monotone assumptions: a change only adds error, and it only adds speed.
    - A variant that keeps every change of one that failed (or was not resolved) would fail too.
    - A variant that keeps only changes of one measured no faster than the baseline cannot win.

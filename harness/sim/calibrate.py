@@ -115,6 +115,39 @@ def embedding_eff(backend: str, precision: str, dim: int, device: torch.device, 
             "fwd_ms": f_ms, "bwd_ms": b_ms}
 
 
+def weighted_cost(backend: str, device: torch.device, reps: int, dim: int = 64, tables: int = 4,
+                  rows: int = 200_000, bags: int = 2048, pooling: int = 20) -> dict[str, float]:
+    """What per-sample weights (TorchRec's weighted features) cost one backend: a weighted call's time over an
+    unweighted one's, forward and backward+optimizer, the two interleaved call by call on one kernel, so the
+    machine's drift hits both alike. The bytes cannot say it: the score is 4 bytes beside an id's 8 and a row's
+    256, yet FBGEMM's CPU backward also computes the scores' gradient (3x its step, `bench_weighted.py`)."""
+    from cubic_kernels import OptimSpec, make_kernel
+
+    k = make_kernel(backend, [rows] * tables, [dim] * tables, optim=OptimSpec("rowwise_adagrad", lr=0.01),
+                    device=device)
+    k.load([torch.randn(rows, dim) * 0.01 for _ in range(tables)])
+    g = torch.Generator().manual_seed(dim)
+    n = tables * bags * pooling
+    ids = torch.randint(0, rows, (n,), generator=g).to(device)
+    offsets = torch.arange(0, n + 1, pooling, device=device)
+    psw = (torch.rand(n, generator=g) + 0.5).to(device)
+    grad = torch.randn(bags, tables * dim, device=device) * 1e-3
+    calls = {"fwd": lambda *w: k.forward(ids, offsets, *w), "bwd": lambda *w: k.backward_update(ids, offsets, grad, *w)}
+    ms: dict[str, list[float]] = {f"{ph}{w}": [] for ph in calls for w in ("", "_w")}
+    for r in range(2 + reps):  # 2 warm-up rounds
+        for ph, call in calls.items():
+            for w, args in (("", ()), ("_w", (psw,))) if r % 2 else (("_w", (psw,)), ("", ())):
+                _sync(device)
+                t0 = time.perf_counter()
+                call(*args)
+                _sync(device)
+                if r >= 2:
+                    ms[f"{ph}{w}"].append((time.perf_counter() - t0) * 1e3)
+    med = {k: statistics.median(v) for k, v in ms.items()}
+    return {"fwd": med["fwd_w"] / med["fwd"], "bwd": med["bwd_w"] / med["bwd"],
+            **{f"{k}_ms": round(v, 4) for k, v in med.items()}}
+
+
 # ---------------------------------------------------------------------- two rank processes side by side
 def _burst(a: torch.Tensor, n: int) -> None:
     for _ in range(n):
@@ -480,6 +513,12 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
             thread_exp[b] = round(max(0.0, math.log2((one["fwd_ms"] + one["bwd_ms"]) /
                                                      (two["fwd_ms"] + two["bwd_ms"]))), 3)
     src["embedding"] = raw
+    weighted = {}
+    for b in _backends(device):
+        progress(f"embedding kernel {b}, weighted")
+        w = weighted_cost(b, device, reps, bags=512 if (short or b == "torch") else 2048)
+        src.setdefault("weighted", {})[b] = {k: round(v, 4) for k, v in w.items()}
+        weighted[b] = {"fwd": round(w["fwd"], 3), "bwd": round(w["bwd"], 3)}
 
     progress("dense part beyond its GEMMs")
     other = dense_other(device, dense, reps, (512, 2048) if short else (256, 1024, 4096))
@@ -535,6 +574,7 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
             "gemm_half_mflop": round(half, 4),
             "embedding": emb,
             "thread_exp": thread_exp,
+            "weighted_cost": weighted,
             "elementwise_gbs": other,
             **({"shared_speed": shared} if shared else {}),
             **({"replica_merge_gbs": src["replica_merge"]["merge_gbs"]} if "replica_merge" in src else {}),

@@ -93,6 +93,8 @@ class Device:
     shared_speed: dict[str, float] = field(default_factory=dict)  # CPU: speed a rank keeps (dense, embedding)
     #   when every core of its node runs a rank (shared caches and memory bandwidth)
     glue_ns_per_id: float = 0.0  # the embedding collection's own work (id routing, assembly) per local id
+    weighted_cost: dict[str, dict[str, float]] = field(default_factory=dict)  # backend -> phase (fwd, bwd) ->
+    #   a weighted table's lookup time over an unweighted one's (per-sample weights); absent: 1, bytes only
     host_link_gbs: float = 0.0  # GPU: device <-> host memory (PCIe) per device; 0 = tables must fit the device
     jitter: float = 0.0  # the wait at a collective per ms of compute before it (ranks drift apart)
     replica_merge_gbs: dict[str, float] = field(default_factory=dict)  # 2D weight_avg merge, beyond its wire:
@@ -228,6 +230,11 @@ class FwdBwd(Strict):
     bwd: Curve = Field(description="the same for backward + optimizer, by row width")
 
 
+class WeightedCost(Strict):
+    fwd: Pos = Field(description="a weighted forward's time over an unweighted one's (cubic calibrate)")
+    bwd: Pos = Field(description="the same for backward + optimizer (FBGEMM's CPU one computes the weights' grad)")
+
+
 def _needs_fp32(per: dict[str, Any], what: str) -> dict[str, Any]:
     if "fp32" not in per:
         raise ValueError(f"must map {what} (fp32 required)")
@@ -252,6 +259,8 @@ class DeviceSpec(Strict):
     shared_speed: dict[Literal["dense", "embedding"], Annotated[float, Field(gt=0, le=1)]] = {}
     replica_merge_gbs: dict[Literal["sparse", "dense"], Pos] = {}
     glue_ns_per_id: NonNeg = 0.0
+    weighted_cost: dict[Kernel, WeightedCost] = Field(
+        {}, description="per backend, a weighted table's lookup time over an unweighted one's; absent: 1")
     jitter: NonNeg = 0.0
     host_link_gbs: NonNeg = 0.0
     overlap_hidden: Annotated[float, Field(ge=-1, le=1)] = Field(
@@ -326,7 +335,8 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
         dict(dv.thread_exp), dv.step_overhead_ms, dv.cores or 0, process_mb=dv.process_mb,
         spawned_process_mb=dv.spawned_process_mb,
         elementwise_gbs={k: dict(v) for k, v in dv.elementwise_gbs.items()}, shared_speed=dict(dv.shared_speed),
-        glue_ns_per_id=dv.glue_ns_per_id, host_link_gbs=dv.host_link_gbs, jitter=dv.jitter,
+        glue_ns_per_id=dv.glue_ns_per_id, weighted_cost={k: v.model_dump() for k, v in dv.weighted_cost.items()},
+        host_link_gbs=dv.host_link_gbs, jitter=dv.jitter,
         replica_merge_gbs=dict(dv.replica_merge_gbs), overlap_hidden=dv.overlap_hidden,
         reads_own_ids=dv.reads_own_ids)
     net = f.network

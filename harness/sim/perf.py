@@ -146,6 +146,7 @@ class Speeds:
     dense_speed: float
     ranks_per_node: int
     effs: dict[tuple[str, int], float] = field(default_factory=dict)  # (phase, width) -> efficiency
+    weighted: dict[str, float] = field(default_factory=dict)  # phase -> a weighted table's time over unweighted
 
 
 def speeds(cfg: TrialConfig, c: Cluster) -> Speeds:
@@ -163,7 +164,7 @@ def speeds(cfg: TrialConfig, c: Cluster) -> Speeds:
         dense = _thread_speed(t, rpn, cores, c.device.thread_exp.get("dense", 0.0)) * share["dense"]
     else:
         emb = dense = 1.0
-    return Speeds(c.device.mem_bw_gbs, eff, emb, dense, rpn)
+    return Speeds(c.device.mem_bw_gbs, eff, emb, dense, rpn, weighted=c.device.weighted_cost.get(cfg.kernel, {}))
 
 
 def _thread_speed(threads: int, ranks: int, cores: int, exp: float) -> float:
@@ -178,12 +179,14 @@ def _thread_speed(threads: int, ranks: int, cores: int, exp: float) -> float:
     return min(min(threads, cores) ** exp, cores / ranks)
 
 
-def _emb_ms(nbytes: float, phase: str, dim: int, s: Speeds) -> float:
+def _emb_ms(nbytes: float, phase: str, dim: int, s: Speeds, weighted: bool = False) -> float:
+    """A kernel phase's time for its bytes at this width; a weighted table's times the backend's measured
+    `weighted_cost` (its scores' bytes are few; what they cost is the kernel's extra work)."""
     key = (phase, dim)
     eff = s.effs.get(key)
     if eff is None:  # a few widths per config, asked per shard: interpolate each once
         eff = s.effs[key] = s.eff.at(phase, dim)
-    return nbytes / (s.copy_gbs * 1e6 * eff * s.emb_speed)
+    return nbytes / (s.copy_gbs * 1e6 * eff * s.emb_speed) * (s.weighted.get(phase, 1.0) if weighted else 1.0)
 
 
 # ---------------------------------------------------------------------- planner costs
@@ -218,7 +221,7 @@ class TableCosts:
         s = self._speeds(cfg)
         if s is None:
             return f / 1e6, u / 1e6
-        return _emb_ms(f, "fwd", t.dim, s), _emb_ms(u, "bwd", t.dim, s)
+        return _emb_ms(f, "fwd", t.dim, s, t.weighted), _emb_ms(u, "bwd", t.dim, s, t.weighted)
 
     def dp_table(self, t: TableSpec, cfg: TrialConfig) -> float:
         """Local lookup of B bags, the sparse all-gather's bandwidth, the update with the union of W*B."""
@@ -291,8 +294,9 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
             frac = lookup_share(t, sh.row_start, sh.row_end, wl.profiled)
             bags = G * B
             ids = bags * pool[tp.table] * frac
-            fwd[sh.rank] += _emb_ms(lookup_bytes(ids, bags, sh.dim, wb), "fwd", sh.dim, s)
-            bwd[sh.rank] += _emb_ms(update_bytes(ids * upd_mult, bags * upd_mult, sh.dim, wb, sb), "bwd", sh.dim, s)
+            fwd[sh.rank] += _emb_ms(lookup_bytes(ids, bags, sh.dim, wb), "fwd", sh.dim, s, t.weighted)
+            bwd[sh.rank] += _emb_ms(update_bytes(ids * upd_mult, bags * upd_mult, sh.dim, wb, sb), "bwd", sh.dim, s,
+                                    t.weighted)
             recv_cols += sh.dim
             lens_send += B * ID_BYTES
             ids_send += B * pool[tp.table] * frac * idb
@@ -344,8 +348,8 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
                 offload[p] = off
 
     dp = [(wl.tables[i], pool[i]) for i in plan.dp_tables()]
-    dp_fwd = sum(_emb_ms(lookup_bytes(B * p, B, t.dim, wb), "fwd", t.dim, s) for t, p in dp)
-    dp_bwd = sum(_emb_ms(update_bytes(W * B * p, W * B, t.dim, wb, sb), "bwd", t.dim, s) for t, p in dp)
+    dp_fwd = sum(_emb_ms(lookup_bytes(B * p, B, t.dim, wb), "fwd", t.dim, s, t.weighted) for t, p in dp)
+    dp_bwd = sum(_emb_ms(update_bytes(W * B * p, W * B, t.dim, wb, sb), "bwd", t.dim, s, t.weighted) for t, p in dp)
     emb_fwd = max(fwd) + dp_fwd
     emb_bwd = max(bwd) + dp_bwd
 
