@@ -92,18 +92,20 @@ class _TraceTable:
     lengths: np.ndarray
     starts: np.ndarray
     rows: np.ndarray
+    scores: np.ndarray | None = None  # the data's score per row entry (a weighted table's, where it had them)
 
     @property
     def train(self) -> int:
         n = self.lengths.size
         return n - n // 8 if n >= 16 else n
 
-    def bags(self, idx: np.ndarray, held_out: bool) -> tuple[np.ndarray, np.ndarray]:
+    def bags(self, idx: np.ndarray, held_out: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(lengths, rows, the data's scores or None) of samples `idx`."""
         n_eval = max(1, self.lengths.size - self.train)
         k = (self.train + idx % n_eval) if held_out and self.lengths.size >= 16 else idx % self.train
         lens = self.lengths[k]
         at = np.repeat(self.starts[k], lens) + np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
-        return lens, self.rows[at]
+        return lens, self.rows[at], None if self.scores is None else self.scores[at]
 
 
 _TRACES: dict[tuple[str, str], list[_TraceTable]] = {}
@@ -116,9 +118,10 @@ def _trace(wl: Workload) -> list[_TraceTable]:
     key = (wl.data.trace, wl.data.trace_sha256)
     if key not in _TRACES:
         tables = []
-        for t, (lens, rows) in zip(wl.tables, load_trace(Path(wl.data.trace), wl.num_tables), strict=True):
+        for t, (lens, rows, scores) in zip(wl.tables, load_trace(Path(wl.data.trace), wl.num_tables), strict=True):
             lens = lens.astype(np.int64).reshape(-1, len(t.feature_names)).sum(axis=1)
-            tables.append(_TraceTable(lens, np.cumsum(lens) - lens, rows.astype(np.int64) % t.rows))
+            tables.append(_TraceTable(lens, np.cumsum(lens) - lens, rows.astype(np.int64) % t.rows,
+                                      scores if t.weighted else None))
         _TRACES[key] = tables
     return _TRACES[key]
 
@@ -131,8 +134,9 @@ class Batch:
     ids: torch.Tensor  # [sum of lengths] int64
     offsets: torch.Tensor  # [T*B + 1] int64
     labels: torch.Tensor  # [B] fp32
-    # [sum of lengths] fp32, beside `ids`, when the workload has weighted tables: their ids' scores
-    # (`id_scores`), 1.0 for the others' ids (weights come for every id or none, as in a KeyedJaggedTensor)
+    # [sum of lengths] fp32, beside `ids`, when the workload has weighted tables: their ids' scores (a replayed
+    # trace's own where the data had them, else `id_scores`), 1.0 for the others' ids (weights come for every
+    # id or none, as in a KeyedJaggedTensor)
     scores: torch.Tensor | None = None
 
     @property
@@ -154,12 +158,13 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held
     dense = _uniform(seed, s, 1_000 + np.arange(wl.dense_features, dtype=np.uint64))
     teacher_w = _uniform(seed, 7, np.arange(wl.dense_features, dtype=np.uint64)) * 2 - 1
     logit = (dense - 0.5) @ teacher_w * (6.0 / np.sqrt(max(wl.dense_features, 1)))  # none: no dense signal
-    ids_per_table, lengths = [], []
+    ids_per_table, lengths, data_scores = [], [], []
     scale = wl.teacher_emb_scale / np.sqrt(wl.num_tables)
     trace = _trace(wl) if wl.id_source == "trace" else None
     for ti, t in enumerate(wl.tables):
+        sc = None
         if trace is not None:
-            lens, ids = trace[ti].bags(idx, held_out)
+            lens, ids, sc = trace[ti].bags(idx, held_out)
         elif wl.id_source == "profile":
             lens, ids = _profiled_bags(t, seed, ti, g)
         else:
@@ -168,6 +173,7 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held
             lens = np.full(batch_size, t.pooling, dtype=np.int64)
         ids_per_table.append(ids)
         lengths.append(lens)
+        data_scores.append(sc)
         if ids.size:  # the teacher reads each bag's mean row weight (an empty bag: 0)
             row_w = _uniform(seed, 99 + ti, ids.astype(np.uint64)) * 2 - 1
             bag = np.repeat(np.arange(batch_size), lens)
@@ -178,8 +184,8 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held
     scores = None
     if wl.weighted:
         scores = torch.from_numpy(np.concatenate([
-            id_scores(seed, ti, ids) if t.weighted else np.ones(ids.size, np.float32)
-            for ti, (t, ids) in enumerate(zip(wl.tables, ids_per_table, strict=True))]))
+            np.ones(ids.size, np.float32) if not t.weighted else sc if sc is not None else id_scores(seed, ti, ids)
+            for ti, (t, ids, sc) in enumerate(zip(wl.tables, ids_per_table, data_scores, strict=True))]))
     return Batch(
         dense=torch.from_numpy(dense.astype(np.float32)),
         ids=torch.from_numpy(np.concatenate(ids_per_table).astype(np.int64)),

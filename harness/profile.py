@@ -20,6 +20,12 @@ Formats (`FORMATS`; `auto` picks by suffix, a directory by its files' common suf
   `lengths` (feature-major: lengths[f * B + b]), one batch per file or several as keys_0/values_0/
   lengths_0, keys_1/... . The .safetensors form is not read: the `safetensors` package is not installed.
 
+Scores of a weighted table's feature f (TorchRec's id-score lists, `TableSpec.weighted`), where the data has
+them: parquet and CSV/TSV a column `f_weights` (`score_column`) beside f's ids, one number per id in the same
+shape (a list, a delimited string, or a scalar); a KJT npz its `weights` array (`weights_0`, ...) beside
+`values`. They go into the trace beside the rows, and a replay hands them to the kernels. A weighted table
+whose features' scores are not all in the data takes synthetic ones (`data.id_scores`); Criteo has none.
+
 Raw ids become rows (`hash_to_rows`; DataSample.hashing names the rules used): integers `id % rows`
 ("modulo", Python's sign rule), Criteo hex `int(hex, 16) % rows` ("hex-modulo"), text (and non-integral
 numbers) pandas' stable 64-bit hash `% rows` ("hash64"); a workload mixing them joins the names by "+".
@@ -63,17 +69,26 @@ Bags = tuple[np.ndarray, np.ndarray]  # (lengths int64 [bags], values concatenat
 
 
 # ---------------------------------------------------------------------- public API
-def read_features(path: Path, fmt: str, features: list[str], *, max_rows: int = 0,
-                  delimiter: str = "|") -> tuple[int, dict[str, Bags], str]:
+def score_column(feature: str) -> str:
+    """The column holding a weighted feature's scores, one per id (KJT: the batch's `weights`)."""
+    return f"{feature}_weights"
+
+
+def read_features(path: Path, fmt: str, features: list[str], *, max_rows: int = 0, delimiter: str = "|",
+                  scores: list[str] = ()) -> tuple[int, dict[str, Bags], str]:
     """-> (rows read, feature -> (lengths int64 [rows], raw values concatenated), format actually used).
-    `max_rows` > 0 reads at most that many rows (over a directory's files, in name order)."""
+    `max_rows` > 0 reads at most that many rows (over a directory's files, in name order). `scores`: features
+    whose scores to read too where the data has them (in every file), as `score_column(f)` -> (lengths,
+    float64 scores)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: data file not found")
     files = _files(path)
     fmt = _resolve_format(path, fmt, files)
     features = list(dict.fromkeys(features))
+    score_cols = [score_column(f) for f in dict.fromkeys(scores)] if fmt != "criteo" else []
     rows, parts = 0, {f: [] for f in features}
+    found: set[str] | None = None  # the score columns every file read so far has
     for file in files:
         left = max_rows - rows if max_rows else 0
         if max_rows and left <= 0:
@@ -81,16 +96,22 @@ def read_features(path: Path, fmt: str, features: list[str], *, max_rows: int = 
         if file.stat().st_size == 0:
             raise ConfigError(f"{file}: empty file; expected {fmt} data with features {features}")
         if fmt == "parquet":
-            n, bags = _read_parquet(file, features, left)
+            n, bags = _read_parquet(file, features, left, score_cols)
         elif fmt in ("csv", "tsv"):
-            n, bags = _read_csv(file, features, left, "," if fmt == "csv" else "\t", delimiter, fmt)
+            n, bags = _read_csv(file, features, left, "," if fmt == "csv" else "\t", delimiter, fmt, score_cols)
         elif fmt == "criteo":
             n, bags = _read_criteo(file, features, left)
         else:
-            n, bags = _read_kjt(file, features, left)
+            n, bags = _read_kjt(file, features, left, score_cols)
+        here = {c for c in score_cols if c in bags}
+        if found is not None and here != found:
+            odd = sorted(here ^ found)[0]
+            raise ConfigError(f"{file}: column {odd!r} is in some of the data's files and not in others; scores "
+                              "come from every file or none")
+        found = here
         rows += n
-        for f in features:
-            parts[f].append(bags[f])
+        for f in [*features, *sorted(here)]:
+            parts.setdefault(f, []).append(bags[f])
     if rows == 0:
         raise ConfigError(f"{path}: no rows (a header or empty batches only); expected at least one sample "
                           f"of features {features}")
@@ -99,6 +120,8 @@ def read_features(path: Path, fmt: str, features: list[str], *, max_rows: int = 
         vals = [v for _, v in ps if v.size] or [ps[0][1]]
         lens = ps[0][0] if len(ps) == 1 else np.concatenate([ln for ln, _ in ps])
         out[f] = lens.astype(np.int64, copy=False), vals[0] if len(vals) == 1 else np.concatenate(vals)
+    for c in found or ():
+        out[c] = out[c][0], _numbers(out[c][1], f"{path}: column {c!r}")
     return rows, out, fmt
 
 
@@ -145,10 +168,11 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
     """
     path = Path(path)
     features = [f for t in wl.tables for f in t.feature_names]
-    rows, bags, used = read_features(path, fmt, features, max_rows=max_rows, delimiter=delimiter)
-    kinds, tables, traces = [], [], []
+    weighted = [f for t in wl.tables if t.weighted for f in t.feature_names]
+    rows, bags, used = read_features(path, fmt, features, max_rows=max_rows, delimiter=delimiter, scores=weighted)
+    kinds, tables, traces, scored = [], [], [], []
     for t in wl.tables:
-        parts = []
+        parts, score_parts = [], []
         for f in t.feature_names:
             lengths, values = bags[f]
             kinds.append("hex-modulo" if used == "criteo" else _hash_kind(values))
@@ -156,15 +180,24 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
                 parts.append((lengths, hash_to_rows(values, t.rows, hex_ids=used == "criteo")))
             except ConfigError as e:
                 raise ConfigError(f"{path}: feature {f!r}: {e}") from None
+            if t.weighted and score_column(f) in bags:
+                score_lengths, s = bags[score_column(f)]
+                if not np.array_equal(score_lengths, lengths):
+                    row = int(np.flatnonzero(score_lengths != lengths)[0])
+                    raise ConfigError(f"{path}: column {score_column(f)!r} has {score_lengths[row]} scores in row "
+                                      f"{row} where feature {f!r} has {lengths[row]} ids; one score per id")
+                score_parts.append((lengths, s.astype(np.float32)))
+        if score_parts and len(score_parts) == len(parts):  # every feature's scores, or the table's are synthetic
+            scored.append(t.name)
         lengths, rows_hit = _interleave(parts)
         if rows_hit.size == 0:
             raise ConfigError(f"{path}: table {t.name!r} (features {t.feature_names}) has no ids in the {rows} rows "
                               "read; a profile needs at least one id")
         p = profile_ids(lengths, rows_hit, t.rows, tuple(batch_sizes), bags_per_sample=len(parts))
         tables.append(dataclasses.replace(t, profile=p, pooling=max(1, round(p.bag_mean * len(t.feature_names)))))
-        traces.append((lengths, rows_hit))
+        traces.append((lengths, rows_hit, _interleave(score_parts)[1] if t.name in scored else None))
     hashing = "+".join(k for k in ("modulo", "hex-modulo", "hash64") if k in kinds)
-    data = DataSample(source=path.name, format=used, sample_rows=rows, hashing=hashing)
+    data = DataSample(source=path.name, format=used, sample_rows=rows, hashing=hashing, scores=tuple(scored))
     out = dataclasses.replace(wl, tables=tables, id_source="profile", data=data).validate(str(path))
     if trace_path is not None:
         sha = write_trace(Path(trace_path), traces)
@@ -172,13 +205,16 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
     return out
 
 
-def write_trace(path: Path, tables: list[Bags]) -> str:
-    """Write each table's (lengths, rows) as an npz (lengths_{i}, rows_{i}: int32 where they fit, half the file,
-    else int64; no pickle) and return its sha256. Written to a temporary file beside it, then renamed over
-    it: a reader sees the old trace or the new one, never half of one."""
+def write_trace(path: Path, tables: list[Bags | tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> str:
+    """Write each table's (lengths, rows[, scores]) as an npz (lengths_{i}, rows_{i}: int32 where they fit, half
+    the file, else int64; scores_{i} fp32 where a table has the data's scores; no pickle) and return its sha256.
+    Written to a temporary file beside it, then renamed over it: a reader sees the old trace or the new one,
+    never half of one."""
     path = Path(path)
     arrays = {}
-    for i, (lengths, rows) in enumerate(tables):
+    for i, (lengths, rows, *scores) in enumerate(tables):
+        if scores and scores[0] is not None:
+            arrays[f"scores_{i}"] = np.asarray(scores[0], dtype=np.float32)
         rows = np.asarray(rows)
         fits = rows.size == 0 or (int(rows.min()) >= -(2**31) and int(rows.max()) < 2**31)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -203,9 +239,9 @@ def write_trace(path: Path, tables: list[Bags]) -> str:
             Path(tmp).unlink(missing_ok=True)
 
 
-def load_trace(path: Path, num_tables: int) -> list[Bags]:
-    """The trace `write_trace` wrote: per table (lengths int64, rows int32 or int64), checked against the
-    workload's table count and for lengths that add up to the rows."""
+def load_trace(path: Path, num_tables: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """The trace `write_trace` wrote: per table (lengths int64, rows int32 or int64, the data's scores fp32 or
+    None), checked against the workload's table count and for lengths that add up to the rows (and scores)."""
     path = Path(path)
     rerun = "run `cubic workload profile DATA --workload FILE` again"
     try:
@@ -218,7 +254,7 @@ def load_trace(path: Path, num_tables: int) -> list[Bags]:
         raise ConfigError(f"{path}: not a trace (an npz of lengths_i, rows_i): a single array")
     with z:
         want = {f"{k}_{i}" for i in range(num_tables) for k in ("lengths", "rows")}
-        if set(z.files) != want:
+        if set(z.files) - {f"scores_{i}" for i in range(num_tables)} != want:
             held = sum(1 for k in z.files if k.startswith("lengths_"))
             raise ConfigError(f"{path}: trace holds {held} tables (arrays {sorted(z.files)[:6]}...); the workload "
                               f"has {num_tables}; {rerun}")
@@ -226,13 +262,16 @@ def load_trace(path: Path, num_tables: int) -> list[Bags]:
         for i in range(num_tables):
             try:
                 lengths, rows = z[f"lengths_{i}"], z[f"rows_{i}"]
+                scores = z[f"scores_{i}"] if f"scores_{i}" in z.files else None
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
                 raise ConfigError(f"{path}: trace table {i} is corrupt: {_line(e)}; {rerun}") from None
             if (lengths.ndim != 1 or rows.ndim != 1 or lengths.dtype.kind not in "iu" or rows.dtype.kind not in "iu"
                     or (lengths.size and lengths.min() < 0) or int(lengths.sum()) != rows.size):
                 raise ConfigError(f"{path}: trace table {i} is malformed (lengths must be >= 0 integers adding up "
                                   f"to the rows' count); {rerun}")
-            out.append((lengths.astype(np.int64, copy=False), rows))
+            if scores is not None and (scores.shape != rows.shape or scores.dtype.kind != "f"):
+                raise ConfigError(f"{path}: trace table {i}'s scores are malformed (one float per row); {rerun}")
+            out.append((lengths.astype(np.int64, copy=False), rows, scores))
     return out
 
 
@@ -268,10 +307,12 @@ def _missing(path: Path, features: list[str], found: list[str], what: str = "col
         raise ConfigError(f"{path}: feature {miss[0]!r} has no {what}; {what}s found: [{shown}]")
 
 
-def _read_parquet(path: Path, features: list[str], max_rows: int) -> tuple[int, dict[str, Bags]]:
+def _read_parquet(path: Path, features: list[str], max_rows: int,
+                  optional: list[str] = ()) -> tuple[int, dict[str, Bags]]:
     try:
         pf = pq.ParquetFile(path)
         _missing(path, features, pf.schema_arrow.names)
+        features = [*features, *(c for c in optional if c in pf.schema_arrow.names)]
         if max_rows:
             batches, n = [], 0
             for b in pf.iter_batches(batch_size=min(max_rows, 65536), columns=features):
@@ -289,7 +330,7 @@ def _read_parquet(path: Path, features: list[str], max_rows: int) -> tuple[int, 
 
 
 def _read_csv(path: Path, features: list[str], max_rows: int, sep: str, delimiter: str,
-              fmt: str) -> tuple[int, dict[str, Bags]]:
+              fmt: str, optional: list[str] = ()) -> tuple[int, dict[str, Bags]]:
     _check_text(path, fmt)
 
     def read(**kw: object) -> pd.DataFrame:
@@ -302,7 +343,9 @@ def _read_csv(path: Path, features: list[str], max_rows: int, sep: str, delimite
         except (pd.errors.ParserError, ValueError) as e:
             raise ConfigError(f"{path}: not readable as {fmt}: {_line(e)}") from None
 
-    _missing(path, features, [str(c) for c in read(nrows=0).columns])
+    header = [str(c) for c in read(nrows=0).columns]
+    _missing(path, features, header)
+    features = [*features, *(c for c in optional if c in header)]
     df = read(usecols=features, nrows=max_rows or None, low_memory=False)
     # a column of non-integral numbers is an id column of text ("1.50" is not "1.5"): read those again as text
     floats = [f for f in features if df[f].dtype.kind == "f" and not _integral(df[f].dropna().to_numpy())]
@@ -360,7 +403,7 @@ def _read_criteo(path: Path, features: list[str], max_rows: int) -> tuple[int, d
     return table.num_rows, {f: bags[c] for f, c in cols.items()}
 
 
-def _read_kjt(path: Path, features: list[str], max_rows: int) -> tuple[int, dict[str, Bags]]:
+def _read_kjt(path: Path, features: list[str], max_rows: int, optional: list[str] = ()) -> tuple[int, dict[str, Bags]]:
     if path.suffix.lower() == ".safetensors":
         raise ConfigError(f"{path}: .safetensors needs the `safetensors` package, which is not installed; save the "
                           "KeyedJaggedTensor as .npz (keys, values, lengths)")
@@ -380,7 +423,9 @@ def _read_kjt(path: Path, features: list[str], max_rows: int) -> tuple[int, dict
             if not tags:
                 raise ConfigError(f"{path}: not a KJT npz: arrays {sorted(names)}; expected keys, values, lengths "
                                   "(or keys_0, values_0, lengths_0, ...)")
-        rows, parts = 0, {f: [] for f in features}
+        weighted = [f for f in features if score_column(f) in optional] if all(f"weights{t}" in names for t in tags) \
+            else []
+        rows, parts = 0, {f: [] for f in [*features, *map(score_column, weighted)]}
         for tag in tags:
             if max_rows and rows >= max_rows:
                 break
@@ -406,11 +451,19 @@ def _read_kjt(path: Path, features: list[str], max_rows: int) -> tuple[int, dict
             lens = lengths.reshape(nf, b).astype(np.int64)
             ends = np.cumsum(lens.sum(axis=1))
             take = min(b, max_rows - rows) if max_rows else b
+            weights = None
+            if weighted:
+                weights = z[f"weights{tag}"].reshape(-1)
+                if weights.dtype.kind not in "fiu" or weights.size != values.size:
+                    raise ConfigError(f"{path}: KJT batch{tag}: weights must be numbers, one per value "
+                                      f"({values.size}); got {weights.size} of {weights.dtype}")
             for f in features:
                 i = keys.index(f)
                 start = int(ends[i - 1]) if i else 0
                 fl = lens[i, :take]
                 parts[f].append((fl, values.reshape(-1)[start:start + int(fl.sum())]))
+                if weights is not None and f in weighted:
+                    parts[score_column(f)].append((fl, weights[start:start + int(fl.sum())]))
             rows += take
     return rows, {f: (np.concatenate([p[0] for p in ps]) if ps else np.empty(0, np.int64),
                       np.concatenate([p[1] for p in ps]) if ps else np.empty(0, np.int64))
@@ -561,6 +614,26 @@ def _interleave(parts: list[Bags]) -> Bags:
 
 
 # ---------------------------------------------------------------------- small helpers
+def _numbers(values: np.ndarray, where: str) -> np.ndarray:
+    """Scores as float64 (CSV's may come as text): one line naming the column where one is not a finite number."""
+    try:
+        out = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        bad = next((v for v in values if not _is_number(v)), values[:1])
+        raise ConfigError(f"{where}: scores must be numbers; found {bad!r}") from None
+    if out.size and not np.isfinite(out).all():
+        raise ConfigError(f"{where}: scores must be finite; found {out[~np.isfinite(out)][0]}")
+    return out
+
+
+def _is_number(v: object) -> bool:
+    try:
+        float(v)  # type: ignore[arg-type]
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
 def _hash_kind(values: np.ndarray) -> str:
     k = values.dtype.kind
     return "modulo" if k in "biu" or (k == "f" and _integral(values)) or (

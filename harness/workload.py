@@ -79,8 +79,9 @@ class TableSpec:
     pooling_type: str = "sum"
     data_type: str = "fp32"
     # A weighted feature's table (TorchRec's `is_weighted` collection: each id comes with a score, the bag is
-    # the score-weighted sum). Both backends train it weighted on the scores of `data.id_scores`, and the
-    # simulator prices the score the ids then carry (`sim/perf.py id_bytes`).
+    # the score-weighted sum). Both backends train it weighted: on the data's own scores when it replays a
+    # trace that has them (`DataSample.scores`), else on `data.id_scores`; the simulator prices the score the
+    # ids carry and the kernels' extra work (`sim/perf.py`).
     weighted: bool = False
     # The table's ids in a sample of the user's data (`cubic workload profile`); used when the workload's
     # id_source is profile. Left out of `to_dict` when absent, with `features`, so older keys stay.
@@ -127,13 +128,18 @@ class DataSample:
     hashing: str = "modulo"  # modulo (integer ids mod rows), hex-modulo (Criteo), hash64 (strings), "+"-joined
     trace: str = ""  # path of the trace (absolute once loaded); empty: no replay possible
     trace_sha256: str = ""  # the trace's content: two traces at one path are different workloads
+    scores: tuple[str, ...] = ()  # weighted tables whose scores the data had (in the trace);
+    #   the other weighted tables' are synthetic (`data.id_scores`)
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> DataSample:
         names = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(d, dict) or set(d) - set(names) or not {"source", "format", "sample_rows"} <= set(d):
             raise ConfigError(f"{where}: data must be a mapping with source, format, sample_rows (allowed: {names})")
-        return cls(**d)
+        scores = d.get("scores", ())
+        if not isinstance(scores, list | tuple) or not all(isinstance(x, str) for x in scores):
+            raise ConfigError(f"{where}: data.scores must be a list of table names, got {scores!r}")
+        return cls(**{**d, "scores": tuple(scores)})
 
 
 @dataclass(frozen=True)
@@ -384,6 +390,11 @@ class Workload:
         if self.id_source == "trace" and not (self.data and self.data.trace):
             raise ConfigError(f"{where}: id_source=trace needs a data trace; run `cubic workload profile "
                               "DATA --workload FILE` (it writes the trace beside the workload)")
+        odd = [n for n in (self.data.scores if self.data else ()) if n not in {t.name for t in self.tables
+                                                                                if t.weighted}]
+        if odd:
+            raise ConfigError(f"{where}: data.scores names {odd[0]!r}, not a weighted table of this workload "
+                              f"(weighted: {[t.name for t in self.tables if t.weighted]})")
         if not isinstance(self.sample_cycle, int) or self.sample_cycle < 1:
             raise ConfigError(f"{where}: sample_cycle={self.sample_cycle!r} must be a positive integer")
         if len({t.dim for t in self.tables}) != 1:

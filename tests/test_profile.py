@@ -181,7 +181,8 @@ def test_table_of_two_features_and_trace_round_trip(tmp_path, frame):
     assert out.data.trace == str(trace.resolve())
     assert out.data.trace_sha256 == hashlib.sha256(trace.read_bytes()).hexdigest()
     assert [f.name for f in trace.parent.iterdir()] == ["trace.npz"]  # no temporary file left
-    (lens, rows), (lens_c, rows_c) = load_trace(trace, 2)
+    (lens, rows, no_scores), (lens_c, rows_c, _) = load_trace(trace, 2)
+    assert no_scores is None and out.data.scores == ()  # no weighted table
     assert lens.dtype == np.int64 and lens.reshape(-1, 2)[:, 0].tolist() == [1] * len(frame)
     assert lens.reshape(-1, 2)[:, 1].tolist() == lens_tags.tolist()
     user_rows = hash_to_rows(frame.user.to_numpy(), 3000)
@@ -199,7 +200,7 @@ def test_write_trace_rows_dtype_and_sha(tmp_path):
     path = tmp_path / "t.npz"
     sha = write_trace(path, [(np.array([2, 0, 1]), np.array([5, 6, 2**40]))])
     assert sha == hashlib.sha256(path.read_bytes()).hexdigest()
-    (lens, rows), = load_trace(path, 1)
+    (lens, rows, _), = load_trace(path, 1)
     assert lens.tolist() == [2, 0, 1] and rows.tolist() == [5, 6, 2**40] and rows.dtype == np.int64
 
 
@@ -210,6 +211,108 @@ def test_skew_one_id_half_the_lookups(tmp_path):
     pd.DataFrame({"x": ids}).to_parquet(path)
     p = profiles(profile_data(path, workload(("t", 10**6, ["x"]))))["t"]
     assert p.top1_share >= 0.5 and p.hot_rows[0] == 42
+
+
+# ---------------------------------------------------------------------- a weighted feature's scores
+def weighted(*tables: tuple[str, int, list[str]]) -> Workload:
+    """A workload of weighted tables (sum pooling, TorchRec's id-score lists)."""
+    import dataclasses
+
+    wl = workload(*tables)
+    return dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=True) for t in wl.tables]).validate()
+
+
+def replayed(out: Workload):
+    """The first batch of the profiled workload replaying its trace: what the kernels are handed."""
+    import dataclasses
+
+    from cubic_harness.data import make_batch
+
+    return make_batch(dataclasses.replace(out, id_source="trace"), 0, 0, 4)
+
+
+def test_the_datas_own_scores_are_replayed_beside_its_ids(tmp_path):
+    """Parquet: `f_weights`, a list of scores per row shaped as f's ids, goes into the trace beside the rows, and a
+    replay hands the kernels those scores; a weighted table whose data has none gets synthetic ones."""
+    from cubic_harness.data import id_scores
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"tags": [[3, 4], [5], [], [6, 7, 8]], "tags_weights": [[0.5, 2.0], [1.5], [], [3, 4, 5]],
+                             "user": [1, 2, 3, 4]}), path)
+    out = profile_data(path, weighted(("t", 100, ["tags"]), ("u", 10, ["user"])), trace_path=tmp_path / "tr.npz")
+    assert out.data.scores == ("t",)
+    (_, rows, scores), (_, _, none) = load_trace(tmp_path / "tr.npz", 2)
+    assert rows.tolist() == [3, 4, 5, 6, 7, 8] and scores.tolist() == [0.5, 2.0, 1.5, 3, 4, 5] and none is None
+    b = replayed(out)
+    assert b.ids.tolist() == [3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
+    assert b.scores[:6].tolist() == [0.5, 2.0, 1.5, 3, 4, 5]  # the data's
+    assert b.scores[6:].tolist() == id_scores(0, 1, np.array([1, 2, 3, 4])).tolist()  # no user_weights: synthetic
+    again = Workload.from_dict(json.loads(json.dumps(out.to_dict())))
+    assert again.data.scores == ("t",)
+
+
+def test_scores_from_csv_and_kjt_weights(tmp_path):
+    csv = tmp_path / "d.csv"
+    csv.write_text("genres,genres_weights\n1|2,0.25|0.75\n3,2\n,\n")
+    out = profile_data(csv, weighted(("g", 10, ["genres"])), trace_path=tmp_path / "c.npz")
+    assert out.data.scores == ("g",) and load_trace(tmp_path / "c.npz", 1)[0][2].tolist() == [0.25, 0.75, 2.0]
+    kjt = tmp_path / "k.npz"
+    np.savez(kjt, keys=np.array(["f1", "f2"]), lengths=np.array([1, 2, 1, 0]), values=np.array([10, 11, 12, 20]),
+             weights=np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32))
+    out = profile_data(kjt, weighted(("a", 100, ["f2", "f1"])), trace_path=tmp_path / "k.trace.npz")
+    lens, rows, scores = load_trace(tmp_path / "k.trace.npz", 1)[0]
+    assert out.data.scores == ("a",) and rows.tolist() == [20, 10, 11, 12]  # per sample: f2's bag, then f1's
+    assert scores.tolist() == pytest.approx([0.4, 0.1, 0.2, 0.3])
+
+
+def test_profile_cli_says_where_scores_come_from_and_a_trial_replays_them(tmp_path):
+    """`cubic workload profile` marks each weighted table's scores (the data's, or synthetic where it has none), and
+    a real 2-rank trial on the replayed trace trains with them (the scores' all-to-all beside the ids')."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from cubic.cli.app import app
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.trial import run_trial
+
+    rng = np.random.default_rng(5)
+    n = 512
+    tags = [list(rng.integers(0, 500, k)) for k in rng.integers(1, 5, n)]
+    pq.write_table(pa.table({"tags": tags, "tags_weights": [list(rng.uniform(0.1, 2.0, len(x))) for x in tags],
+                             "user": rng.integers(0, 1000, n)}), tmp_path / "d.parquet")
+    wl_file = tmp_path / "w.json"
+    wl_file.write_text(json.dumps(weighted(("t", 500, ["tags"]), ("u", 1000, ["user"])).to_dict()))
+    r = CliRunner().invoke(app, ["workload", "profile", str(tmp_path / "d.parquet"), "--workload", str(wl_file)])
+    assert r.exit_code == 0, r.output
+    assert "scores of weighted tables: t from the data (tags_weights); u synthetic (no user_weights in the data)" \
+        in r.output
+    wl, _ = Workload.from_json_file(wl_file)
+    assert wl.data.scores == ("t",)
+    res = run_trial(TrialConfig(workload=dataclasses.replace(wl, id_source="trace"), world_size=2, batch_size=64,
+                                warmup_steps=1, measure_steps=3, kernel="native", sharding="row_wise", timeout_s=120))
+    assert res.status == "ok", res.error
+    assert res.env["ids"]["id_source"] == "trace" and res.loss_last == res.loss_last
+
+
+@pytest.mark.parametrize("case, says", [
+    ("count", "column 'tags_weights' has 1 scores in row 0 where feature 'tags' has 2 ids; one score per id"),
+    ("text", "column 'tags_weights': scores must be numbers; found 'high'"),
+    ("nan", "column 'tags_weights': scores must be finite"),
+    ("files", "column 'tags_weights' is in some of the data's files and not in others"),
+])
+def test_bad_scores_are_one_line(tmp_path, case, says):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    data = {"count": {"tags": [[1, 2]], "tags_weights": [[0.5]]}, "text": {"tags": [[1]], "tags_weights": [["high"]]},
+            "nan": {"tags": [[1]], "tags_weights": [[float("nan")]]}, "files": {"tags": [[1]], "tags_weights": [[1.0]]}}
+    pq.write_table(pa.table(data[case]), folder / "a.parquet")
+    if case == "files":
+        pq.write_table(pa.table({"tags": [[2]]}), folder / "b.parquet")
+    with pytest.raises(ConfigError) as e:
+        profile_data(folder, weighted(("t", 10, ["tags"])), trace_path=tmp_path / "tr.npz")
+    assert "\n" not in str(e.value) and says in str(e.value), str(e.value)
+    assert not (tmp_path / "tr.npz").exists()
 
 
 # ---------------------------------------------------------------------- bad input

@@ -54,6 +54,21 @@ def _summary(wl, title: str) -> None:
                     f"{p.zipf_alpha:.2f} ({p.zipf_fit_err:.2f})" if p else "-",
                     " ".join(f"{b}:{r:.2f}" for b, r in sorted(p.reuse.items())) if p else "-")
     Console(stderr=True).print(tab)
+    if wl.data is not None and wl.weighted:
+        typer.echo(_scores_line(wl), err=True)
+
+
+def _scores_line(wl) -> str:
+    """Where each weighted table's scores come from once profiled: the data's (a trace replays them), or
+    synthetic where the data has no score column (`cubic_harness.profile.score_column`)."""
+    from cubic_harness.profile import score_column
+
+    def one(t) -> str:
+        cols = ", ".join(score_column(f) for f in t.feature_names)
+        return f"{t.name} from the data ({cols})" if t.name in wl.data.scores else (
+            f"{t.name} synthetic (no {cols} in the data)")
+
+    return "scores of weighted tables: " + "; ".join(one(t) for t in wl.tables if t.weighted)
 
 
 @app.command("from-torchrec")
