@@ -7,6 +7,10 @@ trained on (TrialConfig.eval_samples: eval NE and AUC, harness/train.py `evaluat
 baseline's seed-to-seed spread is the noise floor a quality gate has to live with.
 
     python benchmarks/bench_quality.py [--budget 524288] [--seeds 3] [--curve] [--only A,B] [--workload PRESET]
+                                       [--world W] [--batch B] [--out F]
+
+--world W: W ranks (oversubscribed here), so 2D's variants (groups of 1) train W replicas apart and merge every
+k steps: the sync interval's quality with more replicas than this machine has cores.
 
 --curve first prints the baseline's eval NE at growing budgets (how the budget was chosen).
 Writes benchmarks/data/quality_cpu.json.
@@ -74,14 +78,19 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / "quality_cpu.json")
     ap.add_argument("--workload", default="", help="a preset instead of the default space's (e.g. small)")
+    ap.add_argument("--world", type=int, default=0, help="ranks (default: the space's 2); 2D's variants then train "
+                    "that many replicas, oversubscribing this machine's cores (quality runs judge no speed)")
+    ap.add_argument("--batch", type=int, default=0, help="batch per rank (default: the space's)")
     a = ap.parse_args()
     con = Console()
     space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
     wl = Workload.preset(a.workload) if a.workload else space.baseline.workload
     wl = Workload.from_dict({**wl.to_dict(), "sample_cycle": 1 << 26})
-    base = space.baseline.replace(workload=wl)
+    base = space.baseline.replace(workload=wl, **({"world_size": a.world} if a.world else {}),
+                                  **({"batch_size": a.batch} if a.batch else {}))
     old = json.loads(a.out.read_text()) if a.out.exists() else {}
     out: dict = {"budget": a.budget, "eval_samples": a.eval_samples, "seeds": a.seeds,
+                 "world_size": base.world_size, "batch_size": base.batch_size,
                  "curve": old.get("curve", []), "runs": {}}
     if a.curve:
         out["curve"] = []
