@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cubic_harness.data import Batch
-from tests.helpers import require
+from tests.helpers import fixture_cluster_as_local, require
 
 CUBIC = [sys.executable, "-m", "cubic"]
 
@@ -197,7 +197,9 @@ def test_a_weighted_feature_trains_weighted_in_torchrec_and_cubics_kernel_weight
     table weighted; the TorchRec trial feeds the ids' scores (`data.id_scores`) as the KeyedJaggedTensor's weights,
     so FBGEMM's TBE pools score-weighted sums: the losses differ from the same model unweighted. kernel=native
     takes the scores as per-sample weights inside TorchRec's sharded tables and trains step for step as FBGEMM.
-    A weighted table without the model's factory is refused in one line."""
+    A weighted table without the model's factory is refused in one line. The runs plan on the fixture cluster,
+    which prices weights by their bytes alone: the weighted table's measured kernel cost (`weighted_cost`) would
+    move it to the other rank, and TorchRec initialises a table where it lands, so the models would start apart."""
     from cubic_harness.config import TrialConfig
     from cubic_harness.torchrec_trial import run_torchrec
     from cubic_harness.workload import Workload
@@ -208,9 +210,11 @@ def test_a_weighted_feature_trains_weighted_in_torchrec_and_cubics_kernel_weight
     assert "weighted" not in json.loads((models / "plain.json").read_text())["tables"][1]  # the default stays out
     cfg = TrialConfig(workload=wl, world_size=2, batch_size=128, sharding="table_wise", warmup_steps=2,
                       measure_steps=4, windows=1, timeout_s=180)
-    fb, nat = run_torchrec(cfg.replace(kernel="fbgemm")), run_torchrec(cfg.replace(kernel="native"))
-    unweighted = run_torchrec(cfg.replace(workload=plain, kernel="fbgemm"))
+    with fixture_cluster_as_local():
+        fb, nat = run_torchrec(cfg.replace(kernel="fbgemm")), run_torchrec(cfg.replace(kernel="native"))
+        unweighted = run_torchrec(cfg.replace(workload=plain, kernel="fbgemm"))
     assert fb.status == nat.status == unweighted.status == "ok", (fb.error, nat.error, unweighted.error)
+    assert fb.plan == unweighted.plan  # the same placement: the same initial tables
     assert nat.losses == pytest.approx(fb.losses, rel=1e-4) and fb.losses[-1] != fb.losses[0]
     assert unweighted.losses[0] == pytest.approx(fb.losses[0], rel=1e-3)  # same model, same initial loss scale
     assert max(abs(a - b) for a, b in zip(unweighted.losses[1:], fb.losses[1:], strict=True)) > 1e-4
