@@ -129,8 +129,8 @@ def torchrec_runs(repeats: int, dist: str, console: Console,
     wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, pooling=20, id_dist=dist) for t in wl.tables])
     cfg = TrialConfig(workload=wl, world_size=2, batch_size=1024, sharding="table_wise", warmup_steps=3,
                       measure_steps=24, windows=3, timeout_s=300)
-    plain = dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=False) for t in wl.tables])
-    plain = dataclasses.replace(plain, factory="scoredmodel:plain")
+    plain = dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=False) for t in wl.tables],
+                                factory="scoredmodel:plain")
     cfgs = {"TorchRec fbgemm": ("torchrec", cfg.replace(kernel="fbgemm")),
             "TorchRec fbgemm, unweighted": ("torchrec", cfg.replace(kernel="fbgemm", workload=plain)),
             "TorchRec native": ("torchrec", cfg.replace(kernel="native")),

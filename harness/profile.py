@@ -186,7 +186,7 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
                     row = int(np.flatnonzero(score_lengths != lengths)[0])
                     raise ConfigError(f"{path}: column {score_column(f)!r} has {score_lengths[row]} scores in row "
                                       f"{row} where feature {f!r} has {lengths[row]} ids; one score per id")
-                score_parts.append((lengths, s.astype(np.float32)))
+                score_parts.append((lengths, s))
         if score_parts and len(score_parts) == len(parts):  # every feature's scores, or the table's are synthetic
             scored.append(t.name)
         lengths, rows_hit = _interleave(parts)

@@ -17,7 +17,7 @@ baseline's values. With n changes there are 2^n - 1 variants below the source.
    - A variant that keeps only changes of one measured no faster than the baseline cannot win.
    - A variant whose search run is no faster than the best that passed cannot win either.
 3. Stop at the first variant that passes: every later one is expected slower.
-4. Budget: at most n variants need quality runs, which is what the one-at-a-time chain cost at most. The
+4. Budget: at most n variants need quality runs, as many as a chain dropping one change at a time. The
    layout without any change needs only re-measurements, so it stays as the last resort beyond that budget.
 """
 

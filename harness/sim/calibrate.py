@@ -82,21 +82,27 @@ def gemm_fit(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, i
             "points": [[round(f, 3), round(t, 4)] for f, t in zip(mf, ms, strict=True)]}
 
 
-def embedding_eff(backend: str, precision: str, dim: int, device: torch.device, copy_gbs: float, reps: int,
-                  tables: int = 4, rows: int = 200_000, bags: int = 2048, pooling: int = 20) -> dict[str, float]:
-    """Achieved fraction of the copy bandwidth of one backend's forward and backward+optimizer."""
+def _kernel_batches(backend: str, precision: str, dim: int, device: torch.device, tables: int, rows: int,
+                    bags: int, pooling: int, n: int) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]],
+                                                             torch.Tensor, torch.Generator]:
+    """One backend's kernel over `tables` tables of rows x dim (row-wise AdaGrad, small random rows), `n` batches of
+    `bags` bags of `pooling` uniform ids a table, a pooled gradient for them, and the generator that drew the ids."""
     from cubic_kernels import OptimSpec, make_kernel
 
     k = make_kernel(backend, [rows] * tables, [dim] * tables, weight_dtype=precision,
                     optim=OptimSpec("rowwise_adagrad", lr=0.01), device=device)
     k.load([torch.randn(rows, dim) * 0.01 for _ in range(tables)])
     g = torch.Generator().manual_seed(dim)
-    batches = []
-    for _ in range(4):
-        ids = torch.randint(0, rows, (tables * bags * pooling,), generator=g).to(device)
-        offsets = torch.arange(0, tables * bags * pooling + 1, pooling, device=device)
-        batches.append((ids, offsets))
-    grad = torch.randn(bags, tables * dim, device=device) * 1e-3
+    ids_n = tables * bags * pooling
+    batches = [(torch.randint(0, rows, (ids_n,), generator=g).to(device),
+                torch.arange(0, ids_n + 1, pooling, device=device)) for _ in range(n)]
+    return k, batches, torch.randn(bags, tables * dim, device=device) * 1e-3, g
+
+
+def embedding_eff(backend: str, precision: str, dim: int, device: torch.device, copy_gbs: float, reps: int,
+                  tables: int = 4, rows: int = 200_000, bags: int = 2048, pooling: int = 20) -> dict[str, float]:
+    """Achieved fraction of the copy bandwidth of one backend's forward and backward+optimizer."""
+    k, batches, grad, _ = _kernel_batches(backend, precision, dim, device, tables, rows, bags, pooling, 4)
     i = [0]
 
     def fwd() -> None:
@@ -121,17 +127,8 @@ def weighted_cost(backend: str, device: torch.device, reps: int, dim: int = 64, 
     unweighted one's, forward and backward+optimizer, the two interleaved call by call on one kernel, so the
     machine's drift hits both alike. The bytes cannot say it: the score is 4 bytes beside an id's 8 and a row's
     256, yet FBGEMM's CPU backward also computes the scores' gradient (3x its step, `bench_weighted.py`)."""
-    from cubic_kernels import OptimSpec, make_kernel
-
-    k = make_kernel(backend, [rows] * tables, [dim] * tables, optim=OptimSpec("rowwise_adagrad", lr=0.01),
-                    device=device)
-    k.load([torch.randn(rows, dim) * 0.01 for _ in range(tables)])
-    g = torch.Generator().manual_seed(dim)
-    n = tables * bags * pooling
-    ids = torch.randint(0, rows, (n,), generator=g).to(device)
-    offsets = torch.arange(0, n + 1, pooling, device=device)
-    psw = (torch.rand(n, generator=g) + 0.5).to(device)
-    grad = torch.randn(bags, tables * dim, device=device) * 1e-3
+    k, [(ids, offsets)], grad, g = _kernel_batches(backend, "fp32", dim, device, tables, rows, bags, pooling, 1)
+    psw = (torch.rand(ids.numel(), generator=g) + 0.5).to(device)
     calls = {"fwd": lambda *w: k.forward(ids, offsets, *w), "bwd": lambda *w: k.backward_update(ids, offsets, grad, *w)}
     ms: dict[str, list[float]] = {f"{ph}{w}": [] for ph in calls for w in ("", "_w")}
     for r in range(2 + reps):  # 2 warm-up rounds
@@ -143,9 +140,9 @@ def weighted_cost(backend: str, device: torch.device, reps: int, dim: int = 64, 
                 _sync(device)
                 if r >= 2:
                     ms[f"{ph}{w}"].append((time.perf_counter() - t0) * 1e3)
-    med = {k: statistics.median(v) for k, v in ms.items()}
+    med = {name: statistics.median(v) for name, v in ms.items()}
     return {"fwd": med["fwd_w"] / med["fwd"], "bwd": med["bwd_w"] / med["bwd"],
-            **{f"{k}_ms": round(v, 4) for k, v in med.items()}}
+            **{f"{name}_ms": round(v, 4) for name, v in med.items()}}
 
 
 # ---------------------------------------------------------------------- two rank processes side by side
@@ -493,32 +490,31 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
     dims = [64] if short else [16, 64, 128]
     precisions = ["fp32", "fp16", "bf16"]
     raw = {}
+    weighted = {}
     for b in _backends(device):
         emb[b] = {}
+        bags = 512 if (short or b == "torch") else 2048
         for p in precisions:
             if b == "fbgemm" and p == "bf16":
                 continue
             progress(f"embedding kernel {b} {p}")
-            curve = {d: embedding_eff(b, p, d, device, copy, reps, bags=512 if (short or b == "torch") else 2048)
-                     for d in dims}
+            curve = {d: embedding_eff(b, p, d, device, copy, reps, bags=bags) for d in dims}
             raw[f"{b}/{p}"] = {d: {k: round(v, 4) for k, v in c.items()} for d, c in curve.items()}
             emb[b][p] = {"fwd": {d: round(c["fwd"], 4) for d, c in curve.items()},
                          "bwd": {d: round(c["bwd"], 4) for d, c in curve.items()}}
+        progress(f"embedding kernel {b}, weighted")
+        w = weighted_cost(b, device, reps, bags=bags)
+        src.setdefault("weighted", {})[b] = {k: round(v, 4) for k, v in w.items()}
+        weighted[b] = {"fwd": round(w["fwd"], 3), "bwd": round(w["bwd"], 3)}
         if not cuda and cores > 1:
             progress(f"embedding kernel {b}, 2 threads")
             torch.set_num_threads(2)
-            two = embedding_eff(b, "fp32", 64, device, copy, reps, bags=512 if (short or b == "torch") else 2048)
+            two = embedding_eff(b, "fp32", 64, device, copy, reps, bags=bags)
             torch.set_num_threads(1)
             one = raw[f"{b}/fp32"][64]
             thread_exp[b] = round(max(0.0, math.log2((one["fwd_ms"] + one["bwd_ms"]) /
                                                      (two["fwd_ms"] + two["bwd_ms"]))), 3)
     src["embedding"] = raw
-    weighted = {}
-    for b in _backends(device):
-        progress(f"embedding kernel {b}, weighted")
-        w = weighted_cost(b, device, reps, bags=512 if (short or b == "torch") else 2048)
-        src.setdefault("weighted", {})[b] = {k: round(v, 4) for k, v in w.items()}
-        weighted[b] = {"fwd": round(w["fwd"], 3), "bwd": round(w["bwd"], 3)}
 
     progress("dense part beyond its GEMMs")
     other = dense_other(device, dense, reps, (512, 2048) if short else (256, 1024, 4096))
