@@ -112,7 +112,9 @@ def test_winner_and_summary(df: pd.DataFrame) -> None:
     else:
         want_qps, want_base = row["qps"], base["qps"]
     assert s["winner_qps"] == pytest.approx(want_qps) and s["winner_baseline_qps"] == pytest.approx(want_base)
-    assert s["speedup"] == pytest.approx(want_qps / want_base)
+    # a confirmed winner's speed-up: the median ratio of its re-measurements to the baseline's run beside each
+    paired = row["confirm_paired_speedup"] if s["confirmed"] else math.nan
+    assert s["speedup"] == pytest.approx(want_qps / want_base if math.isnan(paired) else paired)
     if s["confirmed"] and not math.isnan(base["confirm_qps_median"]):  # the table's column agrees
         assert row["confirm_speedup"] == pytest.approx(s["speedup"])
 
@@ -130,8 +132,9 @@ def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
     ok = analysis.usable(df)
     assert 1 <= len(top) <= 3 and top["speedup"].is_monotonic_decreasing
     assert top["number"].iloc[0] == ok.loc[ok["speedup"].idxmax(), "number"]
-    own = ok["confirm_qps_median"].where(ok["speedup_remeasured"], ok["qps"])
-    assert ok["speedup"].tolist() == pytest.approx((own / df.attrs["baseline_qps"]).tolist())
+    own = ok["confirm_qps_median"].where(ok["speedup_remeasured"], ok["qps"]) / df.attrs["baseline_qps"]
+    paired = ok["confirm_paired_speedup"].where(ok["speedup_remeasured"])
+    assert ok["speedup"].tolist() == pytest.approx(paired.fillna(own).tolist())
     # tiny inputs are normal early in a tune: no exception, just nothing to rank
     one = df[df["number"] == 0]
     assert (analysis.knob_importance(one) == 0).all()

@@ -150,7 +150,10 @@ def test_confirm_judges_numerics_changes_by_quality_runs_that_agree_with_4x_long
     rows = {(c.emb_lr, c.dense_precision, c.pipeline_depth): row for _, row in df.iterrows()
             if (c := space.config({k: row[k] for k in space.knobs}))}
     base = rows[(0.1, "fp32", 0)]
-    assert len(base["quality_eval_ne"]) == 2 and base["quality_reason"].startswith("baseline (eval NE")
+    # the baseline runs the seeds of the candidate that wanted the most: 2, or more pairs while bf16's interval
+    # straddles the tolerance (its -0.1% sits near the 0.2% tolerance on this tiny model)
+    bf16_seeds = max(2, len(rows[(0.1, "bf16", 0)]["quality_eval_ne"]))
+    assert len(base["quality_eval_ne"]) == bf16_seeds and base["quality_reason"].startswith("baseline (eval NE")
     layout = rows[(0.1, "fp32", 1)]
     assert layout["quality_eval_ne"] == [] and layout["quality_ok"]
     assert "no quality run needed" in layout["quality_reason"]
@@ -161,15 +164,19 @@ def test_confirm_judges_numerics_changes_by_quality_runs_that_agree_with_4x_long
         if "cannot win" in row["quality_reason"]:  # on this tiny model its speed is noise: measured slower than
             assert not row["quality_eval_ne"] and not row["quality_ok"]  # the baseline, it gets no quality run
             continue
-        assert len(row["quality_eval_ne"]) == (1 if key[0] == 0.0001 else 2), row["quality_reason"]
+        assert len(row["quality_eval_ne"]) == (1 if key[0] == 0.0001 else bf16_seeds), row["quality_reason"]
+        if "NOT RESOLVED" in row["quality_reason"]:  # no verdict to compare (not crowned)
+            continue
         cfg = space.config({k: row[k] for k in space.knobs})
         long_ne = [run_trial(long.config(cfg, s)).extra["eval_ne"] for s in range(2)]
         assert bool(row["quality_ok"]) == judge(long_ne, long_base, 0.002)["ok"], (key, row["quality_reason"])
-    assert not rows[(0.0001, "fp32", 0)]["quality_ok"] and rows[(0.1, "bf16", 0)]["quality_ok"]
+    assert not rows[(0.0001, "fp32", 0)]["quality_ok"]
     assert any(w in rows[(0.0001, "fp32", 0)]["quality_reason"] for w in (
         "rejected without the remaining quality runs", "cannot win"))
     # (the same reason whether the confirm or a held-out check while searching rejected it)
-    assert "90% interval" in rows[(0.1, "bf16", 0)]["quality_reason"]
+    bf16 = rows[(0.1, "bf16", 0)]
+    if not any(w in bf16["quality_reason"] for w in ("cannot win", "NOT RESOLVED")):
+        assert bf16["quality_ok"] and "90% interval" in bf16["quality_reason"]
     e = cubic_cli("export", str(tmp_path / "run"), "-f", "json", "-o", str(tmp_path / "w.json"))
     assert e.returncode == 0, e.stderr
     q = json.loads((tmp_path / "w.json").read_text())["quality"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +42,11 @@ budget: {trials: 5, confirm_top_k: 1, isolation: cores}
 def cubic_tune(*args: str, timeout: float = 540, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cubic", "tune", "--no-live", *args], cwd=ROOT,  # (pytest-timeout)
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def confirm_order(stdout: str) -> list[int]:
+    """The trial numbers of the confirm's re-measurements, in the order the tune printed them."""
+    return [int(m.group(1)) for m in re.finditer(r"^#(\d+)\s+confirm\s", stdout, re.M)]
 
 
 def load(run_dir: Path, name: str) -> optuna.Study:
@@ -90,6 +97,8 @@ def test_end_to_end_tune_writes_every_trial_with_metrics(tmp_path: Path) -> None
     wt = recs[w["trial"]]
     assert wt.quality_ok is True and len(wt.confirm_qps) == 1
     assert len(recs[0].confirm_ne) == 1 and recs[0].quality_reason == "baseline"
+    if w["trial"] != 0:  # its one re-measurement ran right after the baseline's, and is judged against it
+        assert wt.confirm_base_qps == recs[0].confirm_qps
     # what cubic added after the trials finished is in its own table, not written into Optuna's
     assert not any(set(FIELDS) & set(t.user_attrs) for t in trials)
     assert w["speedup"] == pytest.approx(w["qps"] / w["baseline_qps"])
@@ -140,6 +149,16 @@ def test_confirm_walks_past_configs_the_quality_gate_rejects(tmp_path: Path) -> 
             assert rec.quality_ok is False and "NE" in rec.quality_reason and len(rec.confirm_qps) == 1
     assert study.user_attrs["winner"]["config"]["batch_size"] == 32
     assert "skipped" in r.stdout and "fails the quality gate" in r.stdout
+    # every re-measurement of a candidate came right after one of the baseline's, which it is divided by
+    order = confirm_order(r.stdout)
+    assert order.count(0) == sum(len(t.confirm_qps) for t in by.values() if t.number) >= 2, order
+    assert all(a == 0 for a, b in zip(order, order[1:], strict=False) if b != 0), order
+    base = records(run, "gated")[0]
+    assert exact.confirm_base_qps == base.confirm_qps[-2:] and len(exact.paired_ratios) == 2
+    # the winner is the faster by those pairs (the baseline by definition 1.0x)
+    sp = statistics.median(exact.paired_ratios)
+    w = study.user_attrs["winner"]
+    assert (w["trial"], w["speedup"]) == ((exact.number, pytest.approx(sp)) if sp > 1 else (0, pytest.approx(1.0)))
 
 
 # The search ran one configuration besides the baseline: pipelining stacked on an 8x batch, which the gate

@@ -156,6 +156,8 @@ def _row(r: TrialRecord, knobs: list[str]) -> dict[str, Any]:
     confirm = [_num(x) for x in r.confirm_qps]
     row["confirm_qps"] = confirm
     row["confirm_qps_median"] = float(np.median(confirm)) if confirm else math.nan
+    row["confirm_base_qps"] = [_num(x) for x in r.confirm_base_qps]  # the baseline's run beside each
+    row["confirm_paired_speedup"] = _num(r.confirm_speedup(None))  # their median ratio (NaN: no pair)
     cne = [_num(x) for x in r.confirm_ne]
     row["confirm_ne"] = cne
     row["confirm_ne_median"] = float(np.median(cne)) if cne else math.nan
@@ -182,9 +184,10 @@ def load_study(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     """One row per trial: knobs, every TrialResult metric (breakdown as `bd_*`), status/reason, timing,
     searcher, phase and the proxy's prediction at proposal time.
 
-    Also `ok` (a usable measurement), `speedup` (the one speed-up shown everywhere: re-measured median qps
-    where the confirm re-measured the trial, else its search qps, over the baseline's re-measured median
-    when there is one; `speedup_remeasured` says which), `confirm_speedup` and `is_winner`.
+    Also `ok` (a usable measurement), `speedup` (the one speed-up shown everywhere: where the confirm
+    re-measured the trial, its median ratio to the baseline's run beside each re-measurement
+    (`TrialRecord.confirm_speedup`), else its re-measured median, else its search qps, over the baseline's
+    re-measured median when there is one; `speedup_remeasured` says which), `confirm_speedup` and `is_winner`.
     `df.attrs` carries
     study, storage, knobs, baseline_qps, winner (the confirmed one, or the best ok trial) and space.
     """
@@ -218,8 +221,9 @@ def study_frame(st: optuna.Study, storage: Any, label: str = "",
     base = float(base_conf.iloc[0]) if remeasured else baseline_qps(df, st.user_attrs.get("winner"))
     df["speedup_remeasured"] = df["confirm_qps_median"].notna() & remeasured
     own = df["confirm_qps_median"].where(df["speedup_remeasured"], df["qps"])
-    df["speedup"] = own / base if base else math.nan
-    df["confirm_speedup"] = df["confirm_qps_median"] / base if remeasured else math.nan
+    paired = df["confirm_paired_speedup"].where(df["speedup_remeasured"])
+    df["speedup"] = paired.fillna(own / base) if base else paired
+    df["confirm_speedup"] = paired.fillna(df["confirm_qps_median"] / base) if remeasured else math.nan
     df.attrs["baseline_qps"] = base
     df.attrs["baseline_remeasured"] = remeasured
     win = winner_info(df, st.user_attrs.get("winner"))

@@ -23,6 +23,7 @@ counts is written once, here:
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -59,8 +60,10 @@ class TrialRecord:
     quality_screen_runs: str | None = None
     quality_screened_out: list[str] | None = None
     quality_heldout_ok: bool | None = None
-    # the confirm: re-measurements
+    # the confirm: re-measurements, each right after one of the baseline (`confirm_base_qps`, None where
+    # that run failed): the machine drifts between runs minutes apart, and a pair shares its spell
     confirm_qps: list[float] = field(default_factory=list)
+    confirm_base_qps: list[float | None] = field(default_factory=list)
     confirm_ne: list[float | None] = field(default_factory=list)
     confirm_failed: list[str] = field(default_factory=list)
     # the gate's verdict and its numbers (cubic.quality.rules.sequential)
@@ -118,6 +121,22 @@ class TrialRecord:
         """What the searcher believes of its quality: held-out quality's verdict where one was reached,
         else the in-run estimate's; None where neither judged it."""
         return self.quality_heldout_ok if self.quality_heldout_ok is not None else self.quality_est_ok
+
+    # ------------------------------------------------------------------ its re-measured speed
+    @property
+    def paired_ratios(self) -> list[float]:
+        """Each re-measurement over the baseline's run just before it (pairs where both ran)."""
+        return [q / b for q, b in zip(self.confirm_qps, self.confirm_base_qps, strict=False) if b]
+
+    def confirm_speedup(self, base_qps: float | None) -> float | None:
+        """Its re-measured speed over the baseline's: the median of `paired_ratios`, where drift between runs
+        cancels; a record with no pair (the baseline itself, an older store) by its median over `base_qps`
+        (None: not re-measured, or nothing to divide by)."""
+        if r := self.paired_ratios:
+            return statistics.median(r)
+        if not self.confirm_qps or not base_qps:
+            return None
+        return statistics.median(self.confirm_qps) / base_qps
 
     def heldout(self, verdict: bool = True) -> dict[str, Any]:
         """What a trial that trains the same model inherits: its quality runs and (`verdict`) held-out verdict."""

@@ -13,11 +13,17 @@ the very numbers that pick the winner):
    already rejected (`TrialRecord.feasible`).
 2. Screen the next candidate while fewer than k passed or may still pass, and fewer than SCREEN_FACTOR x k
    candidates needed runs of their own. One that trains a model already rejected inherits the verdict.
-3. A candidate that changes numerics gets one re-measurement first. If neither it nor its search run beat
-   the baseline's re-measured median, it cannot win: it fails without a quality run. Otherwise its quality
-   runs decide (`cubic.quality.rules.sequential`: the first `seeds`, then one more pair while the interval
-   straddles the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's
-   samples. Only a candidate that passes gets its other `repeats - 1` re-measurements.
+3. Every re-measurement of a candidate runs right after one of the baseline, and its speed-up is the median
+   of those pairs' ratios (`TrialRecord.confirm_speedup`). Why: this machine drifts by 1.5x over minutes,
+   and a baseline re-measured three times back to back caught one fast spell that every candidate measured
+   later was compared with; a tune then crowned the baseline. A candidate that changes numerics gets one
+   re-measurement first. If neither that pair nor its search run (over the baseline's re-measured median)
+   beat the baseline, it cannot win: it fails without a quality run. Otherwise its quality runs decide
+   (`cubic.quality.rules.sequential`: the first `seeds`, then one more pair while the interval straddles
+   the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's samples. A model
+   whose quality already failed (its own runs, or a twin's it inherits) is not re-measured at all; only a
+   candidate that passes gets its other `repeats - 1` re-measurements. The baseline runs alone only up to
+   its own `repeats`, once no candidate wants a run.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected for
    quality (failed, or not resolved within the seed budget) and is faster than everything that passed, judge
    its layout with fewer of its numerics changes, one new trial at a time, in the order and with the pruning
@@ -73,6 +79,7 @@ class Confirm:
         self.judging: Variant | None = None  # the back-off variant being judged
         self.last_backoff: TrialRecord | None = None  # its trial (None: it did not complete)
         self.inflight: dict[int, int] = {}  # trial number -> re-measurements in flight
+        self.beside: dict[int, float | None] = {}  # trial number -> the baseline's qps just run before its next
         self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
 
     # ------------------------------------------------------------------ state of one candidate
@@ -92,20 +99,23 @@ class Confirm:
             return False
         if self.qr is not None:  # quality runs decide, sequentially (`cubic.quality.rules.sequential`)
             state, _ = self.checks.sequential(t, self.base)
-            if state == MORE or not t.confirm_qps:  # seeds or its speed still to come
+            if state == MORE:
                 return None
-            return state == "passed"
+            if state != "passed":  # rejected for its model: its speed no longer matters
+                return False
+            return True if t.confirm_qps else None
         if not t.confirm_ne or self.base is None or not self.base.confirm_ne:
             return None
         return self.gate(t)[0]
 
     def cannot_win(self, t: TrialRecord) -> float | None:
-        """t's best speed over the baseline's re-measured median where that is at most 1: neither its search
-        run nor a re-measurement beat the baseline, so it cannot be the winner and no quality run is spent
-        on it (None: it may still win, or nothing to compare yet)."""
+        """t's best speed-up where that is at most 1: neither a re-measurement over the baseline's run beside
+        it nor its search run over the baseline's re-measured median beat the baseline, so it cannot be the
+        winner and no quality run is spent on it (None: it may still win, or nothing to compare yet)."""
         if self.base is None or t is self.base or not t.confirm_qps or not self.base.confirm_qps:
             return None
-        ratio = max([*t.confirm_qps, t.value or 0.0]) / statistics.median(self.base.confirm_qps)
+        bmed = statistics.median(self.base.confirm_qps)
+        ratio = max([*(t.paired_ratios or [q / bmed for q in t.confirm_qps]), (t.value or 0.0) / bmed])
         return ratio if ratio <= 1.0 else None
 
     def seeds_wanted(self, t: TrialRecord) -> int:
@@ -151,6 +161,16 @@ class Confirm:
         v = self.verdict(t)
         return v is True or (v is None and n == 0) or (t is self.base)
 
+    def next_remeasure(self) -> tuple[TrialRecord, TrialRecord | None] | None:
+        """The next re-measurement, as (whose, the candidate it pairs with): a candidate's own run right after
+        the baseline's beside it (step 3), the pair's other half first; the baseline alone only for its own
+        `repeats`, once no candidate wants a run (None: nothing to re-measure now)."""
+        t = (next((c for c in self.screened if c.number in self.beside), None)
+             or next((c for c in self.screened if self.wants(c)), None))
+        if t is not None:
+            return (t, None) if self.base is None or t.number in self.beside else (self.base, t)
+        return (self.base, None) if self.base is not None and self.wants(self.base) else None
+
     # ------------------------------------------------------------------ the walk
     def run(self) -> list[TrialRecord]:
         ctx, space, view, base = self.ctx, self.ctx.space, self.ctx.view, self.base
@@ -185,12 +205,13 @@ class Confirm:
                 self.screened.append(t)
                 continue
             order = ([base] if base else []) + self.screened
-            job = next((t for t in order if self.wants(t)), None)
-            if job is not None and not pending:  # one at a time (see the module docstring)
+            nxt = self.next_remeasure()
+            if nxt is not None and not pending:  # one at a time (see the module docstring)
+                job, pair = nxt
                 cfg = space.config(job.params)
                 if base is not None and job is not base and space.differs_in_numerics(job.params):
                     cfg = covering(cfg, space.config(base.params))
-                pending.append(ctx.runner.submit(cfg, tag=RemeasureRun(job)))
+                pending.append(ctx.runner.submit(cfg, tag=RemeasureRun(job, beside=pair)))
                 self.inflight[job.number] = self.inflight.get(job.number, 0) + 1
                 continue
             qjob = next(((t, sd) for t in order if (sd := self.quality_seed(t)) is not None), None)
@@ -213,9 +234,11 @@ class Confirm:
                     case GateRun(rec=t, seed=sd):
                         self.qinflight[t.number] -= 1
                         self.checks.record_run(t, res, sd)
-                    case RemeasureRun(rec=t):
+                    case RemeasureRun(rec=t, beside=c):
                         self.inflight[t.number] -= 1
                         self.record(t, res)
+                        if c is not None:  # the baseline's half of c's pair
+                            self.beside[c.number] = res.qps if res.status == "ok" and res.qps > 0 else None
                         view.add(t, time.monotonic() - p.started, confirm=res)
                     case BackoffRun(trial=trial):
                         rec = ctx.store.finish(trial, res)
@@ -223,7 +246,8 @@ class Confirm:
                         self.last_backoff = rec if rec.state == TrialState.COMPLETE else None
                         if self.last_backoff is not None:
                             self.screened.append(rec)
-            left = sum(max(0, self.reps - self.runs(t)) for t in order if self.verdict(t) is not False)
+            left = sum(max(0, self.reps - self.runs(t)) * (1 if t is base or base is None else 2)
+                       for t in order if self.verdict(t) is not False)  # (a candidate's runs come in pairs)
             view.set_eta(left, 1.0)
             view.refresh()
         return self.judge_all()
@@ -372,15 +396,18 @@ class Confirm:
         return targets
 
     def record(self, t: TrialRecord, res: TrialResult) -> None:
-        """Append a re-measurement's qps and NE (over the baseline's samples) to t's record."""
+        """Append a re-measurement's qps, the baseline's beside it, and its NE (over the baseline's samples) to
+        t's record."""
         space, base = self.ctx.space, self.base
+        beside = self.beside.pop(t.number, None)
         if res.status == "ok" and res.qps > 0:
             ne: float | None = res.ne
             if base is not None and t.number != base.number and space.differs_in_numerics(t.params):
                 bres = base.result
                 ne = matched_ne(res.losses, space.config(t.params), bres.get("losses") or [],
                                 space.config(base.params), bres.get("ne"))
-            self.ctx.store.update(t, confirm_qps=[*t.confirm_qps, res.qps], confirm_ne=[*t.confirm_ne, ne])
+            paired = {} if base is None or t is base else {"confirm_base_qps": [*t.confirm_base_qps, beside]}
+            self.ctx.store.update(t, confirm_qps=[*t.confirm_qps, res.qps], confirm_ne=[*t.confirm_ne, ne], **paired)
         else:
             self.ctx.store.update(t, confirm_failed=[*t.confirm_failed, f"{res.status}: {res.error}"])
 
@@ -394,9 +421,10 @@ class Confirm:
             return False, why
         if t.confirm_failed:
             return False, f"re-measurement failed: {t.confirm_failed[0]}"[:300]
-        if not t.confirm_qps:
-            return False, "not re-measured"
         qr = space.quality_runs
+        changed = space.differs_in_numerics(t.params)
+        if not t.confirm_qps and not (changed and qr is not None and self.verdict(t) is False):
+            return False, "not re-measured"  # (a model rejected for its quality needs no speed)
         if base is not None and t.number == base.number:
             if qr is not None and t.quality_eval_ne:
                 ne = [x for x in t.quality_eval_ne if x is not None]
@@ -405,10 +433,9 @@ class Confirm:
                               + (f", seed-to-seed sd {noise:.3%})" if noise is not None else ")") if ne else
                               "baseline (its quality runs failed: " + str(t.quality_failed) + ")")
             return True, "baseline"
-        changed = space.differs_in_numerics(t.params)
         if changed and qr is not None and not t.quality_eval_ne and (ratio := self.cannot_win(t)) is not None:
-            return False, (f"at most {ratio:.2f}x the baseline (search and re-measurement): it cannot win, so no "
-                           f"quality run was spent on it (changes {', '.join(changed)})")
+            return False, (f"at most {ratio:.2f}x the baseline (search, and re-measured beside it): it cannot win, "
+                           f"so no quality run was spent on it (changes {', '.join(changed)})")
         if changed and not self.ctx.policy.judges_quality:
             return True, (f"simulated: quality not judged (changes {', '.join(changed)}); a real tune's quality "
                           "gate judges it")

@@ -1,8 +1,8 @@
 """What a tune found, as one dict (what `cubic tune` prints and `--json` writes): the winner with the evidence
 behind its speed and its quality, the best measured trial, the screen and the confirm's verdicts.
 
-The winner's speed-up divides medians of re-measurements taken in the same confirm (the baseline's and
-its own), never the search's first measurement: that one was selected for being high."""
+The winner's speed-up is the median ratio of its re-measurements to the baseline's run beside each
+(`TrialRecord.confirm_speedup`), never the search's first measurement: that one was selected for being high."""
 
 from __future__ import annotations
 
@@ -30,14 +30,16 @@ def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], sea
     ok = [t for t in confirmed if t.quality_ok and t.confirm_qps]
     if not ok:
         return None
-    w = max(ok, key=lambda t: statistics.median(t.confirm_qps))
-    cq = w.confirm_qps
+    w = max(ok, key=lambda t: t.confirm_speedup(base_q) or 0.0)
+    cq, pairs = w.confirm_qps, w.paired_ratios
     bq = base.confirm_qps if base else None
     med = statistics.median(cq)
     out = {
         "trial": w.number, "qps": med, "qps_spread": [min(cq), max(cq)],
-        "baseline_qps": base_q, "speedup": med / base_q if base_q else None,
-        "speedup_spread": [min(cq) / max(bq), max(cq) / min(bq)] if bq else None,
+        "baseline_qps": base_q, "speedup": w.confirm_speedup(base_q),
+        "speedup_spread": ([min(pairs), max(pairs)] if pairs else [min(cq) / max(bq), max(cq) / min(bq)] if bq
+                           else None),
+        "confirm_base_qps": w.confirm_base_qps,
         "config": w.run.get("config"), "config_key": w.config_key,
         "searcher": searcher, "quality_reason": w.quality_reason,
         "confirm_qps": cq, "short_config": short_config(space, w.params),
@@ -90,7 +92,8 @@ def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], se
         "backoff": [t.number for t in ran if t.run.get("phase") == BACKOFF],
         "confirmed": [{"trial": t.number, "short_config": short_config(space, t.params),
                        "backoff": t.run.get("phase") == BACKOFF,
-                       "qps": t.value, "confirm_qps": t.confirm_qps, "quality_ok": t.quality_ok,
+                       "qps": t.value, "confirm_qps": t.confirm_qps, "confirm_speedup": t.confirm_speedup(base_q),
+                       "quality_ok": t.quality_ok,
                        "quality_verdict": t.quality_verdict, "quality_eval_diff": t.quality_eval_diff,
                        "quality_ci": t.quality_ci, "quality_reason": t.quality_reason} for t in confirmed],
     }

@@ -185,13 +185,13 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
         console.print(f"quality runs: {q['ran']} trained, {q['reused']} reused from the quality store")
     if s["confirmed"]:
         t = Table(title="confirmed (re-measured) configurations", box=None, header_style="bold")
-        for col in ("#", "config (vs baseline)", "first qps", "re-measured qps", "quality"):
+        for col in ("#", "config (vs baseline)", "first qps", "re-measured qps", "x baseline beside", "quality"):
             t.add_column(col)
         for c in s["confirmed"]:
-            cq = c["confirm_qps"] or []
+            cq, sp = c["confirm_qps"] or [], c.get("confirm_speedup")
             t.add_row(str(c["trial"]) + (" (back-off)" if c.get("backoff") else ""), c["short_config"],
-                      f"{c['qps']:,.0f}",
-                      ", ".join(f"{q:,.0f}" for q in cq) or "-", c["quality_reason"] if c.get("quality_verdict") ==
+                      f"{c['qps']:,.0f}", ", ".join(f"{q:,.0f}" for q in cq) or "-",
+                      f"{sp:.2f}x" if sp else "-", c["quality_reason"] if c.get("quality_verdict") ==
                       NOT_RESOLVED else ("ok" if c["quality_ok"] else "REJECTED") + f": {c['quality_reason']}")
         console.print(t)
     w = s["winner"]

@@ -36,9 +36,11 @@ class ScreenRun:
 
 @dataclass(frozen=True, eq=False)
 class RemeasureRun:
-    """A confirm re-measurement of `rec`'s configuration (speed, and NE over the baseline's samples)."""
+    """A confirm re-measurement of `rec`'s configuration (speed, and NE over the baseline's samples); `beside`:
+    the candidate whose next run pairs with this one of the baseline (`cubic.tune.confirm`, step 3)."""
 
     rec: TrialRecord
+    beside: TrialRecord | None = None
 
 
 @dataclass(frozen=True, eq=False)
