@@ -130,7 +130,7 @@ def torchrec_runs(repeats: int, dist: str, console: Console,
     cfg = TrialConfig(workload=wl, world_size=2, batch_size=1024, sharding="table_wise", warmup_steps=3,
                       measure_steps=24, windows=3, timeout_s=300)
     plain = dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=False) for t in wl.tables],
-                                factory="scoredmodel:plain")
+                                factory="scoredmodel:plain", collections=1)  # (one collection)
     cfgs = {"TorchRec fbgemm": ("torchrec", cfg.replace(kernel="fbgemm")),
             "TorchRec fbgemm, unweighted": ("torchrec", cfg.replace(kernel="fbgemm", workload=plain)),
             "TorchRec native": ("torchrec", cfg.replace(kernel="native")),
@@ -234,19 +234,24 @@ def main() -> None:
         t = Table(title=f"2 ranks, 2 plain + 2 weighted tables (200k x 64, {args.dist}, 20 ids a bag), batch 1024: "
                         f"samples/s, median (min..max) of {args.torchrec}")
         for col in ("variant", "samples/s", "over TorchRec fbgemm", "predicted", "unweighted over weighted",
-                    "predicted ratio"):
+                    "predicted ratio", "weighting adds ms/step", "predicted ms"):
             t.add_column(col, justify="right")
         ref = statistics.median(torchrec["TorchRec fbgemm"])
         for k, v in torchrec.items():
             plain = torchrec.get(f"{k}, unweighted")
             pw, pu = predicted.get(k), predicted.get(f"{k}, unweighted")
             ratio = f"{statistics.median(plain) / statistics.median(v):.2f}x" if plain else ""
+            samples = 2 * 1024  # a step's: 2 ranks x batch 1024
+            added = f"{samples * 1e3 * (1 / statistics.median(v) - 1 / statistics.median(plain)):.1f}" if plain else ""
             t.add_row(k, f"{statistics.median(v):,.0f} ({min(v):,.0f}..{max(v):,.0f})",
                       f"{statistics.median(v) / ref:.2f}x", f"{pw:,.0f}" if pw else "-", ratio,
-                      f"{pu / pw:.2f}x" if pu and pw else "")
+                      f"{pu / pw:.2f}x" if pu and pw else "", added,
+                      f"{samples * 1e3 * (1 / pw - 1 / pu):.1f}" if pu and pw else "")
         console.print(t)
         console.print(f"predicted: the simulator on {args.cluster} (TorchRec's framework profile for TorchRec); "
-                      "its weighted_cost is calibrate's kernel micro-measurement, not fitted on these trials")
+                      "its weighted_cost and collection_ms are calibrate's micro-measurements, not fitted on these "
+                      "trials. Weighting adds: the weighted step's ms minus the unweighted one's (the ratio also "
+                      "carries the simulator's level error; the added time does not)")
     console.print(f"load average at end {os.getloadavg()[0]:.1f} (on 2 cores, >1: other work shared them)")
     if args.out:
         Path(args.out).write_text(json.dumps({"workload": wl.name, "dist": args.dist, "batch": B,

@@ -182,7 +182,7 @@ def stand_in_top(wl: Workload, flops_per_sample: int) -> list[int]:
 def import_workload(entry: str, name: str = "", dense_features: int = 0) -> Workload:
     """Steps 1-3: the workload of the model FACTORY builds (pooling 1 and uniform ids until profiled)."""
     model = load_factory(entry)
-    tables = tables_of(entry, model)
+    tables, n_colls = tables_of(entry, model), len(collections(model))  # (before measure_dense takes them out)
     dims = sorted({t.dim for t in tables})
     if len(dims) > 1:
         raise ConfigError(f"{entry}: tables of {len(dims)} widths {dims}; cubic's harness pools every table "
@@ -190,10 +190,12 @@ def import_workload(entry: str, name: str = "", dense_features: int = 0) -> Work
     wl_name = name or entry.rpartition(":")[2]
     keys = known_dense(model)
     if keys is not None:
-        return Workload.from_dict({"name": wl_name, "tables": tables, **keys, "factory": entry}, where=entry)
+        return Workload.from_dict({"name": wl_name, "tables": tables, **keys, "factory": entry,
+                                   "collections": n_colls}, where=entry)
     first = next((x for x in model.modules() if isinstance(x, nn.Linear)), None)
     n_dense = dense_features or (first.in_features if first is not None else 0)
     measured = measure_dense(entry, model, n_dense)
-    wl = Workload(wl_name, tables, n_dense, [dims[0]], [1], "dot", factory=entry, dense_model=measured)
+    wl = Workload(wl_name, tables, n_dense, [dims[0]], [1], "dot", factory=entry, dense_model=measured,
+                  collections=n_colls)
     wl.top_mlp = stand_in_top(wl, measured.flops_per_sample)
     return wl.validate(entry)

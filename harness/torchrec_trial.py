@@ -234,6 +234,10 @@ def check_runs_in_torchrec(cfg: TrialConfig, cwd: str | None = None) -> None:
         raise ConfigError(f"table(s) {', '.join(weighted)}: weighted, and TorchRec's DLRM built from a workload has "
                           "one unweighted collection; import the model that has them with `cubic workload "
                           "from-torchrec MODULE:FACTORY`")
+    if cfg.workload.collections > 1 and not cfg.workload.factory:
+        raise ConfigError(f"collections={cfg.workload.collections}: TorchRec's DLRM built from a workload has "
+                          "one collection; import the model that has them with `cubic workload from-torchrec "
+                          "MODULE:FACTORY`")
     seq = [t.name for t in cfg.workload.tables if t.pooling_type == "none"]
     if seq:
         raise ConfigError(f"table(s) {', '.join(seq)}: sequence tables (an EmbeddingCollection) are not trained by "

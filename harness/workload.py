@@ -197,6 +197,10 @@ class Workload:
     data: DataSample | None = None
     dense_model: DenseModel | None = None
     factory: str = ""  # MODULE:FACTORY the workload was imported from
+    # The embedding collections the user's model holds (TorchRec: each EmbeddingBagCollection, and a weighted
+    # feature needs one of its own). The harness looks every table up in one; TorchRec distributes and looks
+    # up each apart, which its framework profile prices per collection beyond the first (`sim/perf.py`).
+    collections: int = 1
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -348,6 +352,9 @@ class Workload:
             raise ConfigError(f"{where}: name={self.name!r} must be a non-empty string")
         if not self.tables:
             raise ConfigError(f"{where}: tables must not be empty")
+        if not _is_int(self.collections) or not 1 <= self.collections <= len(self.tables):
+            raise ConfigError(f"{where}: collections={self.collections!r} must be an integer from 1 to the number "
+                              f"of tables ({len(self.tables)})")
         if not _is_num(self.teacher_emb_scale) or self.teacher_emb_scale < 0:
             raise ConfigError(f"{where}: teacher_emb_scale={self.teacher_emb_scale!r} must be a number >= 0")
         names = collections.Counter(t.name for t in self.tables)
@@ -593,7 +600,8 @@ class Workload:
 
 
 #: The user-model keys and their defaults (left out of `to_dict` there).
-USER_MODEL_DEFAULTS: dict[str, Any] = {"id_source": "synthetic", "data": None, "dense_model": None, "factory": ""}
+USER_MODEL_DEFAULTS: dict[str, Any] = {"id_source": "synthetic", "data": None, "dense_model": None, "factory": "",
+                                       "collections": 1}
 
 # The anchor's workload-small.json, embedded so the preset needs no file outside the package.
 ANCHOR_SMALL: dict[str, Any] = {

@@ -35,6 +35,9 @@ def test_usage_errors_are_one_line(args: tuple[str, ...], says: str) -> None:
     ("objective: {metric: [qps]}\nknobs: {batch_size: {choices: [1024]}}\n", "objective.metric"),
     ("objective: {direction: [max]}\nknobs: {batch_size: {choices: [1024]}}\n", "objective.direction"),
     ("workload: {preset: [tiny]}\nknobs: {batch_size: {choices: [1024]}}\n", "unknown preset ['tiny']"),
+    ("workload: {preset: tiny, collections: 0}\nknobs: {batch_size: {choices: [1024]}}\n",
+     "collections=0 must be an integer from 1 to the number of tables (6)"),
+    ("workload: {preset: tiny, collections: two}\nknobs: {batch_size: {choices: [1024]}}\n", "collections='two'"),
 ])
 def test_space_type_errors_are_one_line(tmp_path: Path, text: str, says: str) -> None:
     (tmp_path / "s.yaml").write_text(text)

@@ -4,7 +4,9 @@ recorded with its reason while the tune goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -208,6 +210,7 @@ def test_a_weighted_feature_trains_weighted_in_torchrec_and_cubics_kernel_weight
     plain, _ = Workload.from_json_file(_workload("scored_plain", models / "plain.json"))
     assert [t.weighted for t in wl.tables] == [False, True] and not any(t.weighted for t in plain.tables)
     assert "weighted" not in json.loads((models / "plain.json").read_text())["tables"][1]  # the default stays out
+    assert wl.collections == plain.collections == 2  # TorchRec distributes and looks up each apart
     cfg = TrialConfig(workload=wl, world_size=2, batch_size=128, sharding="table_wise", warmup_steps=2,
                       measure_steps=4, windows=1, timeout_s=180)
     with fixture_cluster_as_local():
@@ -416,6 +419,14 @@ def test_the_simulator_prices_torchrecs_step_by_its_profile(tmp_path: Path) -> N
     ids = cfg.batch_size * sum(cfg.workload.lookups_per_sample())
     grown = simulate(cfg, more.for_framework("torchrec")).step_ms_p50 - t.step_ms_p50
     assert ids * 100 / 1e6 <= grown <= 1.5 * ids * 100 / 1e6  # over the rank's shared speed (<= 1) on a full node
+    # each collection of the model beyond the first: `collection_ms`, in TorchRec's step only (the harness looks
+    # every table up in one)
+    split = load_cluster(_with_profile(tmp_path, {"step_overhead_ms": 5.0, "glue_ns_per_id": 17.1,
+                                                  "collection_ms": 3.0}))
+    three = cfg.replace(workload=dataclasses.replace(cfg.workload, collections=3))
+    assert simulate(cfg, split.for_framework("torchrec")).step_ms_p50 == pytest.approx(t.step_ms_p50)
+    assert simulate(three, split.for_framework("torchrec")).step_ms_p50 - t.step_ms_p50 == pytest.approx(2 * 3.0)
+    assert simulate(three, split).step_ms_p50 == pytest.approx(h.step_ms_p50)
 
 
 def test_a_missing_or_bad_framework_profile_is_one_line_exit_2(tmp_path: Path) -> None:
@@ -469,6 +480,8 @@ def test_calibrate_framework_torchrec_adds_a_measured_profile_the_simulator_pric
     assert prof["glue_ns_per_id"] == pytest.approx(max(0.0, base.device.glue_ns_per_id + (d2 - d1) / (n2 - n1) * 1e6),
                                                    abs=0.05 + 2e-3 / (n2 - n1) * 1e6)
     assert prof["glue_ns_per_id"] >= 0 and prof["dist_overhead_ms"] >= 0 and prof["dense_replica_merge"] is True
+    # one collection and two, paired: the median difference
+    assert prof["collection_ms"] == pytest.approx(max(0.0, statistics.median(src["second_collection_ms"])), abs=2e-3)
     assert prof["process_mb"] > 0 and prof["spawned_process_mb"] > 0  # a forked and a spawned bare rank
     tr = load_cluster(out).for_framework("torchrec")
     res = simulate(TrialConfig(kernel="fbgemm"), tr)

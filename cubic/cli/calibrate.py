@@ -106,6 +106,6 @@ def _add_profile(output: Path, framework: str, short: bool, console, given: bool
         raise
     console.print(f"wrote {output}: {framework} step {prof['step_overhead_ms']:.2f} ms fixed, "
                   f"{prof['glue_ns_per_id']:.0f} ns per id beside the kernels, {prof['dist_overhead_ms']:.2f} ms a "
-                  f"step on several ranks (the harness: {base.device.step_overhead_ms:.2f} ms, "
-                  f"{base.device.glue_ns_per_id:.0f} ns, 0)")
+                  f"step on several ranks, {prof['collection_ms']:.2f} ms per collection beyond the first (the "
+                  f"harness: {base.device.step_overhead_ms:.2f} ms, {base.device.glue_ns_per_id:.0f} ns, 0, 0)")
 

@@ -604,6 +604,21 @@ def _host_gb() -> float:
 PROFILE_POOLS = (1, 64)
 
 
+COLLECTION_POOL = 20  # ids a bag of the collection step: what a recommendation model's multi-hot features look up
+
+
+def _probe_workload(name: str) -> Any:
+    """The tiny workload's tables as `probe_models.NAME` holds them (one collection or two), COLLECTION_POOL ids a
+    bag."""
+    import dataclasses
+
+    from cubic_harness.sim import probe_models  # (imports TorchRec)
+    from cubic_harness.torchrec_import import import_workload
+
+    wl = import_workload(f"cubic_harness.sim.probe_models:{name}", dense_features=probe_models.DENSE_FEATURES)
+    return dataclasses.replace(wl, tables=[dataclasses.replace(t, pooling=COLLECTION_POOL) for t in wl.tables])
+
+
 class _Steps(NamedTuple):
     harness: float  # median step, ms
     torchrec: float
@@ -653,7 +668,11 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
        the harness's `glue_ns_per_id`.
     3. a distributed step's own calls: what is left of the difference at PROFILE_POOLS[0] ids a bag once 1 and
        2 are taken out: `dist_overhead_ms` (the harness's is 0: its collectives are priced by the links).
-    4. not measured, TorchRec's design: 2D's DMPCollection.sync() all-reduces every shard's weights and optimizer
+    4. a collection beyond the first: the same tables in one EmbeddingBagCollection and split over two
+       (`probe_models`), TorchRec only, two ranks, COLLECTION_POOL ids a bag: the median paired difference is
+       `collection_ms` (each collection distributes its input and output and looks up apart; the harness looks
+       every table up in one, so its own is 0).
+    5. not measured, TorchRec's design: 2D's DMPCollection.sync() all-reduces every shard's weights and optimizer
        state, never only the rows the replicas touched (`dense_replica_merge`).
     Micro-measurements, not trials of the configurations it will price (benchmarks/bench_backend_fidelity.py
     validates it on those)."""
@@ -685,11 +704,22 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     per_id_ns = (by_pool[1].paired - by_pool[0].paired) / (ids[1] - ids[0]) * 1e6
     glue = max(0.0, base.device.glue_ns_per_id + per_id_ns)
     dist_ms = max(0.0, by_pool[0].paired - fixed - (glue - base.device.glue_ns_per_id) * ids[0] / 1e6)
+    progress("the tables in one collection and in two, TorchRec")
+    one, two = (TrialConfig(workload=_probe_workload(name), world_size=2, batch_size=512, sharding="table_wise",
+                            **steps) for name in ("one", "two"))
+    coll = []
+    for _ in range(2 * reps + 1):  # (a ~5 ms difference that varies 3-12 ms pair to pair here)
+        a, b = run_torchrec(one), run_torchrec(two)
+        if a.status != "ok" or b.status != "ok":
+            raise RuntimeError(f"calibration step (one collection, two): {a.error or b.error}")
+        coll.append(b.step_ms_p50 - a.step_ms_p50)
     src = {"command": "cubic calibrate --framework torchrec" + (" --short" if short else ""),
            "torchrec": package_version("torchrec"),
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "bare_step_ms": _step_record(bare_steps), "pools": list(PROFILE_POOLS), "ids_per_rank": ids,
-           "step_ms": [_step_record(s) for s in by_pool]}
+           "step_ms": [_step_record(s) for s in by_pool], "collection_pool": COLLECTION_POOL,
+           "second_collection_ms": [round(x, 3) for x in coll]}
     return {"step_overhead_ms": round(base.device.step_overhead_ms + max(0.0, fixed), 3),
-            "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3), "dense_replica_merge": True,
+            "glue_ns_per_id": round(glue, 2), "dist_overhead_ms": round(dist_ms, 3),
+            "collection_ms": round(max(0.0, statistics.median(coll)), 3), "dense_replica_merge": True,
             "process_mb": round(bare_steps.torchrec_mb, 1), "spawned_process_mb": round(spawned.peak_mem_mb, 1)}, src

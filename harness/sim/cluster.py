@@ -106,6 +106,9 @@ class Device:
     dist_overhead_ms: float = 0.0  # a step on several ranks beyond what its collectives' bytes and latency cost:
     #   the framework's own calls around them (TorchRec's input and output distribution; 0 for the harness, whose
     #   collectives the links price)
+    collection_ms: float = 0.0  # a step on several ranks, per embedding collection of the model beyond its first
+    #   (`Workload.collections`): the framework distributes and looks up each apart (TorchRec; 0 for the harness,
+    #   which looks every table up in one)
     dense_replica_merge: bool = False  # 2D weight_avg merges whole shards, never only the rows touched (TorchRec's
     #   DMPCollection.sync() all-reduces every weight and optimizer state)
     #   (HugeCTR's), so no input all-to-all runs; cubic's harness and TorchRec distribute them (False)
@@ -282,8 +285,8 @@ class FrameworkSpec(Strict):
     """What a framework's step costs around the kernels and collectives, where it differs from the device's own
     figures (cubic's harness): the fixed cost of a step, the embedding collection's own work per looked-up id
     (input routing, output assembly, autograd), a step on several ranks beyond its collectives' bytes and
-    latency (the framework's own calls around them), what a rank holds before any model state, whether it
-    reads each rank's shards' ids itself."""
+    latency (the framework's own calls around them) and per collection beyond the first, what a rank holds
+    before any model state, whether it reads each rank's shards' ids itself."""
 
     step_overhead_ms: NonNeg | None = None
     glue_ns_per_id: NonNeg | None = None
@@ -291,6 +294,7 @@ class FrameworkSpec(Strict):
     spawned_process_mb: NonNeg | None = None  # a rank spawned afresh (an oversubscribed trial's); absent: process_mb
     reads_own_ids: bool | None = None
     dist_overhead_ms: NonNeg | None = None
+    collection_ms: NonNeg | None = None
     dense_replica_merge: bool | None = None
 
 

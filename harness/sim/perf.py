@@ -444,8 +444,9 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     if W > 1 and c.device.jitter:  # ranks drift apart over their compute; each collective waits for the last
         comm["wait"] = c.device.jitter * (emb_fwd + emb_bwd + dense)
         step += comm["wait"]
-    if W > 1 and c.device.dist_overhead_ms:  # a framework's own bookkeeping of its distributed step (calls)
-        comm["framework"] = c.device.dist_overhead_ms
+    if W > 1 and (c.device.dist_overhead_ms or c.device.collection_ms):  # a framework's own bookkeeping of its
+        # distributed step (calls), and of each collection of the model beyond the first
+        comm["framework"] = c.device.dist_overhead_ms + c.device.collection_ms * (wl.collections - 1)
         step += comm["framework"]
     # a real trial times the weight_avg merge as its own phase (`sync`); everything else is the step's comm
     sync_ms = comm["replica_sync"] if R > 1 and recv_cols and cfg.sparse_sync == "weight_avg" else 0.0
