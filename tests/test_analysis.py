@@ -127,7 +127,7 @@ def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
     imp = analysis.knob_importance(df)
     assert set(imp.index) == set(analysis.varying_knobs(df))
     assert (imp >= 0).all() and (imp.sum() == pytest.approx(1.0) or imp.sum() == 0)
-    # ranked by the one speed-up every view shows: re-measured medians where the confirm re-measured a trial
+    # ranked by the one speed-up every view shows: paired re-measurements where the confirm re-measured a trial
     top = analysis.top_k(df, k=3)
     ok = analysis.usable(df)
     assert 1 <= len(top) <= 3 and top["speedup"].is_monotonic_decreasing

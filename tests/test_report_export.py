@@ -132,7 +132,8 @@ def test_export_json_has_metrics_spread_speedup_provenance(run_dir: Path) -> Non
 
 def test_one_speed_up_everywhere_the_winner_is_shown(run_dir: Path) -> None:
     """The banner, the top table (HTML and terminal), the breakdown's label, the frame the notebook reads and
-    the export all give the winner the same speed-up: its re-measured median over the baseline's."""
+    the export all give the winner the same speed-up: the median ratio of its re-measurements to the baseline's
+    run right before each."""
     from cubic.results import plots, report
 
     df = analysis.load_study(run_dir)

@@ -226,6 +226,12 @@ def test_a_weighted_feature_trains_weighted_in_torchrec_and_cubics_kernel_weight
     code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(models / "nofactory.json"), "--set",
                        "kernel=fbgemm")
     assert code == 2 and len(err) == 1 and "table(s) topics: weighted" in err[0], err
+    # its unweighted twin still holds two collections, which TorchRec's DLRM built from a workload has not
+    raw = json.loads((models / "plain.json").read_text())
+    (models / "nofactory.json").write_text(json.dumps({**raw, "factory": None, "dense_model": None}))
+    code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(models / "nofactory.json"), "--set",
+                       "kernel=fbgemm")
+    assert code == 2 and len(err) == 1 and "collections=2: TorchRec's DLRM built from a workload" in err[0], err
 
 
 def test_2d_on_cubics_kernel_in_torchrec_merges_its_replicas_as_dmpcollection_merges_fbgemms() -> None:

@@ -146,11 +146,11 @@ LEFT = ' class="l"'
 HEADS = {"number": "trial", "phase": "phase", "qps": "search qps", "confirm_qps_median": "re-measured",
          "speedup": "speed-up", "qps_cv": "cv", "peak_mem_mb": "mem MB", "quality_verdict": "held-out verdict",
          "quality_eval_diff": "held-out NE diff", "ne": "in-run NE (est.)"}
-SPEEDUP_NOTE = ("speed-up: the re-measured median over the baseline's re-measured median where the confirm "
-                "re-measured both, else the search measurement over the baseline's; the banner, plots, export and "
-                "notebook use the same figure. Held-out verdict and NE diff: the confirm's quality runs, paired by "
-                "seed with the baseline. In-run NE: an estimate over the trial's own first samples, which only "
-                "guides the search.")
+SPEEDUP_NOTE = ("speed-up: where the confirm re-measured a configuration, the median ratio of its re-measurements "
+                "to the baseline's run right before each; else the search measurement over the baseline's; the "
+                "banner, plots, export and notebook use the same figure. Held-out verdict and NE diff: the "
+                "confirm's quality runs, paired by seed with the baseline. In-run NE: an estimate over the trial's "
+                "own first samples, which only guides the search.")
 
 
 def _cell(col: str, v: Any) -> str:
