@@ -110,6 +110,9 @@ def plain():
 """
 
 
+RANKS, BATCH = 2, 1024  # the weighted model's trials
+
+
 def torchrec_runs(repeats: int, dist: str, console: Console,
                   cluster: Path) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Samples/s of the weighted model per variant (see the module docstring), alternating `repeats` times, and
@@ -127,7 +130,7 @@ def torchrec_runs(repeats: int, dist: str, console: Console,
     sys.path.insert(0, str(folder))
     wl = import_workload("scoredmodel:scored", dense_features=13)
     wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, pooling=20, id_dist=dist) for t in wl.tables])
-    cfg = TrialConfig(workload=wl, world_size=2, batch_size=1024, sharding="table_wise", warmup_steps=3,
+    cfg = TrialConfig(workload=wl, world_size=RANKS, batch_size=BATCH, sharding="table_wise", warmup_steps=3,
                       measure_steps=24, windows=3, timeout_s=300)
     plain = dataclasses.replace(wl, tables=[dataclasses.replace(t, weighted=False) for t in wl.tables],
                                 factory="scoredmodel:plain", collections=1)  # (one collection)
@@ -231,8 +234,8 @@ def main() -> None:
                   "`native at REF` over today's unweighted native (above 1: today's is faster)")
     torchrec, predicted = torchrec_runs(args.torchrec, args.dist, console, args.cluster) if args.torchrec else ({}, {})
     if torchrec:
-        t = Table(title=f"2 ranks, 2 plain + 2 weighted tables (200k x 64, {args.dist}, 20 ids a bag), batch 1024: "
-                        f"samples/s, median (min..max) of {args.torchrec}")
+        t = Table(title=f"{RANKS} ranks, 2 plain + 2 weighted tables (200k x 64, {args.dist}, 20 ids a bag), "
+                        f"batch {BATCH}: samples/s, median (min..max) of {args.torchrec}")
         for col in ("variant", "samples/s", "over TorchRec fbgemm", "predicted", "unweighted over weighted",
                     "predicted ratio", "weighting adds ms/step", "predicted ms"):
             t.add_column(col, justify="right")
@@ -241,7 +244,7 @@ def main() -> None:
             plain = torchrec.get(f"{k}, unweighted")
             pw, pu = predicted.get(k), predicted.get(f"{k}, unweighted")
             ratio = f"{statistics.median(plain) / statistics.median(v):.2f}x" if plain else ""
-            samples = 2 * 1024  # a step's: 2 ranks x batch 1024
+            samples = RANKS * BATCH  # a step's
             added = f"{samples * 1e3 * (1 / statistics.median(v) - 1 / statistics.median(plain)):.1f}" if plain else ""
             t.add_row(k, f"{statistics.median(v):,.0f} ({min(v):,.0f}..{max(v):,.0f})",
                       f"{statistics.median(v) / ref:.2f}x", f"{pw:,.0f}" if pw else "-", ratio,
