@@ -572,3 +572,64 @@ def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path) -> No
             p.join(60)
         assert [p.exitcode for p in procs] == [0, 0, 0], round_
         assert set(optuna.load_study(study_name="race", storage=url).user_attrs) == {"p0", "p1", "p2"}
+
+
+TWINS = """\
+name: twins
+workload: {preset: tiny}
+baseline: {world_size: 1, sharding: table_wise, batch_size: 64, kernel: torch, emb_lr: 0.1, dense_lr: 0.05}
+knobs:
+  emb_lr: [0.1, 0.0001]            # a learning rate that costs eval NE far past the tolerance
+  pipeline_depth: [0, 1]           # layout only: the same model
+quality: {samples: 8192, eval_samples: 2048, seeds: 2, tolerance: 0.002, screen: false}
+trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}
+budget: {trials: 4, confirm_top_k: 2}
+"""
+
+
+# ~1 min, in the default tier: the confirm alone, run in-process (3 re-measurements and 3-4 quality runs)
+def test_a_layout_waits_for_its_twins_verdict_and_a_rejection_costs_it_no_re_measurement(tmp_path: Path) -> None:
+    """Two layouts of one numerics change are screened together. The faster one's re-measurement and quality
+    runs judge the model; the other is not re-measured while that verdict is out, and the rejection reaches it
+    with the twin's runs, so it costs no run at all. The layout-only candidate is paired and wins."""
+    from rich.console import Console
+
+    from cubic.tune.checks import QualityChecks
+    from cubic.tune.confirm import Confirm
+    from cubic.tune.context import Tuning
+    from cubic.tune.policy import Policy
+    from cubic.tune.view import TuneView
+    from cubic_harness.trial import run_trial
+    from tests.test_memory import InlineRunner
+
+    space = load_space(space_file(tmp_path, TWINS))
+    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
+    base_params = space.baseline_params()
+    base_res = run_trial(space.config(base_params))  # the baseline's search run, measured
+    assert base_res.status == "ok", base_res.error
+    # the search's findings: the twins' search runs at 10x the baseline's (a winner's-curse high: speed cannot
+    # rule them out, only quality decides), the layout-only change at 2x
+    found = [(base_params, base_res.qps), ({**base_params, "emb_lr": 0.0001, "pipeline_depth": 1}, 10 * base_res.qps),
+             ({**base_params, "emb_lr": 0.0001}, 9 * base_res.qps), ({**base_params, "pipeline_depth": 1},
+                                                                     2 * base_res.qps)]
+    for params, qps in found:
+        store.enqueue(params, {"phase": "search"})
+        trial = store.study.ask(distributions(space))
+        store.finish(trial, base_res if params == base_params else TrialResult(qps=qps, ne=base_res.ne))
+    first, second, layout = (store.records(TrialState.COMPLETE)[i] for i in (1, 2, 3))
+    runner = InlineRunner()
+    view = TuneView(space, 4, Console(record=True, width=200), live=False)
+    ctx = Tuning(space, store, runner, view, Policy.measured(space), base_key=space.config(base_params).key(),
+                 budget=4)
+    Confirm(ctx, QualityChecks(ctx)).run()
+
+    assert first.quality_runs_of is None and first.quality_eval_ne and first.quality_ok is False
+    assert len(first.confirm_qps) == 1 and first.confirm_base_qps  # its one re-measurement, paired
+    # the second layout of that model: no run of its own, the twin's verdict and runs
+    assert second.quality_runs_of == first.number and second.quality_eval_ne == first.quality_eval_ne
+    assert second.quality_ok is False and not second.confirm_qps and not second.confirm_failed
+    remeasured = [c for c in runner.submitted if c.eval_samples == 0]
+    assert space.config(second.params).key() not in {c.key() for c in remeasured}
+    assert f"#{second.number} trains what #{first.number} trains: rejected with it" in view.console.export_text()
+    # the layout-only change needs no quality run and is paired with the baseline
+    assert layout.quality_ok is True and len(layout.confirm_qps) == 1 == len(layout.confirm_base_qps)

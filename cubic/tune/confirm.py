@@ -21,8 +21,9 @@ the very numbers that pick the winner):
    beat the baseline, it cannot win: it fails without a quality run. Otherwise its quality runs decide
    (`cubic.quality.rules.sequential`: the first `seeds`, then one more pair while the interval straddles
    the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's samples. A model
-   whose quality already failed (its own runs, or a twin's it inherits) is not re-measured at all; only a
-   candidate that passes gets its other `repeats - 1` re-measurements. The baseline runs alone only up to
+   whose quality already failed (its own runs, or a twin's it inherits) is not re-measured at all, and a
+   layout of a model still being judged on a faster twin waits for that verdict; only a candidate that
+   passes gets its other `repeats - 1` re-measurements. The baseline runs alone only up to
    its own `repeats`, once no candidate wants a run.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected for
    quality (failed, or not resolved within the seed budget) and is faster than everything that passed, judge
@@ -159,7 +160,32 @@ class Confirm:
         if n >= self.reps:
             return False
         v = self.verdict(t)
-        return v is True or (v is None and n == 0) or (t is self.base)
+        return v is True or (v is None and n == 0 and self.twin_judged(t) is None) or (t is self.base)
+
+    def twin_judged(self, t: TrialRecord) -> TrialRecord | None:
+        """A candidate screened before t that trains the same model and is still being judged (None: none).
+        t's first re-measurement waits for that verdict: a rejection reaches t without a run of its own
+        (`inherit_rejection`), a pass with its quality runs (`quality_seed`). Why: the walk screens a model's
+        layouts together, and each used to cost a pair of runs before its twin's verdict made them moot."""
+        if self.qr is None or t not in self.screened or not self.ctx.space.differs_in_numerics(t.params):
+            return None
+        key = self.ctx.space.numerics_key(t.params)
+        earlier = self.screened[:self.screened.index(t)]
+        return next((o for o in earlier if self.ctx.space.numerics_key(o.params) == key
+                     and self.verdict(o) is None), None)
+
+    def inherit_rejection(self, t: TrialRecord) -> None:
+        """Give t, not yet run, the verdict of a screened twin whose own quality runs rejected it."""
+        space = self.ctx.space
+        if self.runs(t) or self.inflight.get(t.number) or t.quality_runs_of is not None:
+            return
+        key = space.numerics_key(t.params)
+        rejected = next((o for o in self.screened if o is not t and o.quality_runs_of is None and o.quality_eval_ne
+                         and space.numerics_key(o.params) == key and self.verdict(o) is False), None)
+        if rejected is not None:
+            self.ctx.store.update(t, **rejected.heldout())
+            self.ctx.view.note(f"quality: #{t.number} trains what #{rejected.number} trains: rejected with it, "
+                               "not re-measured")
 
     def next_remeasure(self) -> tuple[TrialRecord, TrialRecord | None] | None:
         """The next re-measurement, as (whose, the candidate it pairs with): a candidate's own run right after
@@ -197,13 +223,11 @@ class Confirm:
                     and self.walked < len(self.cands)):
                 t = self.cands[self.walked]
                 self.walked += 1
-                rejected = next((o for o in self.screened if self.verdict(o) is False and o.quality_runs_of is None
-                                 and o.quality_eval_ne and space.differs_in_numerics(t.params)
-                                 and space.numerics_key(o.params) == space.numerics_key(t.params)), None)
-                if rejected is not None:  # the same model was rejected: its verdict, without a run
-                    ctx.store.update(t, **rejected.heldout())
                 self.screened.append(t)
                 continue
+            for t in self.screened:  # the same model was rejected: its verdict, without a run
+                if space.differs_in_numerics(t.params):
+                    self.inherit_rejection(t)
             order = ([base] if base else []) + self.screened
             nxt = self.next_remeasure()
             if nxt is not None and not pending:  # one at a time (see the module docstring)
