@@ -91,6 +91,11 @@ class TrialConfig:
     # the dense gradients' all-reduce: a DDP comm hook (TorchRec: DefaultDataParallelWrapper's
     # allreduce_comm_precision); left out of to_dict at fp32, so every config stored before it keeps its key
     allreduce_comm_precision: str = "fp32"
+    # FBGEMM's UVM cache (TorchRec: compute kernel fused_uvm_caching, CacheParams.load_factor): 0 keeps the
+    # tables in device memory; x in (0, 1] keeps them in host memory, read through a device-side cache of x of
+    # each table's rows. Trades device memory for host-link traffic on the misses: the profiled ids decide
+    # the hit rate (harness/sim/perf.py hit_rate)
+    uvm_cache_load_factor: float = 0.0
     emb_optimizer: str = "rowwise_adagrad"
     emb_lr: float = 0.01
     dense_lr: float = 0.01
@@ -163,6 +168,15 @@ class TrialConfig:
         if self.sharding == "column_wise":
             for t in self.workload.tables:
                 self.column_width(t.dim, t.name, where)
+        lf = self.uvm_cache_load_factor
+        if not math.isfinite(lf) or not 0 <= lf <= 1:
+            raise ConfigError(f"{where}: uvm_cache_load_factor={lf!r} must be in [0, 1] (0: tables in device memory)")
+        if lf > 0 and self.device != "cuda":
+            raise ConfigError(f"{where}: uvm_cache_load_factor={lf} needs device=cuda (a UVM cache keeps the tables "
+                              "in host memory behind device memory); use uvm_cache_load_factor=0")
+        if lf > 0 and self.replicas > 1 and self.sparse_sync == "weight_avg":
+            raise ConfigError(f"{where}: uvm_cache_load_factor={lf} with 2D weight_avg: the replica merge writes "
+                              "rows behind the cache, which cubic does not flush; use uvm_cache_load_factor=0")
         if self.kernel == "fbgemm" and self.emb_precision == "bf16":
             raise ConfigError(f"{where}: emb_precision=bf16 is not supported by kernel=fbgemm on CPU; "
                               "choose fp32 or fp16")
@@ -222,7 +236,7 @@ class TrialConfig:
 
 #: Knobs added after studies were stored: at these values they stay out of `to_dict` (and `key()`), so a
 #: stored trial's config key is unchanged and a resumed study neither loses nor re-runs it.
-KEYLESS_DEFAULTS = {"allreduce_comm_precision": "fp32", "comm_overlap": "none"}
+KEYLESS_DEFAULTS = {"allreduce_comm_precision": "fp32", "comm_overlap": "none", "uvm_cache_load_factor": 0.0}
 #: Fields removed from TrialConfig, each at the value every stored production trial had: `key()` keeps them (the
 #: keys of stored trials stay as they were), `from_dict` drops them (stored configs, exports and old YAML load).
 RETIRED = {"inject_fault": "none"}

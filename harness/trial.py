@@ -131,6 +131,9 @@ def check_config(cfg: TrialConfig) -> None:
                               f"{type(e).__name__}: {e}") from None
         if not present:
             raise ConfigError("kernel=fbgemm needs fbgemm_gpu (pip extra 'cpu' or 'cuda'); or use kernel=torch")
+    if cfg.uvm_cache_load_factor > 0 and cfg.kernel != "fbgemm":  # (the simulator prices any kernel's lookups)
+        raise ConfigError(f"uvm_cache_load_factor={cfg.uvm_cache_load_factor}: the UVM cache is FBGEMM's "
+                          f"(kernel=fbgemm); kernel={cfg.kernel} keeps its tables in device memory")
     if cfg.kernel == "triton" and cfg.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
         raise ConfigError("kernel=triton needs device=cuda (or TRITON_INTERPRET=1 for tests)")
     from cubic_harness.planning import plan_for

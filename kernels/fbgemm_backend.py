@@ -30,7 +30,10 @@ def available() -> bool:
 class FbgemmEmbeddingBags(EmbeddingBagKernel):
     name = "fbgemm"
 
-    def __init__(self, rows, dims, **kw) -> None:
+    def __init__(self, rows, dims, *, cache_load_factor: float = 0.0, **kw) -> None:
+        """`cache_load_factor` > 0 (CUDA only): the tables live in host memory (UVM) behind a device-side
+        LRU cache of that share of their rows (FBGEMM's MANAGED_CACHING), as TorchRec's fused_uvm_caching
+        kernel runs them. The math is the same; misses cross the host link."""
         super().__init__(rows, dims, **kw)
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
@@ -42,7 +45,11 @@ class FbgemmEmbeddingBags(EmbeddingBagKernel):
         if self.weight_dtype not in ("fp32", "fp16"):
             raise ValueError(f"fbgemm: weight dtype {self.weight_dtype!r} unsupported; choose fp32 or fp16")
         cuda = self.device.type == "cuda"
-        loc = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
+        if cache_load_factor and not cuda:
+            raise ValueError("fbgemm: a UVM cache (cache_load_factor > 0) needs a CUDA device")
+        self.caching = cache_load_factor > 0
+        loc = (EmbeddingLocation.MANAGED_CACHING if self.caching else EmbeddingLocation.DEVICE) if cuda \
+            else EmbeddingLocation.HOST
         cdev = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
         opt = {"rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "sgd": EmbOptimType.EXACT_SGD}
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
@@ -54,11 +61,21 @@ class FbgemmEmbeddingBags(EmbeddingBagKernel):
             weights_precision=SparseType.FP32 if self.weight_dtype == "fp32" else SparseType.FP16,
             stochastic_rounding=False,
             device=self.device,
+            **({"cache_load_factor": cache_load_factor} if self.caching else {}),
         )
         self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
 
     def weights(self) -> list[torch.Tensor]:
+        """With a UVM cache, the host copy after the cache's dirty rows are written back (`flush`): what a
+        reader (evaluation, a checkpoint) needs. Writes into these land behind the cache: `load` resets it."""
+        if self.caching:
+            self.tbe.flush()
         return list(self.tbe.split_embedding_weights())
+
+    def load(self, weights, states=None) -> None:
+        super().load(weights, states)
+        if self.caching:  # the cached copies of the rows just written are stale
+            self.tbe.reset_cache_states()
 
     def states(self) -> list[torch.Tensor]:
         if self.optim.kind == "sgd":

@@ -67,3 +67,12 @@ def test_verify_fidelity_table_with_too_few_configurations_prints(capsys: pytest
             "kendall_tau": None, "median_qps_ratio_cubic_over_torchrec": 0.5, "skipped": ["trial #2: error"]}, True)
     out = capsys.readouterr().out
     assert "Kendall tau n/a" in " ".join(out.split()) and "0.50" in out
+
+
+@pytest.mark.parametrize("knob, says", [
+    ("uvm_cache_load_factor=0.1", "uvm_cache_load_factor=0.1 needs device=cuda"),
+    ("uvm_cache_load_factor=2", "uvm_cache_load_factor=2.0 must be in [0, 1]"),
+])
+def test_a_knob_value_that_cannot_run_is_one_line(knob: str, says: str) -> None:
+    code, lines, err = run("trial", "--set", knob)
+    assert code == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, err

@@ -27,6 +27,19 @@ def test_triton_trial_trains_like_the_torch_reference_on_the_gpu() -> None:
         np.testing.assert_allclose(tables["triton"][t], tables["torch"][t], rtol=1e-4, atol=1e-5)
 
 
+def test_tables_behind_a_uvm_cache_train_as_device_resident_ones() -> None:
+    """FBGEMM's UVM cache (`uvm_cache_load_factor`: a tenth of each table's rows on the device, the rest in
+    host memory): the same losses and tables as FBGEMM's tables in device memory; the numbers read back are
+    the cache's (flushed), not stale host rows."""
+    pytest.importorskip("fbgemm_gpu")
+    base = tiny_cfg(device="cuda", world_size=1, kernel="fbgemm", batch_size=256, measure_steps=8)
+    device, dev_tables = train(base)
+    cached, uvm_tables = train(base.replace(uvm_cache_load_factor=0.1))
+    np.testing.assert_allclose(cached, device, rtol=1e-5, atol=1e-6)
+    for t in dev_tables:
+        np.testing.assert_allclose(uvm_tables[t], dev_tables[t], rtol=1e-5, atol=1e-6)
+
+
 def test_two_ranks_on_one_gpu_fall_back_to_gloo_and_match_one_rank() -> None:
     one, t1 = train(tiny_cfg(device="cuda", world_size=1, batch_size=64, kernel="triton"))
     two, t2 = train(tiny_cfg(device="cuda", world_size=2, batch_size=32, kernel="triton",

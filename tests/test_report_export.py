@@ -192,7 +192,10 @@ def _check_torchrec_dict(d: dict, cfg: TrialConfig, plan: list | None = None) ->
     for tp in plan or []:
         c = d["parameter_constraints"][tp["name"]]
         assert c["sharding_types"] == [tp["kind"]]
-        assert c["compute_kernels"] == ["dense" if tp["kind"] == "data_parallel" else "fused"]
+        uvm = cfg.uvm_cache_load_factor > 0 and tp["kind"] != "data_parallel"
+        assert c["compute_kernels"] == ["dense" if tp["kind"] == "data_parallel"
+                                        else "fused_uvm_caching" if uvm else "fused"]
+        assert c.get("cache_params") == ({"load_factor": cfg.uvm_cache_load_factor} if uvm else None)
     dp = any(tp["kind"] == "data_parallel" for tp in plan or [])
     assert dp == any(n.startswith("data-parallel tables") for n in d["notes"])
     dmp = d["dmp_collection"]
@@ -216,6 +219,7 @@ TORCHREC_CASES = [
     dict(sharding="size_lookup_greedy", world_size=4, sharding_group_size=2, sparse_sync="weight_avg"),
     dict(sharding="auto", world_size=4),
     dict(sharding="table_wise", pipeline_depth=2, device="cuda", dense_precision="bf16"),
+    dict(sharding="column_wise", device="cuda", kernel="fbgemm", uvm_cache_load_factor=0.25),
     dict(sharding="table_wise", world_size=4, sharding_group_size=2, sparse_sync="grad_allreduce",
          emb_optimizer="momentum_scaled_rowwise_adagrad"),
     dict(sharding="table_wise", world_size=4, sharding_group_size=2, sparse_sync="weight_avg",
@@ -272,6 +276,7 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import CacheParams
     from torchrec.types import DataType
 
     cfg = TrialConfig(workload=Workload.tiny(), kernel="torch").replace(**knobs).validate()
@@ -281,10 +286,12 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
                            embedding_dim=t["embedding_dim"], feature_names=t["feature_names"],
                            data_type=DataType[t["data_type"]])
         for t in d["tables"]])
-    cons = {name: ParameterConstraints(**{**c, "output_dtype": DataType[c["output_dtype"]]})
+    cons = {name: ParameterConstraints(**{**c, "output_dtype": DataType[c["output_dtype"]],
+                                          **({"cache_params": CacheParams(**c["cache_params"])}
+                                             if "cache_params" in c else {})})  # (as docs/torchrec.md loads it)
             for name, c in d["parameter_constraints"].items()}
-    # TorchRec plans row-wise kinds only for CUDA; the constraint check is the same on either topology
-    needs_cuda = any(c.sharding_types[0] in ("row_wise", "table_row_wise") for c in cons.values())
+    # TorchRec plans row-wise kinds and the UVM cache only for CUDA; the constraint check is the same on either
+    needs_cuda = any(c.sharding_types[0] in ("row_wise", "table_row_wise") or c.cache_params for c in cons.values())
     topo = Topology(world_size=d["sharding_group_size"], compute_device="cuda" if needs_cuda else "cpu",
                     local_world_size=min(d["ranks_per_node"], d["sharding_group_size"]))
     planner = EmbeddingShardingPlanner(topology=topo, constraints=cons)
@@ -293,14 +300,17 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     for name, c in cons.items():
         assert got[name].sharding_type == c.sharding_types[0], name
         assert got[name].compute_kernel == c.compute_kernels[0], name
+        if c.cache_params:  # the planner keeps the load factor cubic ran for the kernel it sizes the cache by
+            assert got[name].cache_params.load_factor == cfg.uvm_cache_load_factor, name
 
     gens = {}
     for name, p in d["placements"].items():
         kind = p["sharding_type"]
-        gens[name] = {"table_wise": lambda p=p: sp.table_wise(rank=p["rank"]),
-                      "row_wise": lambda p=p: sp.row_wise(),
-                      "column_wise": lambda p=p: sp.column_wise(ranks=p["ranks"],
-                                                                size_per_rank=p["size_per_rank"]),
+        ck = {"compute_kernel": p["compute_kernel"]} if "compute_kernel" in p else {}
+        gens[name] = {"table_wise": lambda p=p, ck=ck: sp.table_wise(rank=p["rank"], **ck),
+                      "row_wise": lambda p=p, ck=ck: sp.row_wise(**ck),
+                      "column_wise": lambda p=p, ck=ck: sp.column_wise(ranks=p["ranks"],
+                                                                       size_per_rank=p["size_per_rank"], **ck),
                       "table_row_wise": lambda p=p: sp.table_row_wise(host_index=p["host_index"]),
                       "data_parallel": lambda p=p: sp.data_parallel()}[kind]()
     exact = sp.construct_module_sharding_plan(
@@ -309,6 +319,7 @@ def test_torchrec_export_is_accepted_by_torchrec(knobs: dict) -> None:
     for name, p in d["placements"].items():
         ps = exact[name]
         assert ps.sharding_type == p["sharding_type"]
+        assert ps.compute_kernel == p.get("compute_kernel", ps.compute_kernel)
         if p["sharding_type"] == "table_wise":
             assert ps.ranks == [p["rank"]]
         if p["sharding_type"] == "column_wise":

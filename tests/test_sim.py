@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -468,6 +469,49 @@ def test_tables_that_do_not_fit_live_in_host_memory_behind_a_cache() -> None:
     many = {p: [{"table": 0, "rows": 10 + (p == 40), "cache_rows": 1, "hit_rate": 0.5}] for p in range(64)}
     assert offloaded(many) == {"40": many[40], "positions": 64} and len(offloaded(dict(list(many.items())[:8]))) == 8
     assert OFFLOAD_LISTED == 8
+
+
+def test_a_uvm_cache_trades_device_memory_for_misses_that_the_ids_decide() -> None:
+    """`uvm_cache_load_factor`: every shard in host memory behind a device cache of that share of its rows.
+    On 8 H100s a smaller cache takes less device memory and misses more, so the step is slower; skewed ids
+    miss less than uniform ones at the same cache (uniform: the hit rate is the load factor); at load factor 1
+    nothing misses and the step is the device-resident one's. Where the cache cannot run it is refused (a real
+    trial also needs kernel=fbgemm: the cache is FBGEMM's; the simulator prices the calibrated kernel's lookups)."""
+    from cubic_harness.errors import ConfigError
+
+    c = load_cluster(shipped_cluster("h100-8.yaml"))
+
+    def run(preset: str, lf: float) -> TrialResult:
+        cfg = TrialConfig(workload=Workload.preset(preset), world_size=8, batch_size=4096, device="cuda",
+                          kernel="triton", sharding="table_wise", ranks_per_node=8, uvm_cache_load_factor=lf)
+        res = simulate(cfg.validate(), c)
+        assert res.status == "ok", res.error
+        return res
+
+    def hits(res: TrialResult) -> list[float]:
+        return [x["hit_rate"] for shards in res.extra["sim"]["offload"].values() for x in shards]
+
+    on_device = run("small-zipf", 0.0)
+    assert "offload" not in on_device.extra["sim"]
+    runs = {lf: run("small-zipf", lf) for lf in (0.01, 0.1, 1.0)}
+    qps = [runs[lf].qps for lf in (0.01, 0.1, 1.0)]
+    mem = [runs[lf].peak_mem_mb for lf in (0.01, 0.1, 1.0)]
+    assert qps[0] < qps[1] < qps[2] == pytest.approx(on_device.qps)
+    assert mem[0] < mem[1] < mem[2] <= on_device.peak_mem_mb
+    assert all(h == 1.0 for h in hits(runs[1.0]))
+    uniform = hits(run("small", 0.1))
+    assert uniform and all(h == pytest.approx(0.1, abs=1e-3) for h in uniform)
+    assert min(hits(runs[0.1])) > 0.1
+    assert TrialConfig(uvm_cache_load_factor=0.0).key() == TrialConfig().key()  # stored keys stay as they were
+    r = CliRunner().invoke(app, ["trial", "--backend", "sim", "--cluster", "h100-8", "--set", "device=cuda",
+                                 "--set", "kernel=triton", "--set", "world_size=8", "--set", "uvm_cache_load_factor=0.1"])
+    assert r.exit_code == 0 and "host memory" in r.output and "device cache hit" in r.output, r.output
+    for bad, says in ((dict(uvm_cache_load_factor=0.2), "needs device=cuda"),
+                      (dict(device="cuda", kernel="fbgemm", uvm_cache_load_factor=1.5), "must be in [0, 1]"),
+                      (dict(device="cuda", kernel="fbgemm", uvm_cache_load_factor=0.2, world_size=4,
+                            sharding_group_size=2, sparse_sync="weight_avg"), "the replica merge writes rows")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            TrialConfig(**bad).validate()
 
 
 def test_the_cache_model_at_hit_rates_0_and_1() -> None:

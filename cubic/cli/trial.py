@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 import yaml
@@ -183,6 +184,14 @@ def _cv(cv: float | None) -> str:
     return "n/a: one window" if cv is None or cv != cv else f"{cv:.1%}"
 
 
+def _host_memory(offload: dict[str, Any]) -> str:
+    """The simulator's shards in host memory behind a device cache (`extra.sim.offload`), in one line."""
+    shards = [x for k, v in offload.items() if k != "positions" for x in v]
+    hits = [x["hit_rate"] for x in shards]
+    where = f" (the position that moved most, of {offload['positions']})" if "positions" in offload else ""
+    return f"{len(shards)} shard(s) in host memory{where}, device cache hit rate {min(hits):.1%}..{max(hits):.1%}"
+
+
 def print_result(res: TrialResult) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -201,6 +210,8 @@ def print_result(res: TrialResult) -> None:
             ("loss first -> last", f"{res.loss_first:.4f} -> {res.loss_last:.4f}"),
             ("normalized entropy", f"{res.ne:.4f}")]),
         ("breakdown ms/step", "  ".join(f"{k} {v:.1f}" for k, v in res.breakdown_ms.items())),
+        *([("host memory", _host_memory(res.extra["sim"]["offload"]))] if res.extra.get("sim", {}).get("offload")
+          else []),
         ("env", f"simulated on {res.env.get('cluster')} ({res.env.get('nodes')} node(s))"
          if res.env.get("backend") == "sim" else
          f"torch {res.env.get('torch')}, fbgemm {res.env.get('fbgemm')}, {res.env.get('device_name')}"),

@@ -166,9 +166,15 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         if tp is not None:
             kind = tp["kind"]
             c["sharding_types"] = [kind]
-            # torchrec 1.8 trains model-parallel tables only with FBGEMM's fused TBE, data-parallel ones dense
-            c["compute_kernels"] = ["dense" if kind == "data_parallel" else "fused"]
+            # torchrec 1.8 trains model-parallel tables only with FBGEMM's fused TBE, data-parallel ones dense;
+            # behind a UVM cache, its fused_uvm_caching kernel with the load factor cubic ran
+            uvm = cfg.uvm_cache_load_factor > 0 and kind != "data_parallel"
+            c["compute_kernels"] = ["dense" if kind == "data_parallel" else "fused_uvm_caching" if uvm else "fused"]
+            if uvm:
+                c["cache_params"] = {"load_factor": cfg.uvm_cache_load_factor}  # torchrec's CacheParams
             pl = placement_of(tp, kind, cfg.group_size, cfg.ranks_per_node)
+            if uvm:  # sharding_plan's generators take it (the load factor: the constraint's cache_params)
+                pl["compute_kernel"] = "fused_uvm_caching"
             if kind == "column_wise" and pl.get("size_per_rank"):
                 c["min_partition"] = min(pl["size_per_rank"])
             placements[t.name] = pl

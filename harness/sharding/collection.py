@@ -111,8 +111,9 @@ class ShardedEmbeddingCollection:
         self.optim = OptimSpec(kind, cfg.emb_lr)
         self.kernel = None
         if self.local:
+            uvm = {"cache_load_factor": cfg.uvm_cache_load_factor} if cfg.uvm_cache_load_factor else {}
             self.kernel = make_kernel(cfg.kernel, [s.rows for s in self.local], [s.dim for s in self.local],
-                                      weight_dtype=cfg.emb_precision, optim=self.optim, device=device)
+                                      weight_dtype=cfg.emb_precision, optim=self.optim, device=device, **uvm)
             # initial weights written into the kernel's own, block by block (harness/model.py init_table): an fp32
             # copy of every shard beside the tables was a rank's memory peak, up to twice its tables
             for s, w in zip(self.local, self.kernel.weights(), strict=True):

@@ -335,7 +335,14 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         host_per_rank = c.host_memory_gb * 2**30 / c.devices_per_node
         moves: dict[tuple, tuple] = {}  # positions that hold alike move alike
         for p in range(G):
-            if mem[p] > mem_limit:
+            if cfg.uvm_cache_load_factor > 0:  # the knob: every shard in host memory behind its share's cache
+                dp_bytes = shard_bytes[p] - sum(x.rows * x.row_bytes for x in on_pos[p])
+                extra, off, dev = _uvm_cache(on_pos[p], cfg.uvm_cache_load_factor, wb, host_per_rank, c)
+                fwd[p] += extra
+                bwd[p] += extra
+                mem[p] = (fixed + held[p] + dp_bytes + dev) / 2**20
+                offload[p] = off
+            elif mem[p] > mem_limit:
                 room = mem_limit * 2**20 - fixed - held[p] - (shard_bytes[p] - sum(x.rows * x.row_bytes
                                                                                    for x in on_pos[p]))
                 key = (room, *((x.table, x.rows, x.row_bytes, x.ids) for x in on_pos[p]))
@@ -530,15 +537,37 @@ def _offload(shards: list[_ShardLoad], room: float, host_bytes: float, c: Cluste
     dev_bytes = sum(x.rows * x.row_bytes for x in on_dev)
     cache = max(0.0, room - dev_bytes)
     moved_bytes = sum(x.rows * x.row_bytes for x in moved) or 1.0
-    ms, out = 0.0, []
-    for x in moved:
-        rows_cached = cache * (x.rows * x.row_bytes / moved_bytes) / x.row_bytes
-        hr = hit_rate(rows_cached, x.rows, x.spec, x.profiled)
-        ms += x.ids * (1 - hr) * x.row_bytes / (c.device.host_link_gbs * 1e6)
-        out.append({"table": x.table, "rows": x.rows, "cache_rows": int(rows_cached), "hit_rate": round(hr, 4)})
+    ms, out = _misses([(x, cache * (x.rows * x.row_bytes / moved_bytes) / x.row_bytes) for x in moved], c)
     if sum(x.rows * x.row_bytes for x in moved) > host_bytes:  # host memory is the limit too: stays over
         return ms, out, dev_bytes + sum(x.rows * x.row_bytes for x in moved)
     return ms, out, dev_bytes + cache
+
+
+def _uvm_cache(shards: list[_ShardLoad], load_factor: float, wb: int, host_bytes: float,
+               c: Cluster) -> tuple[float, list[dict], float]:
+    """FBGEMM's UVM cache (`TrialConfig.uvm_cache_load_factor`): every shard's rows and optimizer state in host
+    memory, `load_factor` of its rows cached on the device (weights only: the state stays in host memory).
+    Returns (ms each of the forward and the backward spend on misses, the shards, device bytes). Where the
+    shards do not fit the rank's host memory the device holds them all (the memory check then refuses it)."""
+    ms, out = _misses([(x, load_factor * x.rows) for x in shards], c)
+    if sum(x.rows * x.row_bytes for x in shards) > host_bytes:
+        return ms, out, sum(x.rows * x.row_bytes for x in shards)
+    return ms, out, sum(load_factor * x.rows * x.dim * wb for x in shards)
+
+
+def _misses(cached: list[tuple[_ShardLoad, float]], c: Cluster) -> tuple[float, list[dict]]:
+    """What host-memory shards behind a device cache cost: each (shard, rows cached) misses the share of its
+    lookups its hottest rows do not serve (`hit_rate`: the profiled ids where they are known), and each miss
+    moves its row over the host link, in the forward and again in the backward's update. The hottest rows
+    are what an LFU cache keeps; an LRU cache (FBGEMM's default) keeps fewer of them, so this is the cache's
+    best case. Each shard gets its own share; FBGEMM shares one cache among a kernel's tables, where a small
+    table's few rows stay cached even below one row's share."""
+    ms, out = 0.0, []
+    for x, rows_cached in cached:
+        hr = hit_rate(rows_cached, x.rows, x.spec, x.profiled)
+        ms += x.ids * (1 - hr) * x.row_bytes / (c.device.host_link_gbs * 1e6)
+        out.append({"table": x.table, "rows": x.rows, "cache_rows": int(rows_cached), "hit_rate": round(hr, 4)})
+    return ms, out
 
 
 FEATURE_NAMES = ("bytes_lookup_per_rank", "a2a_bytes", "allreduce_bytes", "mlp_gflops", "mem_mb_per_rank",
