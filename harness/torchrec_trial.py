@@ -222,6 +222,9 @@ def check_runs_in_torchrec(cfg: TrialConfig, cwd: str | None = None) -> None:
     build; the backend runs no substitute."""
     if not torchrec_available():
         raise ConfigError(f"--backend torchrec needs TorchRec: {INSTALL_HINT}")
+    if cfg.device != "cpu":  # its ranks run gloo on CPU tensors (`_train`): a CUDA config would not run as named
+        raise ConfigError(f"device={cfg.device}: the TorchRec backend trains on CPU (gloo); on CUDA use cubic's "
+                          "harness (--backend real) and `cubic export -f torchrec`")
     if cfg.workload.interaction == "wukong" and not cfg.workload.factory:
         raise ConfigError("interaction='wukong' has no TorchRec model: import your own with `cubic workload "
                           "from-torchrec MODULE:FACTORY`")

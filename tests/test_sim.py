@@ -503,8 +503,8 @@ def test_a_uvm_cache_trades_device_memory_for_misses_that_the_ids_decide() -> No
     assert uniform and all(h == pytest.approx(0.1, abs=1e-3) for h in uniform)
     assert min(hits(runs[0.1])) > 0.1
     assert TrialConfig(uvm_cache_load_factor=0.0).key() == TrialConfig().key()  # stored keys stay as they were
-    r = CliRunner().invoke(app, ["trial", "--backend", "sim", "--cluster", "h100-8", "--set", "device=cuda",
-                                 "--set", "kernel=triton", "--set", "world_size=8", "--set", "uvm_cache_load_factor=0.1"])
+    r = CliRunner().invoke(app, ["trial", "--backend", "sim", "--cluster", "h100-8", "--set", "device=cuda", "--set",
+                                 "kernel=triton", "--set", "world_size=8", "--set", "uvm_cache_load_factor=0.1"])
     assert r.exit_code == 0 and "host memory" in r.output and "device cache hit" in r.output, r.output
     for bad, says in ((dict(uvm_cache_load_factor=0.2), "needs device=cuda"),
                       (dict(device="cuda", kernel="fbgemm", uvm_cache_load_factor=1.5), "must be in [0, 1]"),

@@ -283,6 +283,13 @@ def test_bad_input_for_the_torchrec_backend_is_one_line_exit_2(models: Path) -> 
     ):
         code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(wl), "--set", "kernel=fbgemm", *args)
         assert code == 2 and len(err) == 1 and says in err[0], err
+    # (on a CUDA machine: a CPU one stops earlier, at "no CUDA device is available here")
+    from cubic_harness.config import TrialConfig
+    from cubic_harness.errors import ConfigError
+    from cubic_harness.torchrec_trial import check_runs_in_torchrec
+
+    with pytest.raises(ConfigError, match="the TorchRec backend trains on CPU"):
+        check_runs_in_torchrec(TrialConfig(device="cuda", kernel="fbgemm"))
     seq = _workload("sequence", models / "sequence.json")
     code, _, err = cli("trial", "--backend", "torchrec", "--workload", str(seq), "--set", "kernel=fbgemm")
     assert code == 2 and len(err) == 1 and "clicks" in err[0] and "EmbeddingCollection" in err[0], err
