@@ -166,7 +166,8 @@ class Confirm:
         """A candidate screened before t that trains the same model and is still being judged (None: none).
         t's first re-measurement waits for that verdict: a rejection reaches t without a run of its own
         (`inherit_rejection`), a pass with its quality runs (`quality_seed`). Why: the walk screens a model's
-        layouts together, and each used to cost a pair of runs before its twin's verdict made them moot."""
+        layouts together, and a pair of runs spent on one before its twin's verdict is wasted where that
+        verdict rejects the model (about five pairs a `make tune`)."""
         if self.qr is None or t not in self.screened or not self.ctx.space.differs_in_numerics(t.params):
             return None
         key = self.ctx.space.numerics_key(t.params)
@@ -177,7 +178,8 @@ class Confirm:
     def inherit_rejection(self, t: TrialRecord) -> None:
         """Give t, not yet run, the verdict of a screened twin whose own quality runs rejected it."""
         space = self.ctx.space
-        if self.runs(t) or self.inflight.get(t.number) or t.quality_runs_of is not None:
+        if (self.runs(t) or self.inflight.get(t.number) or t.quality_runs_of is not None
+                or not space.differs_in_numerics(t.params)):
             return
         key = space.numerics_key(t.params)
         rejected = next((o for o in self.screened if o is not t and o.quality_runs_of is None and o.quality_eval_ne
@@ -226,8 +228,7 @@ class Confirm:
                 self.screened.append(t)
                 continue
             for t in self.screened:  # the same model was rejected: its verdict, without a run
-                if space.differs_in_numerics(t.params):
-                    self.inherit_rejection(t)
+                self.inherit_rejection(t)
             order = ([base] if base else []) + self.screened
             nxt = self.next_remeasure()
             if nxt is not None and not pending:  # one at a time (see the module docstring)
