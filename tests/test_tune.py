@@ -633,3 +633,44 @@ def test_a_layout_waits_for_its_twins_verdict_and_a_rejection_costs_it_no_re_mea
     assert f"#{second.number} trains what #{first.number} trains: rejected with it" in view.console.export_text()
     # the layout-only change needs no quality run and is paired with the baseline
     assert layout.quality_ok is True and len(layout.confirm_qps) == 1 == len(layout.confirm_base_qps)
+
+
+def test_a_rejection_reaches_a_twin_through_runs_held_from_a_check_while_searching(tmp_path: Path) -> None:
+    """The twins of `make tune` hold their model's first seeds from a check while searching (on a third
+    layout, not screened). When the confirm's further seeds reject the model on the faster twin, the slower
+    twin takes that verdict with all the runs, named by the layout that ran the first ones; a twin that only
+    crashed passes nothing on. (The verdict logic alone: the records are set, nothing is trained.)"""
+    from rich.console import Console
+
+    from cubic.tune.checks import QualityChecks
+    from cubic.tune.confirm import Confirm
+    from cubic.tune.context import Tuning
+    from cubic.tune.policy import Policy
+    from cubic.tune.view import TuneView
+
+    space = load_space(space_file(tmp_path, TWINS))
+    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
+    bp = space.baseline_params()
+    slow = {**bp, "emb_lr": 0.0001}
+    for params, qps in ((bp, 100.0), ({**slow, "pipeline_depth": 1}, 300.0), (slow, 200.0)):
+        store.enqueue(params, {"phase": "search"})
+        store.finish(store.study.ask(distributions(space)), TrialResult(qps=qps, ne=0.7))
+    base, fast, twin = store.records(TrialState.COMPLETE)
+    owner = 7  # the layout a check while searching ran seed 1 on (not among these)
+    store.update(base, quality_eval_ne=[0.800, 0.810, 0.805, 0.808])
+    # seed 1 within the tolerance (0.2%), the confirm's seeds 2-4 over 1% worse: rejected
+    store.update(fast, quality_eval_ne=[0.8008, 0.819, 0.814, 0.817], quality_eval_auc=[0.7] * 4, quality_runs_of=owner)
+    store.update(twin, quality_eval_ne=[0.8008], quality_eval_auc=[0.7], quality_runs_of=owner)
+    view = TuneView(space, 3, Console(record=True, width=200), live=False)
+    ctx = Tuning(space, store, None, view, Policy.measured(space), base_key=space.config(bp).key(), budget=3)
+    confirm = Confirm(ctx, QualityChecks(ctx))
+    confirm.screened = [fast, twin]
+    assert confirm.verdict(fast) is False and confirm.verdict(twin) is None
+    confirm.inherit_rejection(twin)
+    assert twin.quality_eval_ne == fast.quality_eval_ne and twin.quality_runs_of == owner
+    assert confirm.verdict(twin) is False and not confirm.wants(twin)
+    # a twin that failed by crashing, with no quality runs of the model, passes no verdict
+    store.update(twin, quality_eval_ne=[0.8008], quality_eval_auc=[0.7])
+    store.update(fast, quality_eval_ne=[], quality_eval_auc=[], confirm_failed=["error: a crash"])
+    confirm.inherit_rejection(twin)
+    assert twin.quality_eval_ne == [0.8008] and confirm.verdict(twin) is None

@@ -139,9 +139,11 @@ class TrialRecord:
         return statistics.median(self.confirm_qps) / base_qps
 
     def heldout(self, verdict: bool = True) -> dict[str, Any]:
-        """What a trial that trains the same model inherits: its quality runs and (`verdict`) held-out verdict."""
+        """What a trial that trains the same model inherits: its quality runs and (`verdict`) held-out verdict;
+        `quality_runs_of` names the trial that ran them (this one, or the one it holds them from)."""
         keep = ("quality_eval_ne", "quality_eval_auc", "quality_failed") + (("quality_heldout_ok",) if verdict else ())
-        return {k: v for k in keep if (v := getattr(self, k)) not in (None, [])} | {"quality_runs_of": self.number}
+        owner = self.number if self.quality_runs_of is None else self.quality_runs_of
+        return {k: v for k in keep if (v := getattr(self, k)) not in (None, [])} | {"quality_runs_of": owner}
 
     def findings(self) -> dict[str, Any]:
         """cubic's fields that hold something, by name (the report's and the tests' view of the record)."""

@@ -148,7 +148,8 @@ class Confirm:
         same = next((o for o in self.screened if o is not t and self.qinflight.get(o.number, 0) == 0
                      and self.qdone(o) and self.checks.sequential(o, self.base)[0] != MORE
                      and space.numerics_key(o.params) == key), None)
-        if same is not None and n == 0:  # the same model on the same samples: its quality runs are t's
+        if same is not None and not self.qinflight.get(t.number) and t.quality_eval_ne == same.quality_eval_ne[:n]:
+            # the same model on the same samples: its quality runs are t's (t's own so far are their first)
             self.ctx.store.update(t, **same.heldout(verdict=False))
             self.ctx.view.note(f"quality: #{t.number} trains what #{same.number} trains: its quality runs apply")
             return None
@@ -176,14 +177,17 @@ class Confirm:
                      and self.verdict(o) is None), None)
 
     def inherit_rejection(self, t: TrialRecord) -> None:
-        """Give t, not yet run, the verdict of a screened twin whose own quality runs rejected it."""
+        """Give t, not yet run, the verdict of a screened twin whose quality runs (its own, or a search-time
+        check's it holds) rejected the model; t's own runs so far are the same model's, so the twin's include
+        them. A twin that failed for another reason (a crashed re-measurement, too slow to win) passes none."""
         space = self.ctx.space
-        if (self.runs(t) or self.inflight.get(t.number) or t.quality_runs_of is not None
-                or not space.differs_in_numerics(t.params)):
+        if (self.runs(t) or self.inflight.get(t.number) or self.qinflight.get(t.number)
+                or not space.differs_in_numerics(t.params) or self.verdict(t) is False):
             return
         key = space.numerics_key(t.params)
-        rejected = next((o for o in self.screened if o is not t and o.quality_runs_of is None and o.quality_eval_ne
-                         and space.numerics_key(o.params) == key and self.verdict(o) is False), None)
+        rejected = next((o for o in self.screened if o is not t and len(o.quality_eval_ne) >= max(1, self.qdone(t))
+                         and not self.qinflight.get(o.number) and space.numerics_key(o.params) == key
+                         and self.checks.sequential(o, self.base)[0] not in (MORE, "passed")), None)
         if rejected is not None:
             self.ctx.store.update(t, **rejected.heldout())
             self.ctx.view.note(f"quality: #{t.number} trains what #{rejected.number} trains: rejected with it, "
