@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cubic_harness.trial import run_trial
-from tests.helpers import tiny_cfg, train
+from tests.helpers import require, tiny_cfg, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -31,7 +31,7 @@ def test_tables_behind_a_uvm_cache_train_as_device_resident_ones() -> None:
     """FBGEMM's UVM cache (`uvm_cache_load_factor`: a tenth of each table's rows on the device, the rest in
     host memory): the same losses and tables as FBGEMM's tables in device memory; the numbers read back are
     the cache's (flushed), not stale host rows."""
-    pytest.importorskip("fbgemm_gpu")
+    require("fbgemm_gpu")  # make installs it: absent under CI is a broken install, not a skip
     base = tiny_cfg(device="cuda", world_size=1, kernel="fbgemm", batch_size=256, measure_steps=8)
     device, dev_tables = train(base)
     cached, uvm_tables = train(base.replace(uvm_cache_load_factor=0.1))

@@ -334,25 +334,26 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     if c.device.type == "gpu" and c.device.host_link_gbs > 0:
         host_per_rank = c.host_memory_gb * 2**30 / c.devices_per_node
         moves: dict[tuple, tuple] = {}  # positions that hold alike move alike
+        uvm = cfg.uvm_cache_load_factor
         for p in range(G):
-            if cfg.uvm_cache_load_factor > 0:  # the knob: every shard in host memory behind its share's cache
-                dp_bytes = shard_bytes[p] - sum(x.rows * x.row_bytes for x in on_pos[p])
-                extra, off, dev = _uvm_cache(on_pos[p], cfg.uvm_cache_load_factor, wb, host_per_rank, c)
-                fwd[p] += extra
-                bwd[p] += extra
-                mem[p] = (fixed + held[p] + dp_bytes + dev) / 2**20
-                offload[p] = off
-            elif mem[p] > mem_limit:
-                room = mem_limit * 2**20 - fixed - held[p] - (shard_bytes[p] - sum(x.rows * x.row_bytes
-                                                                                   for x in on_pos[p]))
-                key = (room, *((x.table, x.rows, x.row_bytes, x.ids) for x in on_pos[p]))
+            if not uvm and mem[p] <= mem_limit:
+                continue
+            others = shard_bytes[p] - sum(x.rows * x.row_bytes for x in on_pos[p])  # data-parallel: on the device
+            shards = tuple((x.table, x.rows, x.row_bytes, x.ids) for x in on_pos[p])
+            if uvm:  # the knob: every shard in host memory behind its share's cache
+                key = ("uvm", *shards)
+                if key not in moves:
+                    moves[key] = _uvm_cache(on_pos[p], uvm, wb, host_per_rank, c)
+            else:  # Neo's hierarchy: the largest shards move until the rest fits
+                room = mem_limit * 2**20 - fixed - held[p] - others
+                key = (room, *shards)
                 if key not in moves:
                     moves[key] = _offload(on_pos[p], room, host_per_rank, c)
-                extra, off, mem[p] = moves[key]
-                fwd[p] += extra
-                bwd[p] += extra
-                mem[p] = (fixed + held[p] + mem[p]) / 2**20
-                offload[p] = off
+            extra, off, dev = moves[key]
+            fwd[p] += extra
+            bwd[p] += extra
+            mem[p] = (fixed + held[p] + others + dev) / 2**20
+            offload[p] = off
 
     dp = [(wl.tables[i], pool[i]) for i in plan.dp_tables()]
     dp_fwd = sum(_emb_ms(lookup_bytes(B * p, B, t.dim, wb), "fwd", t.dim, s, t.weighted) for t, p in dp)
