@@ -30,14 +30,16 @@ import torch
 ELEM = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
-def fwd_bytes(n_ids: int, n_unique: int, n_bags: int, dim: int, wbytes: int) -> int:
-    """Forward floor: each distinct row once + int64 ids + offsets + fp32 pooled output."""
-    return n_unique * dim * wbytes + n_ids * 8 + n_bags * 8 + n_bags * dim * 4
+def fwd_bytes(n_ids: int, n_unique: int, n_bags: int, dim: int, wbytes: int, weighted: bool = False) -> int:
+    """Forward floor: each distinct row once + int64 ids (+ fp32 scores) + offsets + fp32 pooled output."""
+    return n_unique * dim * wbytes + n_ids * (12 if weighted else 8) + n_bags * 8 + n_bags * dim * 4
 
 
-def bwd_bytes(n_ids: int, n_unique: int, n_bags: int, dim: int, wbytes: int, adagrad: bool) -> int:
-    """Fused backward+update floor: output gradient once, ids, offsets, each unique row (and state) r+w."""
-    return (n_bags * dim * 4 + n_ids * 8 + n_bags * 8 + 2 * n_unique * dim * wbytes
+def bwd_bytes(n_ids: int, n_unique: int, n_bags: int, dim: int, wbytes: int, adagrad: bool,
+              weighted: bool = False) -> int:
+    """Fused backward+update floor: output gradient once, ids (+ scores), offsets, each unique row (and state)
+    r+w."""
+    return (n_bags * dim * 4 + n_ids * (12 if weighted else 8) + n_bags * 8 + 2 * n_unique * dim * wbytes
             + (2 * n_unique * 4 if adagrad else 0))
 
 
@@ -98,6 +100,7 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
                                           offsets[B::B] - offsets[:-1:B], output_size=n)
     n_unique = int(torch.unique(table_of_id * R + ids).numel())
     grad = torch.randn(B, T * D, device="cuda")
+    scores = torch.rand(n, device="cuda", generator=gen)  # per-sample weights for the :weighted variants
     print(f"\nembeddings: {T} tables x {R:,} rows x {D} {args.dtype} = {T * R * D * wb / 2**30:.2f} GiB, "
           f"B={B}, ids={n:,} (unique {n_unique:,}), optimizer {args.optim}, skew {args.skew}")
     print(f"{'backend':14} {'fwd ms':>8} {'fwd GB/s':>9} {'%copy':>6} "
@@ -106,9 +109,12 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
     profiled = False
     for spec in args.backends.split(","):
         backend, *variant = spec.split(":")  # triton:8x4:p2048 = 8 rows per program, 4 warps, 2048 programs
+        psw = scores if "weighted" in variant else None
         try:
             kw: dict = {}
             for v in variant:
+                if v == "weighted":
+                    continue
                 if v == "noevict":
                     kw["evict"] = False
                 elif v == "singles":
@@ -126,14 +132,14 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
         for w in k.weights():
             w.uniform_(-0.01, 0.01)
         try:
-            f_ms = time_ms(lambda k=k: k.forward(ids, offsets), args.repeats)
-            b_ms = time_ms(lambda k=k: k.backward_update(ids, offsets, grad), args.repeats)
-            q_ms = time_ms(lambda k=k: k.backward_update(ids, offsets, grad), 5, warmup=1, calls=10)
+            f_ms = time_ms(lambda k=k, s=psw: k.forward(ids, offsets, s), args.repeats)
+            b_ms = time_ms(lambda k=k, s=psw: k.backward_update(ids, offsets, grad, s), args.repeats)
+            q_ms = time_ms(lambda k=k, s=psw: k.backward_update(ids, offsets, grad, s), 5, warmup=1, calls=10)
         except Exception as e:  # e.g. a variant the compiler rejects: report and go on
             print(f"{spec:14} failed: {type(e).__name__}: {str(e)[:200]}")
             continue
-        f_bw = gbps(fwd_bytes(n, n_unique, T * B, D, wb), f_ms)
-        b_bytes = bwd_bytes(n, n_unique, T * B, D, wb, args.optim == "rowwise_adagrad")
+        f_bw = gbps(fwd_bytes(n, n_unique, T * B, D, wb, psw is not None), f_ms)
+        b_bytes = bwd_bytes(n, n_unique, T * B, D, wb, args.optim == "rowwise_adagrad", psw is not None)
         b_bw, q_bw = gbps(b_bytes, b_ms), gbps(b_bytes, q_ms)
         results.append(dict(backend=spec, fwd_ms=f_ms, fwd_gbps=f_bw, bwd_ms=b_ms, bwd_gbps=b_bw,
                             bwd_queued_ms=q_ms, bwd_queued_pct_copy=100 * q_bw / copy_gbps,
@@ -229,7 +235,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="comma list of cubic_kernels.BACKENDS names; triton:RxW = R rows per backward program, "
                          "W warps; "
                          "add :pN (N backward programs striding over the tiles), :noevict (no L2 eviction hints) or "
-                         ":singles (rows hit once skip the sort)")
+                         ":singles (rows hit once skip the sort); :weighted passes per-sample weights (TorchRec's "
+                         "weighted features) to any backend")
     ap.add_argument("--tables", type=int, default=8)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=128)

@@ -3,10 +3,11 @@
 # against the torch reference on the GPU, the fp8 probe tests, the kernel bandwidth benchmark, and
 # whole trials (kernel x dense precision) through `cubic trial`.
 #
-#   bash benchmarks/gpu_suite.sh [steps...]     # steps: env tests bench trials tune (default: all but tune)
+#   bash benchmarks/gpu_suite.sh [steps...]     # steps: env tests bench trials weighted tune (default: all but tune)
 #
 # Logs and JSON land in $OUT (default ./gpu_out). No step stops the others; each has a time limit.
-# Needs only torch, triton, numpy, pyyaml, typer and rich: no fbgemm-gpu, optuna, ray or xgboost.
+# Needs torch, triton, numpy, pyyaml, typer, rich and pydantic (carried as a wheel): no fbgemm-gpu, optuna, ray or
+# xgboost.
 # The `tune` step runs `cubic tune` itself, which needs optuna, ray and xgboost: where the machine
 # lacks them, make their wheels here with `python benchmarks/gpu_wheels.py` (51 MiB, fits the 64 MiB
 # transfer) and carry `.whl`; the step installs them. TUNE_TRIALS (default 8) is the trial budget;
@@ -19,7 +20,12 @@ PY=${PYTHON:-python3}
 # clusters): install it, without dependencies or the network, beside the repository on the path
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/cubic-self . >/dev/null
 export PYTHONPATH=/tmp/cubic-self:$PWD PYTHONUNBUFFERED=1
-STEPS=${*:-env tests bench trials}
+# carried wheels (benchmarks/gpu_wheels.py): the harness needs pydantic, which the GPU image lacks; a tune needs the rest
+if [ -d .whl ]; then
+  "$PY" -m pip install -q --no-index --no-deps --upgrade --target /tmp/cubic-site .whl/*.whl >/dev/null
+  export PYTHONPATH=/tmp/cubic-site:$PYTHONPATH
+fi
+STEPS=${*:-env tests bench trials weighted}
 LOG=$OUT/suite.log
 : >"$LOG"  # this run's log only: the trials table and test summary are read back from it
 
@@ -45,15 +51,17 @@ for s in $STEPS; do
     ;;
   bench)
     # BACKENDS=torch,triton:4x2,triton:16x4 sweeps the backward's rows per program x warps
-    # (default: torch, triton, and triton:singles, the sort-free path for rows hit once, side by side)
+    # (default: torch and triton, each also weighted (per-sample weights, TorchRec's weighted features), and
+    # triton:singles, the sort-free path for rows hit once, side by side)
     # BENCH_ARGS=--profile adds where the triton backward's device time goes
-    run bench_uniform 200 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --backends "${BACKENDS:-torch,triton,triton:singles}" \
+    run bench_uniform 200 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --backends "${BACKENDS:-torch,torch:weighted,triton,triton:weighted,triton:singles}" \
       ${BENCH_ARGS:-} --json "$OUT/bench_uniform.json"
     run bench_hot 150 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --skew 4 --skip-fp8 \
-      --backends "${BACKENDS:-torch,triton,triton:singles}" --json "$OUT/bench_hot.json"
+      --backends "${BACKENDS:-torch,torch:weighted,triton,triton:weighted,triton:singles}" --json "$OUT/bench_hot.json"
     ;;
   trials)
-    echo '{"preset": "criteo-mlperf-mini"}' >"$OUT/mlperf.json"
+    from=$(($(wc -l <"$LOG") + 1))  # this step's trial lines only
+    echo '{"preset": "criteo-mlperf-mini", "sample_cycle": 1048576}' >"$OUT/mlperf.json"
     for wl in small mlperf; do
       extra=()
       bs=8192
@@ -67,18 +75,35 @@ for s in $STEPS; do
         done
       done
     done
-    grep -h '^{"status"' "$LOG" >"$OUT/trials.jsonl" || true
+    tail -n "+$from" "$LOG" | grep -h '^{"status"' >"$OUT/trials.jsonl" || true
     "$PY" benchmarks/gpu_trials_table.py "$OUT/trials.jsonl" | tee -a "$LOG"
     ;;
+  weighted)
+    # per-sample weights in a whole trial: criteo-mlperf-mini with every table weighted (TorchRec's weighted
+    # features) beside the same tables plain, both kernels, alternating, 2 repeats; the simulator's
+    # weighted_cost (clusters/h200-8.yaml) is the kernel benchmark's ratio, and these trials check it
+    from=$(($(wc -l <"$LOG") + 1))
+    "$PY" -c 'import json, sys
+from cubic_harness.workload import Workload
+d = Workload.preset("criteo-mlperf-mini").to_dict() | {"sample_cycle": 1048576}
+json.dump(d, open(sys.argv[1] + "/plain.json", "w"))
+d = d | {"name": d["name"] + "-weighted", "tables": [t | {"weighted": True} for t in d["tables"]]}
+json.dump(d, open(sys.argv[1] + "/weighted.json", "w"))' "$OUT"
+    for r in 1 2; do
+      for w in weighted plain; do
+        for k in triton torch; do
+          run "weighted_${w}_${k}_$r" 60 "$PY" -m cubic trial --space search_spaces/dlrm_gpu.yaml \
+            --workload "$OUT/$w.json" --set kernel=$k --set batch_size=16384 --set timeout_s=55 --json
+        done
+      done
+    done
+    tail -n "+$from" "$LOG" | grep -h '^{"status"' >"$OUT/weighted.jsonl" || true
+    ;;
   tune)
-    if [ -d .whl ]; then
-      run wheels 180 "$PY" -m pip install -q --no-index --no-deps --upgrade --target /tmp/cubic-site .whl/*.whl
-      export PYTHONPATH=/tmp/cubic-site:/tmp/cubic-self:$PWD
-    fi
     run tune "${TUNE_LIMIT:-560}" "$PY" -m cubic tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
       --trials "${TUNE_TRIALS:-8}"
     cp runs/gpu_tune/study.db "$OUT/gpu_tune.db" 2>/dev/null || true  # the whole study comes back
     ;;
-  *) echo "unknown step $s (env tests bench trials tune)" ;;
+  *) echo "unknown step $s (env tests bench trials weighted tune)" ;;
   esac
 done

@@ -29,7 +29,8 @@ from pathlib import Path
 # What the GPU image lacks (its package list: ../.library/device/KINDS.md), pinned to the versions
 # this project's .venv runs (ray, optuna, xgboost-cpu, sqlalchemy are pinned in pyproject.toml).
 MISSING = ["ray", "optuna", "xgboost-cpu", "sqlalchemy", "alembic", "mako", "colorlog",
-           "jsonschema", "jsonschema-specifications", "referencing", "rpds-py"]
+           "jsonschema", "jsonschema-specifications", "referencing", "rpds-py",
+           "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions"]
 # Parts of Ray a tune never loads: the Java worker, the dashboard's web client, and libraries.
 RAY_DROP = ("ray/jars/", "ray/dashboard/client/", "ray/rllib/", "ray/serve/", "ray/llm/")
 LIMIT_MB = 60.0  # the 64 MiB transfer also carries the repository (~1 MiB)

@@ -17,14 +17,16 @@ runs (hot rows of a Zipf distribution) are cut into `split_len` chunks whose par
 computed in parallel by a first kernel, so a hot row does not serialise the batch on one program;
 the update kernel then adds the run's partials. Both branches are expressed as (possibly empty)
 loop ranges, so the update kernel has no data-dependent `if`.
-Measured numbers: benchmarks/data/gpu_h100/NOTES.md.
+Measured numbers: benchmarks/data/gpu_h100/NOTES.md, benchmarks/data/gpu_h200/NOTES.md.
 
-`singles=True` (opt-in, not yet timed on a GPU): the keys kernel also counts each row's hits with
+`singles=True` (opt-in; measured slower, so not the default): the keys kernel also counts each row's hits with
 atomics; rows hit once (72% of the ids of the H100 benchmark: 2.6M uniform ids over 8 x 1M rows) are
 updated straight from their one gradient row by an unsorted kernel, and only the other ids are
 sorted. The same bits as the all-sorted path (a row hit once has nothing to sum; the rest keep batch
 order), for a smaller sort and run preparation, at the cost of one host sync queued behind the
-singles kernel. `bash benchmarks/gpu_suite.sh bench` times both side by side.
+singles kernel. On an H200 it lost on both id sets (backward 1.25x the sorted path's time on uniform ids,
+1.6x on hot ones, 3 runs each): the hit counts' memset and atomics and the host sync cost more than the
+shorter sort saves. `bash benchmarks/gpu_suite.sh bench` times both side by side.
 
 CPU: Triton compiles for GPUs only; on CPU the kernels run under Triton's interpreter, which must be
 chosen before `triton.language` is first imported (its own `tl.sum`/`tl.zeros` are jit functions
@@ -326,7 +328,7 @@ class TritonEmbeddingBags(EmbeddingBagKernel):
         self.split_len = int(split_len)
         self.evict = bool(evict)
         self.max_programs = int(max_programs)  # 0: one backward program per tile of rows
-        # singles: rows hit once skip the sort (one host sync per backward); not yet measured on a GPU
+        # singles: rows hit once skip the sort (one host sync per backward); slower where measured (above)
         self.singles = bool(singles)
         dt = DTYPES[self.weight_dtype]
         sizes = [r * d for r, d in zip(self.rows, self.dims, strict=True)]

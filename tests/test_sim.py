@@ -6,6 +6,7 @@ import ast
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -625,8 +626,10 @@ MLPERF_OVERLAP_SHARP = {"v3.1": {64: +0.032, 128: +0.000, "ratio": -0.031},
 
 def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_refit() -> None:
     """Issue 33 item 6: every GPU system in the logs is predicted from its GPU's preset and its round's one 8-H100
-    fit; today 58 systems, median |error| 9%. The SXM / NVLink-domain presets (A100, H100, H200, B200, GB200: 51
-    systems) stay within 40% (a 4-GPU H100 system measured 23% below its peers). The PCIe cards' presets (A40, L40,
+    fit; today 58 systems, median |error| 7%. The SXM / NVLink-domain presets (A100, H100, H200, B200, GB200: 51
+    systems) stay within 40% (a 4-GPU H100 system measured 23% below its peers). The 14 H200 SXM systems: median
+    +9%, from the H200 preset's shares of copy bandwidth measured on an H200 (at the H100's shares, +15%, and
+    the 58's median 10%). The PCIe cards' presets (A40, L40,
     L40S, H100 PCIe, H200 NVL: 7 systems) all over-predict, +15% to +67%, and QCT's 4-GPU H100 PCIe D54U-3U by
     +197% / +259% (it runs at 0.3-0.37M samples/s per GPU against the 8-GPU ESC8000's 0.67M; one of its v4.0 runs
     starts at 3.5M/s and drops to 1.5M/s after 0.1 epoch). Only the CPU-only submission is not predicted, and it
@@ -643,7 +646,9 @@ def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_r
     pcie = {"a40-8", "l40-8", "l40s-8", "h100-pcie-8", "h200-nvl-4"}
     assert {r["preset"] for r in done} == sxm | pcie
     errs = sorted(abs(r["err"]) for r in done)
-    assert len(done) >= 58 and errs[len(errs) // 2] <= 0.11, errs
+    assert len(done) >= 58 and errs[len(errs) // 2] <= 0.08, errs
+    h200 = sorted(r["err"] for r in done if r["preset"] == "h200-8")
+    assert len(h200) == 14 and statistics.median(h200) <= 0.10, h200
     assert max(abs(r["err"]) for r in done if r["preset"] in sxm) <= 0.45, errs
     cards = [r for r in done if r["preset"] in pcie]
     assert len(cards) == 7 and all(r["err"] > 0 for r in cards), [(r["system"], r["err"]) for r in cards]
