@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
@@ -633,6 +634,48 @@ def test_a_layout_waits_for_its_twins_verdict_and_a_rejection_costs_it_no_re_mea
     assert f"#{second.number} trains what #{first.number} trains: rejected with it" in view.console.export_text()
     # the layout-only change needs no quality run and is paired with the baseline
     assert layout.quality_ok is True and len(layout.confirm_qps) == 1 == len(layout.confirm_base_qps)
+
+
+def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_without_more_seeds(
+        tmp_path: Path) -> None:
+    """`make tune`'s walk judged two stacks that differ only in comm_precision (bf16 vs fp32) under bf16 dense
+    math, where the bf16 wire rounds nothing the dense side does not round anyway: six seeds each, equal to
+    every digit. A candidate whose first two quality runs equal a decided one's bit for bit (NE and AUC) now
+    takes that one's runs and verdict; one differing in the last bit, or after one seed, runs its own.
+    (The verdict logic alone: the records are set, nothing is trained.)"""
+    from rich.console import Console
+
+    from cubic.tune.checks import QualityChecks
+    from cubic.tune.confirm import Confirm
+    from cubic.tune.context import Tuning
+    from cubic.tune.policy import Policy
+    from cubic.tune.view import TuneView
+
+    space = load_space(space_file(tmp_path, TWINS.replace("emb_lr: [0.1, 0.0001]", "emb_lr: [0.1, 0.0001, 0.00011]")))
+    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
+    bp = space.baseline_params()
+    for params, qps in ((bp, 100.0), ({**bp, "emb_lr": 0.0001}, 300.0), ({**bp, "emb_lr": 0.00011}, 200.0)):
+        store.enqueue(params, {"phase": "search"})
+        store.finish(store.study.ask(distributions(space)), TrialResult(qps=qps, ne=0.7))
+    base, judged, alike = store.records(TrialState.COMPLETE)
+    assert space.numerics_key(judged.params) != space.numerics_key(alike.params)
+    store.update(base, quality_eval_ne=[0.800, 0.810, 0.805, 0.808], quality_eval_auc=[0.7] * 4)
+    ne, auc = [0.8008, 0.819, 0.814, 0.817], [0.71, 0.69, 0.70, 0.68]
+    store.update(judged, quality_eval_ne=ne, quality_eval_auc=auc, confirm_qps=[300.0])
+    store.update(alike, quality_eval_ne=ne[:1], quality_eval_auc=auc[:1], confirm_qps=[200.0])
+    view = TuneView(space, 3, Console(record=True, width=240), live=False)
+    ctx = Tuning(space, store, None, view, Policy.measured(space), base_key=space.config(bp).key(), budget=3)
+    confirm = Confirm(ctx, QualityChecks(ctx))
+    confirm.screened = [judged, alike]
+    assert confirm.verdict(judged) is False
+    assert confirm.quality_seed(alike) == 1  # one equal seed is not enough
+    store.update(alike, quality_eval_ne=[ne[0], math.nextafter(ne[1], 1.0)], quality_eval_auc=auc[:2])
+    assert confirm.quality_seed(alike) == 2 and alike.quality_runs_of is None  # not bit for bit: its own seeds
+    store.update(alike, quality_eval_ne=ne[:2])
+    assert confirm.quality_seed(alike) is None
+    assert alike.quality_eval_ne == ne and alike.quality_runs_of == judged.number
+    assert confirm.verdict(alike) is False and not confirm.wants(alike)
+    assert f"equal #{judged.number}'s bit for bit" in view.console.export_text()
 
 
 def test_a_rejection_reaches_a_twin_through_runs_held_from_a_check_while_searching(tmp_path: Path) -> None:

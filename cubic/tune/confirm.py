@@ -59,6 +59,7 @@ from cubic.tune.work import BackoffRun, GateRun, RemeasureRun
 from cubic_harness.config import TrialResult
 
 SCREEN_FACTOR = 3  # confirm screens at most this many x confirm_top_k configurations
+IDENTICAL_SEEDS = 2  # quality runs equal bit for bit, seed by seed, before a model is taken for another's
 
 
 class Confirm:
@@ -153,7 +154,30 @@ class Confirm:
             self.ctx.store.update(t, **same.heldout(verdict=False))
             self.ctx.view.note(f"quality: #{t.number} trains what #{same.number} trains: its quality runs apply")
             return None
+        if (alike := self.identical_runs(t, n)) is not None:
+            self.ctx.store.update(t, **alike.heldout(verdict=False))
+            knobs = dict.fromkeys(space.differs_in_numerics(t.params) + space.differs_in_numerics(alike.params))
+            inert = ", ".join(f"{k} {t.params.get(k)} vs {alike.params.get(k)}" for k in knobs
+                              if t.params.get(k) != alike.params.get(k))
+            self.ctx.view.note(f"quality: #{t.number}'s first {n} quality runs equal #{alike.number}'s bit for bit: "
+                               f"the same model here ({inert}: no change to what it trains), so #{alike.number}'s "
+                               "runs apply")
+            return None
         return n
+
+    def identical_runs(self, t: TrialRecord, n: int) -> TrialRecord | None:
+        """A decided candidate whose first n quality runs t's own n equal bit for bit (eval NE and AUC, n >=
+        IDENTICAL_SEEDS), with more runs than t (None: none). t then trains that model here though its
+        numerics key differs: a knob that rounds nothing the model does not round anyway (bf16 communication
+        of embeddings that bf16 dense math reads) is inert for it, which no rule over knobs can know for every
+        model, and the runs show. Two equal seeds, not one: each seed draws other data and another teacher."""
+        if n < IDENTICAL_SEEDS or t.quality_runs_of is not None or self.qinflight.get(t.number) or None in (
+                t.quality_eval_ne + t.quality_eval_auc):
+            return None
+        return next((o for o in self.screened if o is not t and o is not self.base and self.qdone(o) > n
+                     and not self.qinflight.get(o.number) and self.checks.sequential(o, self.base)[0] != MORE
+                     and o.quality_eval_ne[:n] == t.quality_eval_ne and o.quality_eval_auc[:n] == t.quality_eval_auc),
+                    None)
 
     def wants(self, t: TrialRecord) -> bool:
         """One more re-measurement of t now? (Screening: only the first until the verdict is in.)"""

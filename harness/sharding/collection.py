@@ -181,14 +181,15 @@ class ShardedEmbeddingCollection:
         all_to_all(ids_recv, torch.cat(send_ids) if send_ids else empty, recv_counts, send_counts,
                    self.g.mp_input, G)
         order = [src * n_me + sh for sh in range(n_me) for src in range(G)]  # source-major -> shard-major
-        pieces = ids_recv.split(seg.flatten().tolist())
+        sizes = seg.flatten().tolist()  # read once: on CUDA each read waits for the device
+        pieces = ids_recv.split(sizes)
         kids = torch.cat([pieces[i] for i in order]) if n_me else empty
         kscores = None
         if scores is not None:
             sc_recv = torch.empty(sum(recv_counts), dtype=torch.float32, device=ids.device)
             all_to_all(sc_recv, torch.cat(send_scores) if send_scores else scores.new_zeros(0), recv_counts,
                        send_counts, self.g.mp_input, G)
-            sc_pieces = sc_recv.split(seg.flatten().tolist())
+            sc_pieces = sc_recv.split(sizes)
             kscores = torch.cat([sc_pieces[i] for i in order]) if n_me else scores.new_zeros(0)
         lengths = L.permute(1, 0, 2).reshape(-1)
         koff = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=ids.device)
