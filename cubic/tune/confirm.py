@@ -22,7 +22,8 @@ the very numbers that pick the winner):
    (`cubic.quality.rules.sequential`: the first `seeds`, then one more pair while the interval straddles
    the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's samples. A model
    whose quality already failed (its own runs, or a twin's it inherits) is not re-measured at all, and a
-   layout of a model still being judged on a faster twin waits for that verdict; only a candidate that
+   layout of a model still being judged on a faster twin waits for that verdict; one whose first quality
+   runs equal a decided candidate's bit for bit takes that one's runs (`identical_runs`); only a candidate that
    passes gets its other `repeats - 1` re-measurements. The baseline runs alone only up to
    its own `repeats`, once no candidate wants a run.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected for
