@@ -266,6 +266,34 @@ def test_the_verdict_adds_paired_seeds_until_its_interval_clears_the_tolerance_o
     assert j["ci"] == pytest.approx([statistics.mean(d) - 2.919986 * se, statistics.mean(d) + 2.919986 * se])
 
 
+def test_a_candidate_that_cannot_pass_within_the_seed_budget_stops_early_and_one_that_later_passed_does_not() -> None:
+    """From three pairs on, the verdict stops at "not resolved" where the chance to pass within `max_seeds`
+    (conditional power under the current trend) is under 5%. The eval NEs are `make tune`'s (stop 32): #30
+    sat at +0.089% +- 0.044% against 0.10% after three seeds and ended not resolved after six; #16 passed at
+    six seeds and never looked futile on the way."""
+    from scipy.stats import norm
+    from scipy.stats import t as student_t
+
+    from cubic.quality.rules import FUTILE, MORE, NOT_RESOLVED, pass_chance, sequential
+    from cubic.space.quality_runs import QualityRuns
+
+    qr = QualityRuns(seeds=2, max_seeds=6, tolerance=0.001, confidence=0.9)
+    base = [0.83680, 0.83493, 0.88833, 0.87186, 0.84822, 0.84727]
+    at_tolerance = [0.83740, 0.83540, 0.88956]
+    assert sequential(at_tolerance[:2], base, qr)[0] == MORE  # two pairs: no futility yet
+    state, j = sequential(at_tolerance, base, qr)
+    assert state == NOT_RESOLVED and j["pass_chance"] < FUTILE and j["ci"][0] < 0.001 < j["ci"][1], j
+    later_passed = [0.83406, 0.83687, 0.88773, 0.87160, 0.84822]
+    for n in (3, 4, 5):
+        state, j = sequential(later_passed[:n], base, qr)
+        assert state == MORE and j["pass_chance"] > 0.15, (n, j)
+    # the formula: the final mean ~ N(d, s*sqrt(N-n)/N) must end the final half-width below the tolerance
+    diffs = [0.0008, 0.0009, 0.0011]
+    d, sd = statistics.mean(diffs), statistics.stdev(diffs)
+    half = student_t.ppf(0.95, 5) * sd / math.sqrt(6)
+    assert pass_chance(diffs, 0.001, 0.9, 6) == pytest.approx(norm.cdf((0.001 - half - d) / (sd * math.sqrt(3) / 6)))
+
+
 def test_a_space_chooses_the_verdicts_confidence_and_seed_budget(tmp_path: Path) -> None:
     text = QGATE.replace("screen: false}", "screen: false, confidence: 0.95, max_seeds: 5}")
     (tmp_path / "s.yaml").write_text(text)

@@ -678,6 +678,39 @@ def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_
     assert f"equal #{judged.number}'s bit for bit" in view.console.export_text()
 
 
+def test_a_candidate_whose_chance_to_pass_is_spent_stops_after_three_seeds_and_its_verdict_says_why(
+        tmp_path: Path) -> None:
+    """A candidate at the tolerance (+0.20% +- 0.01% against 0.20% over three seeds) would spend the whole
+    seed budget to end "not resolved": it stops at three, asks for no fourth seed, and its verdict names
+    the chance it had. (The verdict logic alone: the records are set, nothing is trained.)"""
+    from rich.console import Console
+
+    from cubic.tune.checks import QualityChecks
+    from cubic.tune.confirm import Confirm
+    from cubic.tune.context import Tuning
+    from cubic.tune.policy import Policy
+    from cubic.tune.view import TuneView
+
+    space = load_space(space_file(tmp_path, TWINS))
+    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
+    bp = space.baseline_params()
+    for params, qps in ((bp, 100.0), ({**bp, "emb_lr": 0.0001}, 300.0)):
+        store.enqueue(params, {"phase": "search"})
+        store.finish(store.study.ask(distributions(space)), TrialResult(qps=qps, ne=0.7))
+    base, cand = store.records(TrialState.COMPLETE)
+    bne = [0.800, 0.810, 0.805]
+    store.update(base, quality_eval_ne=bne, quality_eval_auc=[0.7] * 3)
+    store.update(cand, quality_eval_ne=[b * (1 + d) for b, d in zip(bne, (0.0021, 0.0019, 0.0020), strict=True)],
+                 quality_eval_auc=[0.7] * 3, confirm_qps=[300.0])
+    ctx = Tuning(space, store, None, TuneView(space, 3, Console(record=True, width=240), live=False),
+                 Policy.measured(space), base_key=space.config(bp).key(), budget=3)
+    confirm = Confirm(ctx, QualityChecks(ctx))
+    confirm.screened = [cand]
+    assert confirm.verdict(cand) is False and confirm.quality_seed(cand) is None
+    ok, why = confirm.gate(cand)
+    assert not ok and "NOT RESOLVED after 3 paired seeds (its chance to pass within quality.max_seeds=6" in why, why
+
+
 def test_a_rejection_reaches_a_twin_through_runs_held_from_a_check_while_searching(tmp_path: Path) -> None:
     """The twins of `make tune` hold their model's first seeds from a check while searching (on a third
     layout, not screened). When the confirm's further seeds reject the model on the faster twin, the slower

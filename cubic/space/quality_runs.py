@@ -23,7 +23,8 @@ class QualityRuns:
 
     The confirm's verdict is sequential (`sequential`): after the first `seeds` pairs, one more paired seed
     at a time until the `confidence` interval of the mean paired difference lies wholly on one side of the
-    tolerance, or `max_seeds` pairs are spent and the verdict is "not resolved". Why not a fixed count: a
+    tolerance, or `max_seeds` pairs are spent (or can no longer be expected to pass: `rules.pass_chance`)
+    and the verdict is "not resolved". Why not a fixed count: a
     standard error from two pairs is itself a guess (a winner passed at +0.083% +- 0.010% on seeds 0-1 and
     came out at +0.108% +- 0.051% on seeds 2-5), and a fixed count large enough for every candidate would
     be paid by the many that are clear after two."""

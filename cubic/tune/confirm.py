@@ -48,7 +48,16 @@ from typing import Any
 from optuna.trial import TrialState
 
 from cubic.execution.runner import Pending
-from cubic.quality.rules import MORE, NOT_RESOLVED, covering, matched_ne, noise_floor, paired_mean, within
+from cubic.quality.rules import (
+    FUTILE,
+    MORE,
+    NOT_RESOLVED,
+    covering,
+    matched_ne,
+    noise_floor,
+    paired_mean,
+    within,
+)
 from cubic.search.proxy import Proxy
 from cubic.search.samplers import distributions
 from cubic.study.record import BACKOFF, TrialRecord
@@ -508,9 +517,14 @@ class Confirm:
             store.update(t, quality_eval_diff=j["diff"], quality_se=j["se"], quality_noise=j["noise"],
                          quality_resolved=j["resolved"], quality_ci=j["ci"], quality_verdict=state)
             n = len(j["diffs"])
-            head = {"passed": "passed", "failed": "failed",
-                    NOT_RESOLVED: f"NOT RESOLVED after {n} paired seeds (the seed budget, quality.max_seeds): the "
-                                  f"interval straddles the tolerance, so it is not crowned"}[state]
+            if state != NOT_RESOLVED:
+                head = state
+            else:
+                budget = ("the seed budget, quality.max_seeds" if n >= qr.max_seeds else
+                          f"its chance to pass within quality.max_seeds={qr.max_seeds} is {j['pass_chance']:.0%}, "
+                          f"under {FUTILE:.0%}")
+                head = (f"NOT RESOLVED after {n} paired seeds ({budget}): the interval straddles the tolerance, "
+                        "so it is not crowned")
             return state == "passed", f"{head}: {j['reason']} (changes {', '.join(changed)})"
         ne_t = median_finite(t.confirm_ne)
         ne_b = median_finite(base.confirm_ne) if base is not None else None
