@@ -20,12 +20,12 @@ the very numbers that pick the winner):
    re-measurement first. If neither that pair nor its search run (over the baseline's re-measured median)
    beat the baseline, it cannot win: it fails without a quality run. Otherwise its quality runs decide
    (`cubic.quality.rules.sequential`: the first `seeds`, then one more pair while the interval straddles
-   the tolerance, up to `max_seeds`), or without quality runs its NE over the baseline's samples. A model
-   whose quality already failed (its own runs, or a twin's it inherits) is not re-measured at all, and a
-   layout of a model still being judged on a faster twin waits for that verdict; one whose first quality
-   runs equal a decided candidate's bit for bit takes that one's runs (`identical_runs`); only a candidate that
-   passes gets its other `repeats - 1` re-measurements. The baseline runs alone only up to
-   its own `repeats`, once no candidate wants a run.
+   the tolerance, up to `max_seeds` or until its chance to pass within them is spent), or without quality
+   runs its NE over the baseline's samples. A model whose quality already failed (its own runs, or a twin's
+   it inherits) is not re-measured at all, and a layout of a model still being judged on a faster twin waits
+   for that verdict; one whose first quality runs equal a decided candidate's bit for bit takes that one's
+   runs (`identical_runs`); only a candidate that passes gets its other `repeats - 1` re-measurements. The
+   baseline runs alone only up to its own `repeats`, once no candidate wants a run.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected for
    quality (failed, or not resolved within the seed budget) and is faster than everything that passed, judge
    its layout with fewer of its numerics changes, one new trial at a time, in the order and with the pruning
