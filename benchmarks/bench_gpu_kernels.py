@@ -114,8 +114,8 @@ def bench_embeddings(args: argparse.Namespace, copy_gbps: float) -> list[dict]:
             kw: dict = {}
             for v in variant:
                 if v == "weighted":
-                    continue
-                if v == "noevict":
+                    continue  # (psw above)
+                elif v == "noevict":
                     kw["evict"] = False
                 elif v == "singles":
                     kw["singles"] = True

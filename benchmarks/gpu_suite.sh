@@ -26,6 +26,7 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/cubic-site:$PYTHONPATH
 fi
 STEPS=${*:-env tests bench trials weighted}
+CYCLE=1048576  # distinct samples of a workload given by file, as search_spaces/dlrm_gpu.yaml's (no cycling in a trial)
 LOG=$OUT/suite.log
 : >"$LOG"  # this run's log only: the trials table and test summary are read back from it
 
@@ -54,14 +55,15 @@ for s in $STEPS; do
     # (default: torch and triton, each also weighted (per-sample weights, TorchRec's weighted features), and
     # triton:singles, the sort-free path for rows hit once, side by side)
     # BENCH_ARGS=--profile adds where the triton backward's device time goes
-    run bench_uniform 200 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --backends "${BACKENDS:-torch,torch:weighted,triton,triton:weighted,triton:singles}" \
+    backends=${BACKENDS:-torch,torch:weighted,triton,triton:weighted,triton:singles}
+    run bench_uniform 200 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --backends "$backends" \
       ${BENCH_ARGS:-} --json "$OUT/bench_uniform.json"
     run bench_hot 150 "$PY" benchmarks/bench_gpu_kernels.py --repeats 20 --skew 4 --skip-fp8 \
-      --backends "${BACKENDS:-torch,torch:weighted,triton,triton:weighted,triton:singles}" --json "$OUT/bench_hot.json"
+      --backends "$backends" --json "$OUT/bench_hot.json"
     ;;
   trials)
     from=$(($(wc -l <"$LOG") + 1))  # this step's trial lines only
-    echo '{"preset": "criteo-mlperf-mini", "sample_cycle": 1048576}' >"$OUT/mlperf.json"
+    echo "{\"preset\": \"criteo-mlperf-mini\", \"sample_cycle\": $CYCLE}" >"$OUT/mlperf.json"
     for wl in small mlperf; do
       extra=()
       bs=8192
@@ -85,10 +87,10 @@ for s in $STEPS; do
     from=$(($(wc -l <"$LOG") + 1))
     "$PY" -c 'import json, sys
 from cubic_harness.workload import Workload
-d = Workload.preset("criteo-mlperf-mini").to_dict() | {"sample_cycle": 1048576}
+d = Workload.preset("criteo-mlperf-mini").to_dict() | {"sample_cycle": int(sys.argv[2])}
 json.dump(d, open(sys.argv[1] + "/plain.json", "w"))
 d = d | {"name": d["name"] + "-weighted", "tables": [t | {"weighted": True} for t in d["tables"]]}
-json.dump(d, open(sys.argv[1] + "/weighted.json", "w"))' "$OUT"
+json.dump(d, open(sys.argv[1] + "/weighted.json", "w"))' "$OUT" "$CYCLE"
     for r in 1 2; do
       for w in weighted plain; do
         for k in triton torch; do

@@ -636,13 +636,9 @@ def test_a_layout_waits_for_its_twins_verdict_and_a_rejection_costs_it_no_re_mea
     assert layout.quality_ok is True and len(layout.confirm_qps) == 1 == len(layout.confirm_base_qps)
 
 
-def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_without_more_seeds(
-        tmp_path: Path) -> None:
-    """`make tune`'s walk judged two stacks that differ only in comm_precision (bf16 vs fp32) under bf16 dense
-    math, where the bf16 wire rounds nothing the dense side does not round anyway: six seeds each, equal to
-    every digit. A candidate whose first two quality runs equal a decided one's bit for bit (NE and AUC) now
-    takes that one's runs and verdict; one differing in the last bit, or after one seed, runs its own.
-    (The verdict logic alone: the records are set, nothing is trained.)"""
+def confirm_over(tmp_path: Path, text: str, trials: list[tuple[dict[str, Any], float]]):
+    """A confirm over a store of finished search trials, each the baseline's params with `trials`' overrides and
+    its search qps, nothing trained: for the verdict logic alone. Returns (confirm, store, the records)."""
     from rich.console import Console
 
     from cubic.tune.checks import QualityChecks
@@ -651,21 +647,33 @@ def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_
     from cubic.tune.policy import Policy
     from cubic.tune.view import TuneView
 
-    space = load_space(space_file(tmp_path, TWINS.replace("emb_lr: [0.1, 0.0001]", "emb_lr: [0.1, 0.0001, 0.00011]")))
+    space = load_space(space_file(tmp_path, text))
     store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
     bp = space.baseline_params()
-    for params, qps in ((bp, 100.0), ({**bp, "emb_lr": 0.0001}, 300.0), ({**bp, "emb_lr": 0.00011}, 200.0)):
-        store.enqueue(params, {"phase": "search"})
+    for over, qps in trials:
+        store.enqueue({**bp, **over}, {"phase": "search"})
         store.finish(store.study.ask(distributions(space)), TrialResult(qps=qps, ne=0.7))
-    base, judged, alike = store.records(TrialState.COMPLETE)
+    view = TuneView(space, 3, Console(record=True, width=240), live=False)
+    ctx = Tuning(space, store, None, view, Policy.measured(space), base_key=space.config(bp).key(), budget=3)
+    return Confirm(ctx, QualityChecks(ctx)), store, store.records(TrialState.COMPLETE)
+
+
+def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_without_more_seeds(
+        tmp_path: Path) -> None:
+    """`make tune`'s walk judged two stacks that differ only in comm_precision (bf16 vs fp32) under bf16 dense
+    math, where the bf16 wire rounds nothing the dense side does not round anyway: six seeds each, equal to
+    every digit. A candidate whose first two quality runs equal a decided one's bit for bit (NE and AUC) now
+    takes that one's runs and verdict; one differing in the last bit, or after one seed, runs its own.
+    (The verdict logic alone: the records are set, nothing is trained.)"""
+    confirm, store, (base, judged, alike) = confirm_over(
+        tmp_path, TWINS.replace("emb_lr: [0.1, 0.0001]", "emb_lr: [0.1, 0.0001, 0.00011]"),
+        [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.00011}, 200.0)])
+    space = confirm.ctx.space
     assert space.numerics_key(judged.params) != space.numerics_key(alike.params)
     store.update(base, quality_eval_ne=[0.800, 0.810, 0.805, 0.808], quality_eval_auc=[0.7] * 4)
     ne, auc = [0.8008, 0.819, 0.814, 0.817], [0.71, 0.69, 0.70, 0.68]
     store.update(judged, quality_eval_ne=ne, quality_eval_auc=auc, confirm_qps=[300.0])
     store.update(alike, quality_eval_ne=ne[:1], quality_eval_auc=auc[:1], confirm_qps=[200.0])
-    view = TuneView(space, 3, Console(record=True, width=240), live=False)
-    ctx = Tuning(space, store, None, view, Policy.measured(space), base_key=space.config(bp).key(), budget=3)
-    confirm = Confirm(ctx, QualityChecks(ctx))
     confirm.screened = [judged, alike]
     assert confirm.verdict(judged) is False
     assert confirm.quality_seed(alike) == 1  # one equal seed is not enough
@@ -675,7 +683,7 @@ def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_
     assert confirm.quality_seed(alike) is None
     assert alike.quality_eval_ne == ne and alike.quality_runs_of == judged.number
     assert confirm.verdict(alike) is False and not confirm.wants(alike)
-    assert f"equal #{judged.number}'s bit for bit" in view.console.export_text()
+    assert f"equal #{judged.number}'s bit for bit" in confirm.ctx.view.console.export_text()
 
 
 def test_a_candidate_whose_chance_to_pass_is_spent_stops_after_three_seeds_and_its_verdict_says_why(
@@ -683,28 +691,11 @@ def test_a_candidate_whose_chance_to_pass_is_spent_stops_after_three_seeds_and_i
     """A candidate at the tolerance (+0.20% +- 0.01% against 0.20% over three seeds) would spend the whole
     seed budget to end "not resolved": it stops at three, asks for no fourth seed, and its verdict names
     the chance it had. (The verdict logic alone: the records are set, nothing is trained.)"""
-    from rich.console import Console
-
-    from cubic.tune.checks import QualityChecks
-    from cubic.tune.confirm import Confirm
-    from cubic.tune.context import Tuning
-    from cubic.tune.policy import Policy
-    from cubic.tune.view import TuneView
-
-    space = load_space(space_file(tmp_path, TWINS))
-    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
-    bp = space.baseline_params()
-    for params, qps in ((bp, 100.0), ({**bp, "emb_lr": 0.0001}, 300.0)):
-        store.enqueue(params, {"phase": "search"})
-        store.finish(store.study.ask(distributions(space)), TrialResult(qps=qps, ne=0.7))
-    base, cand = store.records(TrialState.COMPLETE)
+    confirm, store, (base, cand) = confirm_over(tmp_path, TWINS, [({}, 100.0), ({"emb_lr": 0.0001}, 300.0)])
     bne = [0.800, 0.810, 0.805]
     store.update(base, quality_eval_ne=bne, quality_eval_auc=[0.7] * 3)
     store.update(cand, quality_eval_ne=[b * (1 + d) for b, d in zip(bne, (0.0021, 0.0019, 0.0020), strict=True)],
                  quality_eval_auc=[0.7] * 3, confirm_qps=[300.0])
-    ctx = Tuning(space, store, None, TuneView(space, 3, Console(record=True, width=240), live=False),
-                 Policy.measured(space), base_key=space.config(bp).key(), budget=3)
-    confirm = Confirm(ctx, QualityChecks(ctx))
     confirm.screened = [cand]
     assert confirm.verdict(cand) is False and confirm.quality_seed(cand) is None
     ok, why = confirm.gate(cand)
@@ -716,30 +707,14 @@ def test_a_rejection_reaches_a_twin_through_runs_held_from_a_check_while_searchi
     layout, not screened). When the confirm's further seeds reject the model on the faster twin, the slower
     twin takes that verdict with all the runs, named by the layout that ran the first ones; a twin that only
     crashed passes nothing on. (The verdict logic alone: the records are set, nothing is trained.)"""
-    from rich.console import Console
-
-    from cubic.tune.checks import QualityChecks
-    from cubic.tune.confirm import Confirm
-    from cubic.tune.context import Tuning
-    from cubic.tune.policy import Policy
-    from cubic.tune.view import TuneView
-
-    space = load_space(space_file(tmp_path, TWINS))
-    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
-    bp = space.baseline_params()
-    slow = {**bp, "emb_lr": 0.0001}
-    for params, qps in ((bp, 100.0), ({**slow, "pipeline_depth": 1}, 300.0), (slow, 200.0)):
-        store.enqueue(params, {"phase": "search"})
-        store.finish(store.study.ask(distributions(space)), TrialResult(qps=qps, ne=0.7))
-    base, fast, twin = store.records(TrialState.COMPLETE)
+    slow = {"emb_lr": 0.0001}
+    confirm, store, (base, fast, twin) = confirm_over(
+        tmp_path, TWINS, [({}, 100.0), ({**slow, "pipeline_depth": 1}, 300.0), (slow, 200.0)])
     owner = 7  # the layout a check while searching ran seed 1 on (not among these)
     store.update(base, quality_eval_ne=[0.800, 0.810, 0.805, 0.808])
     # seed 1 within the tolerance (0.2%), the confirm's seeds 2-4 over 1% worse: rejected
     store.update(fast, quality_eval_ne=[0.8008, 0.819, 0.814, 0.817], quality_eval_auc=[0.7] * 4, quality_runs_of=owner)
     store.update(twin, quality_eval_ne=[0.8008], quality_eval_auc=[0.7], quality_runs_of=owner)
-    view = TuneView(space, 3, Console(record=True, width=200), live=False)
-    ctx = Tuning(space, store, None, view, Policy.measured(space), base_key=space.config(bp).key(), budget=3)
-    confirm = Confirm(ctx, QualityChecks(ctx))
     confirm.screened = [fast, twin]
     assert confirm.verdict(fast) is False and confirm.verdict(twin) is None
     confirm.inherit_rejection(twin)

@@ -145,12 +145,12 @@ def pass_chance(diffs: Sequence[float], tolerance: float, confidence: float, max
     from scipy.stats import norm
     from scipy.stats import t as student_t
 
-    n, big_n = len(diffs), max_seeds
+    n, n_max = len(diffs), max_seeds  # n < n_max: `sequential` asks only while seeds are left
     d, s = statistics.mean(diffs), statistics.stdev(diffs)
-    if n >= big_n or s == 0:
-        return float(d <= tolerance) if s == 0 else float("nan")
-    half = float(student_t.ppf(0.5 + confidence / 2, big_n - 1)) * s / math.sqrt(big_n)
-    return float(norm.cdf((tolerance - half - d) / (s * math.sqrt(big_n - n) / big_n)))
+    if s == 0:  # every pair alike: no spread to move the mean
+        return float(d <= tolerance)
+    half = float(student_t.ppf(0.5 + confidence / 2, n_max - 1)) * s / math.sqrt(n_max)
+    return float(norm.cdf((tolerance - half - d) / (s * math.sqrt(n_max - n) / n_max)))
 
 
 def sequential(cand_ne: Sequence[float | None], base_ne: Sequence[float | None],

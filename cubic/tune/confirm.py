@@ -24,7 +24,7 @@ the very numbers that pick the winner):
    runs its NE over the baseline's samples. A model whose quality already failed (its own runs, or a twin's
    it inherits) is not re-measured at all, and a layout of a model still being judged on a faster twin waits
    for that verdict; one whose first quality runs equal a decided candidate's bit for bit takes that one's
-   runs (`identical_runs`); only a candidate that passes gets its other `repeats - 1` re-measurements. The
+   runs (`same_model`); only a candidate that passes gets its other `repeats - 1` re-measurements. The
    baseline runs alone only up to its own `repeats`, once no candidate wants a run.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected for
    quality (failed, or not resolved within the seed budget) and is faster than everything that passed, judge
@@ -154,40 +154,46 @@ class Confirm:
             return n
         if self.qdone(self.base) <= n or None in self.base.quality_eval_ne:
             return None
-        space = self.ctx.space
-        key = space.numerics_key(t.params)
-        same = next((o for o in self.screened if o is not t and self.qinflight.get(o.number, 0) == 0
-                     and self.qdone(o) and self.checks.sequential(o, self.base)[0] != MORE
-                     and space.numerics_key(o.params) == key), None)
-        if same is not None and not self.qinflight.get(t.number) and t.quality_eval_ne == same.quality_eval_ne[:n]:
-            # the same model on the same samples: its quality runs are t's (t's own so far are their first)
-            self.ctx.store.update(t, **same.heldout(verdict=False))
-            self.ctx.view.note(f"quality: #{t.number} trains what #{same.number} trains: its quality runs apply")
-            return None
-        if (alike := self.identical_runs(t, n)) is not None:
-            self.ctx.store.update(t, **alike.heldout(verdict=False))
-            knobs = dict.fromkeys(space.differs_in_numerics(t.params) + space.differs_in_numerics(alike.params))
-            inert = ", ".join(f"{k} {t.params.get(k)} vs {alike.params.get(k)}" for k in knobs
-                              if t.params.get(k) != alike.params.get(k))
-            self.ctx.view.note(f"quality: #{t.number}'s first {n} quality runs equal #{alike.number}'s bit for bit: "
-                               f"the same model here ({inert}: no change to what it trains), so #{alike.number}'s "
-                               "runs apply")
+        if (found := self.same_model(t, n)) is not None:
+            owner, how = found
+            self.ctx.store.update(t, **owner.heldout(verdict=False))
+            self.ctx.view.note(f"quality: #{t.number}{how}, so #{owner.number}'s quality runs apply")
             return None
         return n
 
-    def identical_runs(self, t: TrialRecord, n: int) -> TrialRecord | None:
-        """A decided candidate whose first n quality runs t's own n equal bit for bit (eval NE and AUC, n >=
-        IDENTICAL_SEEDS), with more runs than t (None: none). t then trains that model here though its
-        numerics key differs: a knob that rounds nothing the model does not round anyway (bf16 communication
-        of embeddings that bf16 dense math reads) is inert for it, which no rule over knobs can know for every
-        model, and the runs show. Two equal seeds, not one: each seed draws other data and another teacher."""
-        if n < IDENTICAL_SEEDS or t.quality_runs_of is not None or self.qinflight.get(t.number) or None in (
-                t.quality_eval_ne + t.quality_eval_auc):
+    def settled(self, o: TrialRecord) -> bool:
+        """o's quality runs so far decide its model: some are in, none in flight, and the verdict wants no more."""
+        return bool(self.qdone(o)) and not self.qinflight.get(o.number) and \
+            self.checks.sequential(o, self.base)[0] != MORE
+
+    def same_model(self, t: TrialRecord, n: int) -> tuple[TrialRecord, str] | None:
+        """A settled candidate whose quality runs are t's, and how that is known (None: none):
+        1. the same numerics key (the same model on the same samples), t's own n runs so far its first ones;
+        2. another key, and t's own first n >= IDENTICAL_SEEDS runs equal to its first n bit for bit (eval NE and
+           AUC), with more of them. A knob that rounds nothing the model does not round anyway (bf16
+           communication of embeddings that bf16 dense math reads) is inert for it, which no rule over knobs
+           can know for every model, and the runs show. Two equal seeds, not one: each seed draws other data
+           and another teacher."""
+        if self.qinflight.get(t.number):
             return None
-        return next((o for o in self.screened if o is not t and o is not self.base and self.qdone(o) > n
-                     and not self.qinflight.get(o.number) and self.checks.sequential(o, self.base)[0] != MORE
-                     and o.quality_eval_ne[:n] == t.quality_eval_ne and o.quality_eval_auc[:n] == t.quality_eval_auc),
-                    None)
+        space = self.ctx.space
+        key = space.numerics_key(t.params)
+        twin = next((o for o in self.screened if o is not t and self.settled(o)
+                     and space.numerics_key(o.params) == key), None)
+        if twin is not None and t.quality_eval_ne == twin.quality_eval_ne[:n]:
+            return twin, f" trains what #{twin.number} trains"
+        if n < IDENTICAL_SEEDS or t.quality_runs_of is not None or None in t.quality_eval_ne + t.quality_eval_auc:
+            return None
+        alike = next((o for o in self.screened if o is not t and o is not self.base and self.qdone(o) > n
+                      and self.settled(o) and o.quality_eval_ne[:n] == t.quality_eval_ne
+                      and o.quality_eval_auc[:n] == t.quality_eval_auc), None)
+        if alike is None:
+            return None
+        knobs = dict.fromkeys(space.differs_in_numerics(t.params) + space.differs_in_numerics(alike.params))
+        inert = ", ".join(f"{k} {t.params.get(k)} vs {alike.params.get(k)}" for k in knobs
+                          if t.params.get(k) != alike.params.get(k))
+        return alike, (f"'s first {n} quality runs equal #{alike.number}'s bit for bit: the same model here "
+                       f"({inert}: no change to what it trains)")
 
     def wants(self, t: TrialRecord) -> bool:
         """One more re-measurement of t now? (Screening: only the first until the verdict is in.)"""
