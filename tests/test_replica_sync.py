@@ -196,12 +196,18 @@ def _host_mean(rank: int, world: int, port: int, q) -> None:
     host = host_reduce(dist.group.WORLD, world, torch.device("cpu"))
     g = torch.Generator().manual_seed(rank)
     out = []
-    for n in (1000, 3, 70_001, 1000):  # grows twice, then reuses the larger slots
-        x = torch.randn(n, generator=g)
-        host.slot(n).copy_(x)
-        shared = host.mean(n).clone()
-        dist.all_reduce(x)
-        out.append((shared.numpy(), x.div_(world).numpy()))
+    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    calls = [[(1000, f32)], [(3, f32)], [(70_001, f32)], [(1000, f32)],  # grows twice, then reuses the larger slots
+             [(140_001, f16)], [(1000, bf16), (50_001, f32), (3, f16)]]  # several parts and precisions in one call
+    for parts in calls:
+        xs = [torch.randn(n, generator=g).to(dtype) for n, dtype in parts]
+        for slot, x in zip(host.slot(*parts), xs, strict=True):
+            slot.copy_(x)
+        shared = [m.clone() for m in host.mean()]
+        for x, m in zip(xs, shared, strict=True):
+            wide = x.float()  # gloo sums the rows widened to fp32; the mean is rounded once
+            dist.all_reduce(wide)
+            out.append((m.float().numpy(), wide.div_(world).to(x.dtype).float().numpy(), 2 * torch.finfo(x.dtype).eps))
     q.put((rank, out, host.generation, sorted(p.name for p in Path("/dev/shm").glob(f"cubic-merge-{host.token}*"))))
     dist.destroy_process_group()
 
@@ -209,8 +215,10 @@ def _host_mean(rank: int, world: int, port: int, q) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_shared_memory_mean_is_gloos_and_every_replica_reads_the_same_bits(world):
     """`host_reduce`: replicas on one host average through /dev/shm. Every rank reads the same bits; at R = 2
-    they are gloo's all-reduce divided by R bit for bit (at R = 3 the sum's order differs: equal to rounding);
-    the slots grow as asked and no file is left behind."""
+    they are gloo's all-reduce divided by R bit for bit (at R = 3 the sum's order differs: equal to rounding),
+    fp16 and bf16 slots too (gloo's fp32 sum of the widened rows, rounded once; 140,001 elements span two of
+    the blocks summed at once), and parts of several precisions averaged in one call; the slots grow as asked,
+    whatever their precision, and no file is left behind."""
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), _free_port()
     procs = [ctx.Process(target=_host_mean, args=(r, world, port, q)) for r in range(world)]
@@ -222,12 +230,12 @@ def test_the_shared_memory_mean_is_gloos_and_every_replica_reads_the_same_bits(w
     for r in range(world):
         out, generation, left = got[r]
         assert generation == 2 and left == []
-        for (shared, gloo), (first, _) in zip(out, got[0][0], strict=True):
+        for (shared, gloo, ulp), (first, _, _) in zip(out, got[0][0], strict=True):
             np.testing.assert_array_equal(shared, first)
             if world == 2:
                 np.testing.assert_array_equal(shared, gloo)
-            else:
-                np.testing.assert_allclose(shared, gloo, rtol=1e-6, atol=1e-7)
+            else:  # one rounding apart
+                np.testing.assert_allclose(shared, gloo, rtol=ulp, atol=1e-7)
 
 
 def _small_shm(rank: int, port: int, shm: str, q) -> None:
@@ -235,9 +243,9 @@ def _small_shm(rank: int, port: int, shm: str, q) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     host = host_reduce(dist.group.WORLD, 2, torch.device("cpu"), shm=Path(shm))
-    fits = host.slot(1000) is not None
-    too_big = host.slot(200_000)  # 3 x 800 kB: more than the 1 MB tmpfs holds
-    after = host.slot(10) is None
+    fits = host.slot((1000, torch.float32)) is not None
+    too_big = host.slot((200_000, torch.float32))  # 3 x 800 kB: more than the 1 MB tmpfs holds
+    after = host.slot((10, torch.float32)) is None
     dist.barrier()  # every rank has unlinked its files by its next collective
     q.put((rank, fits, too_big is None, after, sorted(p.name for p in Path(shm).iterdir())))
     dist.destroy_process_group()

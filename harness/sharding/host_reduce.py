@@ -10,7 +10,9 @@ Each of the R ranks owns a slot, and the group shares one result buffer, all map
 2. Barrier: every slot is written.
 3. Rank r sums chunk r of the slots in replica order and divides by R, into the result's chunk r: each
    element is computed by one rank, so every replica reads the same bits. For R = 2 these are gloo's sums
-   ((a + b) / R), bit for bit.
+   ((a + b) / R), bit for bit. The slots hold the rows' own precision: fp16 and bf16 rows are summed in fp32
+   a cache-sized block at a time and rounded once into the result, the bits gloo's sum of the rows widened to
+   fp32 gives once rounded back, at half the bytes through memory (the merge is memory-bound here).
 4. Barrier: the result is whole; each rank reads it (`mean`) until its next `slot` call. A rank writes the
    result again only after the next call's first barrier, which no rank passes before it has finished
    reading, so two barriers a call suffice.
@@ -33,6 +35,8 @@ import torch
 import torch.distributed as dist
 
 SHM = Path("/dev/shm")
+BLOCK = 1 << 16  # elements of a half-precision mean summed at once: 256 kB of fp32, in L2
+ALIGN = 64  # bytes: each part of a slot starts on a cache line
 
 
 def _host_id() -> str:
@@ -56,33 +60,61 @@ def host_reduce(group, replicas: int, device: torch.device, shm: Path = SHM) -> 
 
 
 class HostReduce:
-    """The R ranks' mean of an fp32 buffer through /dev/shm (the module docstring's steps)."""
+    """The R ranks' means of buffers through /dev/shm (the module docstring's steps). A call averages several
+    parts at once, each in its own precision, between one pair of barriers: a merge's every shard in one call
+    instead of one call each, whose barriers (and the wait for the slowest replica each brings) cost as much
+    as the means themselves on small shards. The files are sized in bytes, so one mapping serves any mix."""
 
     def __init__(self, group, replicas: int, rank: int, token: str, shm: Path = SHM) -> None:
         self.group, self.R, self.rank, self.token, self.shm = group, replicas, rank, token, shm
-        self.capacity = 0  # elements per slot; -1: /dev/shm could not hold them, the process group carries
+        self.capacity = 0  # bytes per slot; -1: /dev/shm could not hold them, the process group carries
         self.generation = 0
-        self.slots: list[torch.Tensor] = []
-        self.result = torch.empty(0)
+        self.slots: list[torch.Tensor] = []  # uint8, viewed as each part's dtype
+        self.result = torch.empty(0, dtype=torch.uint8)
+        self.parts: list[tuple[int, int, torch.dtype]] = []  # (byte offset, elements, dtype) of the last `slot`
 
-    def slot(self, n: int) -> torch.Tensor | None:
-        """This rank's slot, n fp32 elements, to write its rows into (step 1); None where /dev/shm cannot hold
-        them (every rank gets None alike: the caller all-reduces through the process group)."""
-        if n > self.capacity >= 0 and not self._grow(max(n, 2 * self.capacity)):
-            self.capacity, self.slots, self.result = -1, [], torch.empty(0)
-        return self.slots[self.rank][:n] if self.capacity >= n else None
+    def slot(self, *parts: tuple[int, torch.dtype]) -> list[torch.Tensor] | None:
+        """This rank's slot as one view per part (n elements of its dtype, laid one after another at
+        ALIGN-byte boundaries), to write its rows into (step 1); None where /dev/shm cannot hold them (every
+        rank gets None alike: the caller all-reduces through the process group)."""
+        self.parts, end = [], 0
+        for n, dtype in parts:
+            self.parts.append((end, n, dtype))
+            end += -(-n * dtype.itemsize // ALIGN) * ALIGN
+        if end > self.capacity >= 0 and not self._grow(max(end, 2 * self.capacity)):
+            self.capacity, self.slots, self.result = -1, [], torch.empty(0, dtype=torch.uint8)
+        if self.capacity < end:
+            return None
+        return [self._view(self.slots[self.rank], part) for part in self.parts]
 
-    def mean(self, n: int) -> torch.Tensor:
-        """Steps 2-4: the replicas' mean of their slots' first n elements (read-only, valid until `slot`)."""
+    def mean(self) -> list[torch.Tensor]:
+        """Steps 2-4: the replicas' mean of each part of the last `slot` call (read-only, valid until `slot`)."""
         dist.barrier(group=self.group)
-        lo, hi = self.rank * n // self.R, (self.rank + 1) * n // self.R
-        out = self.result[lo:hi]
-        torch.add(self.slots[0][lo:hi], self.slots[1][lo:hi], out=out)
-        for q in range(2, self.R):
-            out.add_(self.slots[q][lo:hi])
-        out.div_(self.R)
+        for part in self.parts:
+            slots = [self._view(s, part) for s in self.slots]
+            result = self._view(self.result, part)
+            n = part[1]
+            lo, hi = self.rank * n // self.R, (self.rank + 1) * n // self.R
+            if part[2] == torch.float32:
+                out = result[lo:hi]
+                torch.add(slots[0][lo:hi], slots[1][lo:hi], out=out)
+                for q in range(2, self.R):
+                    out.add_(slots[q][lo:hi])
+                out.div_(self.R)
+                continue
+            for a in range(lo, hi, BLOCK):  # summed in fp32 a block at a time (it stays in cache), rounded once
+                b = min(a + BLOCK, hi)
+                acc = slots[0][a:b].float()
+                for q in range(1, self.R):
+                    acc.add_(slots[q][a:b])
+                result[a:b].copy_(acc.div_(self.R))
         dist.barrier(group=self.group)
-        return self.result[:n]
+        return [self._view(self.result, part) for part in self.parts]
+
+    @staticmethod
+    def _view(buf: torch.Tensor, part: tuple[int, int, torch.dtype]) -> torch.Tensor:
+        at, n, dtype = part
+        return buf[at:at + n * dtype.itemsize].view(dtype)
 
     def _grow(self, capacity: int) -> bool:
         """Every rank makes its own slot file (rank 0 the result's too) with its pages reserved; if all could,
@@ -95,7 +127,7 @@ class HostReduce:
             for path in mine:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
                 try:
-                    os.posix_fallocate(fd, 0, capacity * 4)
+                    os.posix_fallocate(fd, 0, capacity)
                 finally:
                     os.close(fd)
         except OSError:  # ENOSPC: a tmpfs too small for the rows
@@ -104,9 +136,9 @@ class HostReduce:
         try:
             if made.item():
                 self.slots = [torch.from_file(str(self.shm / f"{name}-{q}"), shared=True, size=capacity,
-                                              dtype=torch.float32) for q in range(self.R)]
+                                              dtype=torch.uint8) for q in range(self.R)]
                 self.result = torch.from_file(str(self.shm / f"{name}-result"), shared=True, size=capacity,
-                                              dtype=torch.float32)
+                                              dtype=torch.uint8)
                 self.capacity = capacity
         finally:
             dist.barrier(group=self.group)

@@ -72,7 +72,7 @@ import torch
 import torch.distributed as dist
 
 from cubic_harness.sharding.host_reduce import host_reduce
-from cubic_harness.sharding.transport import averages_in_place, choose_transport, union_pays
+from cubic_harness.sharding.transport import HOST_BATCH_BYTES, averages_in_place, choose_transport, union_pays
 from cubic_kernels.base import EmbeddingBagKernel
 
 FP16_HEADROOM = 2.0 ** 14  # sums of R fp16 payloads stay below fp16's max (65504) for R <= 4; more: scaled down
@@ -105,6 +105,12 @@ class SyncStats:
                 "union_frac_max": max(self.union_frac, default=0.0),
                 "ms_per_sync": {k: v * 1e3 / max(1, self.syncs) for k, v in self.parts.items()},
                 "rule_mb_per_sync": {k: v / 2**20 / max(1, self.syncs) for k, v in self.rule_bytes.items()}}
+
+
+def _nbytes(*parts: tuple[torch.Tensor, torch.Tensor | None]) -> int:
+    """The bytes of (live, rows) parts: the rows' (None: all of them) in the live tensor's precision."""
+    return sum((live.numel() if rows is None else rows.numel() * live[0].numel()) * live.element_size()
+               for live, rows in parts)
 
 
 class _Clock:
@@ -282,11 +288,13 @@ class ReplicaSync:
     def _average_union(self, clock: _Clock, how: str) -> None:
         """The plain rule in place (`averages_in_place`), on the rows any replica touched (the module docstring):
         1. The union: each replica's touched marks, one byte per row of every shard, max-all-reduced.
-        2. Per shard, its weights and then its state at those rows: gathered into one buffer, all-reduced,
-           divided by R, written back to the kernel (no w0/s0: `keeps_base`). Replicas on one host gather into
-           shared memory and read the mean there (`host_reduce`). Where gathering and scattering the union
-           would cost more than streaming the whole shard (`transport.union_pays`; `how` "union" or "dense"
-           forces one, "auto" decides per shard), the shard itself is all-reduced where the kernel keeps it.
+        2. Each shard's weights and state at those rows: where the replicas share a host, gathered straight into
+           this rank's shared-memory slot, as many shards at once as fit HOST_BATCH_BYTES, whose means
+           (`host_reduce`: summed in fp32, rounded once into the rows' precision) are written back to the
+           kernel (no w0/s0: `keeps_base`); else each gathered into a buffer widened to fp32, all-reduced by
+           the group, divided by R and written back. Where gathering and scattering the union would cost more
+           than streaming the whole shard (`transport.union_pays`; `how` "union" or "dense" forces one, "auto"
+           decides per shard), the shard itself is averaged.
         The sums are the dense transport's, row for row (the same R values added)."""
         union: list[torch.Tensor | None] = [None] * len(self.touched)
         if how != "dense":
@@ -295,6 +303,7 @@ class ReplicaSync:
             union = [m.nonzero().squeeze(1) for m in marks.split(self.kernel.rows)]
             self.stats.union_frac.append(sum(u.numel() for u in union) / max(1, marks.numel()))
             clock.mark("payload")
+        parts: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (the live tensor, its rows; None: all)
         for i, w in enumerate(self.kernel.weights()):
             rows = union[i]
             if rows is not None and rows.numel() == 0:
@@ -302,35 +311,48 @@ class ReplicaSync:
             whole = rows is None or rows.numel() == w.shape[0] or (
                 how == "auto" and not union_pays(rows.numel(), w.shape[0]))
             for live in [w] + ([self.kernel.states()[i]] if self.adagrad else []):
-                self._average_rows(live, None if whole else rows, clock)
+                parts.append((live, None if whole else rows))
+        batch: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        for part in parts:
+            if batch and _nbytes(*batch, part) > HOST_BATCH_BYTES:
+                self._average_parts(batch, clock)
+                batch = []
+            batch.append(part)
+        if batch:
+            self._average_parts(batch, clock)
 
-    def _average_rows(self, live: torch.Tensor, rows: torch.Tensor | None, clock: _Clock) -> None:
-        """The replicas' mean of `live` at `rows` (None: all of it), written back in place: gathered straight
-        into this rank's shared-memory slot where the replicas share a host, else all-reduced by the group. The
-        sum is fp32's (the slots are fp32; half-precision rows are widened for the all-reduce), and the mean is
-        rounded once, writing it back to half-precision rows."""
-        n = live.numel() if rows is None else rows.numel() * live[0].numel()
-        slot = self.host.slot(n) if self.host is not None else None
-        if slot is not None:
+    def _average_parts(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], clock: _Clock) -> None:
+        """The replicas' mean of each (live, rows) part written back in place (`_average_union`'s step 2)."""
+        sizes = [(live.numel() if rows is None else rows.numel() * live[0].numel(), live.dtype)
+                 for live, rows in parts]
+        slots = self.host.slot(*sizes) if self.host is not None else None
+        if slots is None:
+            for live, rows in parts:
+                buf = (live if rows is None else live.index_select(0, rows)).float()  # fp32 rows: no copy
+                clock.mark("payload")
+                dist.all_reduce(buf, group=self.group)
+                clock.mark("wire")
+                self._put(live, rows, buf.div_(self.R))
+                clock.mark("apply")
+            return
+        for (live, rows), slot in zip(parts, slots, strict=True):
             slot = slot.view(-1, *live.shape[1:])
             if rows is None:
                 slot.copy_(live)
-            elif live.dtype == slot.dtype:
+            else:
                 torch.index_select(live, 0, rows, out=slot)
-            else:  # index_select writes only its input's dtype
-                slot.copy_(live.index_select(0, rows))
-            clock.mark("payload")
-            buf = self.host.mean(n).view_as(slot)
-        else:
-            buf = (live if rows is None else live.index_select(0, rows)).float()  # fp32 rows: no copy
-            clock.mark("payload")
-            dist.all_reduce(buf, group=self.group)
+        clock.mark("payload")
+        means = self.host.mean()  # (divided by R)
         clock.mark("wire")
-        if slot is None:
-            buf.div_(self.R)  # (the shared mean comes divided)
-        if buf is not live:
-            live.copy_(buf) if rows is None else live.index_copy_(0, rows, buf.to(live.dtype))
+        for (live, rows), mean in zip(parts, means, strict=True):
+            self._put(live, rows, mean.view(-1, *live.shape[1:]))
         clock.mark("apply")
+
+    @staticmethod
+    def _put(live: torch.Tensor, rows: torch.Tensor | None, mean: torch.Tensor) -> None:
+        """Write the mean into `live` at `rows` (None: all of it), rounded once to its precision."""
+        if mean is not live:
+            live.copy_(mean) if rows is None else live.index_copy_(0, rows, mean.to(live.dtype))
 
     def _sparse(self, ids: list[torch.Tensor], counts: torch.Tensor, clock: _Clock) -> None:
         """All-gather every replica's touched rows and payloads; sum them per row; apply to the union.

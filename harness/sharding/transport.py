@@ -45,6 +45,12 @@ def union_pays(union_rows: int, rows: int) -> bool:
     return union_cost(union_rows, rows) < 1.0
 
 
+# The most the union transport averages in one `host_reduce` call: enough that the call's two barriers are a small
+# share of it (~0.3 ms each here against ~20 ms of means), few enough that the slots and the result (2.5x this on
+# each rank at R = 2) stay a small share of a rank's memory whatever its tables' size.
+HOST_BATCH_BYTES = 64 << 20
+
+
 def host_mean_bytes(nbytes: float, replicas: int) -> float:
     """The bytes a rank's memory moves in `host_reduce`'s mean of an nbytes buffer among replicas on one host, beyond
     gathering into its slot and reading the result back (the merge's own work): its chunk of each of the R slots

@@ -46,7 +46,13 @@ from cubic_harness import ids as idstats
 from cubic_harness.config import DTYPE_BYTES, TrialConfig, oversubscribed
 from cubic_harness.dense_cost import DenseCost, dense_cost
 from cubic_harness.sharding.plan import ShardingPlan, group_ranks
-from cubic_harness.sharding.transport import averages_in_place, choose_transport, host_mean_bytes, union_cost
+from cubic_harness.sharding.transport import (
+    HOST_BATCH_BYTES,
+    averages_in_place,
+    choose_transport,
+    host_mean_bytes,
+    union_cost,
+)
 from cubic_harness.sim import collectives as coll
 from cubic_harness.sim.cluster import Cluster, KernelEff, log_interp
 from cubic_harness.sim.schedule import Op, critical_path
@@ -401,14 +407,16 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
                 t = coll.all_gather(max(touched_bytes), r_span, c)
                 work = R * max(touched_rows)
             elif host_merge:  # replicas on one host: through shared memory, at memory speed (its two barriers a
-                # call, ~0.2 ms each here, are left out: the link's fitted latency is no barrier's cost)
-                t = host_mean_bytes(max(shard_rows_bytes), R) / (s.copy_gbs * 1e6 * s.emb_speed)
+                # call, ~0.2 ms each here, are left out: the link's fitted latency is no barrier's cost); the
+                # slots hold the rows in the table's precision, not the fp32 wire's
+                t = host_mean_bytes(max(shard_rows_bytes) * wb / cb, R) / (s.copy_gbs * 1e6 * s.emb_speed)
                 work = 2 * max(shard_rows)  # gather into the slot, write the mean back
             else:
                 t = coll.all_reduce(max(shard_rows_bytes), r_span, c, concurrent=G)
                 work = 2 * max(shard_rows)  # build the payload, apply the sum (the collective reduces)
-            if merge:  # the merge's own work on the replicas' rows (width + the state column, fp32)
-                t += work * (max(shard_width) + 1) * 4 / (merge * 1e6 * s.emb_speed)
+            if merge:  # the merge's own work on the replicas' rows (width + the state column; fp32, but in the
+                # table's precision through shared memory)
+                t += work * (max(shard_width) * (wb if host_merge else 4) + 4) / (merge * 1e6 * s.emb_speed)
             if wa_how == "union":  # the union where that pays: a fixed part plus its rows' (`union_cost`)
                 p = max(range(G), key=lambda q: union_rows[q] / max(1, shard_rows[q]))
                 t *= min(1.0, union_cost(union_rows[p], shard_rows[p]))
@@ -646,7 +654,7 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
     50-260 MB, to within 5% of the largest phase.) A rank's start adds one block of initial weights to its
     shards (harness/model.py init_table): never the peak."""
     wl, B, G, R, W = cfg.workload, cfg.batch_size, cfg.group_size, cfg.replicas, cfg.world_size
-    cb = DTYPE_BYTES[cfg.comm_precision]
+    cb, wb = DTYPE_BYTES[cfg.comm_precision], DTYPE_BYTES[cfg.emb_precision]
     ab = 2 if cfg.dense_precision != "fp32" else 4  # autocast keeps the dense part's activations in bf16
     cpu = c.device.type == "cpu"
     # the framework: torch, the embedding kernels' code, the process groups, dynamo (the optimizer and DDP
@@ -717,11 +725,16 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
                 2 if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" else 0)
             h += sum(x.rows * (1 if union_frac else x.row_bytes + 1) for x in xs)
             if union_frac:  # averaging in place keeps no last-sync copy: one shard's union gathered at a time
-                merge = max((x.rows * (x.dim * 4 + ID_BYTES) for x in xs), default=0) * min(1.0, union_frac[p])
-                if host_merge:  # into shared memory that stays mapped: its own slot and the result whole, its
-                    # chunk of each other replica's slot
-                    h += merge * (2 + (R - 1) / R)
+                if host_merge:  # into shared memory that stays mapped, in the table's precision, as many shards at
+                    # once as fit HOST_BATCH_BYTES: its own slot and the result whole, its chunk of each other
+                    # replica's slot (and the union's ids)
+                    u = min(1.0, union_frac[p])
+                    rows = [x.rows * x.dim * wb * u for x in xs]
+                    slot = max(min(sum(rows), HOST_BATCH_BYTES), max(rows, default=0))
+                    h += slot * (2 + (R - 1) / R) + sum(x.rows for x in xs) * ID_BYTES * u
                     merge = 0.0
+                else:  # the union's rows widened to fp32, with their ids
+                    merge = max((x.rows * (x.dim * 4 + ID_BYTES) for x in xs), default=0) * min(1.0, union_frac[p])
             elif wa_sparse:
                 dims = sum(x.rows * x.dim for x in xs) / max(1, sum(x.rows for x in xs))
                 merge = touched_rows[p] * ((dims + width) * 4 + ID_BYTES) * (2 + R)
