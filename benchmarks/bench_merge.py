@@ -5,7 +5,7 @@ On 2 gloo ranks of this machine (groups of 1, 2 replicas), the default space's s
 plain rule, DMPCollection's average) on its workload (small-zipf) and on the uniform `small` one, at the same
 global batch: full model parallelism, `weight_avg` every step (k = 1) and every 8 steps (k = 8). Each
 configuration runs `--repeats` times, alternating code and configuration, so drift of the shared machine
-hits all alike; the table gives medians with min..max and the merge's parts (payload, wire, apply) per sync.
+hits all alike; the table gives medians with min..max and the merge's parts (wait, payload, wire, apply) per sync.
 
     .venv/bin/python benchmarks/bench_merge.py [--before GITREF] [--repeats 3] [--steps 40] [--workloads A,B]
                                                [--cluster ~/.config/cubic/local.yaml] [--set emb_precision=fp16]
@@ -152,7 +152,7 @@ def main() -> None:
         t = Table(title=f"{wl}{' ' + str(common) if common else ''}: median samples/s over {a.repeats} (min..max); "
                         "the merge per sync (ms)"
                         + ("; predicted: the simulator on --cluster" if predicted else ""))
-        for c in ("code", "variant", "samples/s", "x full MP", "x k=1", "transport", "payload / wire / apply",
+        for c in ("code", "variant", "samples/s", "x full MP", "x k=1", "transport", "wait / payload / wire / apply",
                   *(("predicted x full MP", "predicted x k=1") if predicted else ())):
             t.add_column(c)
         pq = predicted.get(wl, {})

@@ -80,6 +80,8 @@ def test_the_last_step_always_syncs_so_results_are_measured_after_a_sync():
         np.testing.assert_array_equal(outs[0]["tables"][t], outs[1]["tables"][t])
     res = run_trial(cfg)
     assert res.extra["replica_sync"]["interval"] == 100 and res.breakdown_ms["sync"] > 0
+    # where the merge's time went, the wait for the slowest replica apart from the merge's own work
+    assert set(res.extra["replica_sync"]["ms_per_sync"]) == {"wait", "payload", "wire", "apply"}
 
 
 # ---------------------------------------------------------------------------------------------- the sync itself

@@ -87,10 +87,12 @@ class SyncStats:
     seconds: list[float] = field(default_factory=list)
     touched_frac: list[float] = field(default_factory=list)
     union_frac: list[float] = field(default_factory=list)  # the union transport: rows any replica touched
-    # where a sync's time goes, summed over the syncs: building the payloads (`payload`), the collectives
-    # (`wire`, with the casts to and from the comm precision), the sum over the replicas' rows and writing the
-    # merged rows back (`apply`)
-    parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("payload", "wire", "apply"), 0.0))
+    # where a sync's time goes, summed over the syncs: waiting for the slowest replica to reach it (`wait`: the
+    # ranks' imbalance, not the merge's work), building the payloads (`payload`), the collectives (`wire`, with
+    # the casts to and from the comm precision), the sum over the replicas' rows and writing the merged rows
+    # back (`apply`)
+    parts: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("wait", "payload", "wire", "apply"), 0.0))
     # what the transport rule weighed, summed over the syncs: the touched rows' payload bytes (before
     # SPARSE_BYTE_COST) and the dense all-reduce's bytes; with `parts` they measure a sparse byte's cost
     rule_bytes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("sparse", "dense"), 0.0))
@@ -249,7 +251,9 @@ class ReplicaSync:
         ids = [t.nonzero().squeeze(1) for t in self.touched]
         counts = torch.tensor([x.numel() for x in ids], dtype=torch.int64, device=self.device)
         most = counts.sum().reshape(1)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
+        clock.mark("payload")
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)  # the first collective: every replica here
+        clock.mark("wait")
         cb = torch.finfo(self.dtype).bits // 8
         rows = self.kernel.rows
         touched_bytes = int(most) * (8 + max(self.widths) * cb)
