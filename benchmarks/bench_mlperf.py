@@ -29,7 +29,8 @@ comm_overlap=forward_backward, with the presets' assumed overlap_hidden; `in_net
 GPUs +3% / 0% (v3.1), +2% / -3% (v4.0), -1% / -6% (v4.1), the 64 -> 128 ratio -3% to -6%, with the step a
 critical path on which DDP's buckets share the NICs with the all-to-all (`harness/sim/schedule.py`); SHARP is
 most of the gain (the dense all-reduce at 128 GPUs 0.41 -> 0.17 ms), the overlap 0.05 ms (DCN-v2's bottom MLP
-is short).
+is short). v4.1's 128 GPUs (-6%) are predicted from v4.0's 8-GPU run, which v4.1 reuses, and so exactly as
+v4.0's (-3%); v4.1's own 64 and 128 GPU runs, on NGC 24.06, measured 2.2% and 2.8% above v4.0's.
 v3.0 ran without `DP_SHARDING_THRESHOLD`: every table model-parallel, so the ranks holding the hottest tables
 bound the step and 128 GPUs ran no faster than 64 (v3.1 added the threshold: +5% on 8 GPUs, +54% on 128).
 The simulator's table-wise rows show that flat shape (ratio ~0.99), not the level.
