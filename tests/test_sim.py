@@ -17,7 +17,14 @@ from typer.testing import CliRunner
 from cubic.cli.app import app
 from cubic_harness.config import TrialConfig, TrialResult
 from cubic_harness.sim.backend import NO_QUALITY, simulate
-from cubic_harness.sim.cluster import cluster_from_dict, load_cluster, local_cluster, resolve, shipped_cluster
+from cubic_harness.sim.cluster import (
+    cluster_from_dict,
+    cluster_mapping,
+    load_cluster,
+    local_cluster,
+    resolve,
+    shipped_cluster,
+)
 from cubic_harness.timers import PHASES
 from cubic_harness.trial import env_info
 from cubic_harness.workload import Workload
@@ -283,7 +290,7 @@ def test_traffic_that_leaves_a_pod_pays_the_oversubscription() -> None:
     from cubic_harness.sim import collectives as coll
 
     c = load_cluster(shipped_cluster("h100-4096.yaml"))
-    flat = cluster_from_dict({**yaml.safe_load(shipped_cluster("h100-4096.yaml").read_text()),
+    flat = cluster_from_dict({**cluster_mapping(shipped_cluster("h100-4096.yaml")),
                               "network": {"bandwidth_gbs": 46, "latency_us": 25}}, "flat")
     world = coll.span(list(range(4096)), c)
     assert (world.p, world.q) == (2, 3072)
