@@ -242,10 +242,14 @@ def test_the_shared_memory_mean_is_gloos_and_every_replica_reads_the_same_bits(w
 
 def _small_shm(rank: int, port: int, shm: str, q) -> None:
     from cubic_harness.sharding.host_reduce import host_reduce
+    from cubic_harness.sharding.transport import HOST_BATCH_BYTES
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     host = host_reduce(dist.group.WORLD, 2, torch.device("cpu"), shm=Path(shm))
     fits = host.slot((1000, torch.float32)) is not None
+    # a call of the budget's bytes (a sixth of the tmpfs at R = 2), in two precisions, still goes through it
+    n = host.budget // 8
+    fits = fits and host.budget < HOST_BATCH_BYTES and host.slot((n, torch.float32), (n, torch.float16)) is not None
     too_big = host.slot((200_000, torch.float32))  # 3 x 800 kB: more than the 1 MB tmpfs holds
     after = host.slot((10, torch.float32)) is None
     dist.barrier()  # every rank has unlinked its files by its next collective
@@ -254,8 +258,10 @@ def _small_shm(rank: int, port: int, shm: str, q) -> None:
 
 
 def test_a_dev_shm_too_small_for_the_rows_falls_back_to_the_process_group_on_every_rank(tmp_path):
-    """A container's /dev/shm can be smaller than a merge's rows: the slots are reserved when made, every rank
-    learns that one could not, and from then on all merge through gloo (no SIGBUS, no rank left waiting)."""
+    """A container's /dev/shm can be smaller than a merge's rows. A call's budget follows the mount's size, so a
+    merge batches fewer shards a call there and stays in shared memory; rows a call cannot hold are an error when
+    the slots are reserved, every rank learns that one could not, and from then on all merge through gloo (no
+    SIGBUS, no rank left waiting)."""
     import subprocess
 
     shm = tmp_path / "shm"

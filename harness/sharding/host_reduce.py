@@ -17,11 +17,11 @@ Each of the R ranks owns a slot, and the group shares one result buffer, all map
    result again only after the next call's first barrier, which no rank passes before it has finished
    reading, so two barriers a call suffice.
 The files are unlinked as soon as every rank has mapped them: a crashed rank leaves nothing in /dev/shm.
-Capacity grows by doubling when a call needs more (every rank asks for the same size: the replicas of a
-shard agree on its rows), which costs two more barriers that once. The files' pages are reserved when they
-are made (posix_fallocate): a /dev/shm too small for them (a container's default is 64 MB) is an error then,
-on which every rank agrees, and the merge goes on through the process group; written into unreserved, a
-full tmpfs would kill the rank with SIGBUS.
+Capacity grows by doubling (up to the `budget` a call may hold) when a call needs more (every rank asks for the
+same size: the replicas of a shard agree on its rows), which costs two more barriers that once. The files' pages
+are reserved when they are made (posix_fallocate): a /dev/shm too small for them (a container's default is 64 MB)
+is an error then, on which every rank agrees, and the merge goes on through the process group; written into
+unreserved, a full tmpfs would kill the rank with SIGBUS.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from cubic_harness.sharding.transport import HOST_BATCH_BYTES
 
 SHM = Path("/dev/shm")
 BLOCK = 1 << 16  # elements of a half-precision mean summed at once: 256 kB of fp32, in L2
@@ -67,6 +69,11 @@ class HostReduce:
 
     def __init__(self, group, replicas: int, rank: int, token: str, shm: Path = SHM) -> None:
         self.group, self.R, self.rank, self.token, self.shm = group, replicas, rank, token, shm
+        # what one call may hold, in bytes: HOST_BATCH_BYTES, less where /dev/shm is small, so that the R slots and
+        # the result fill at most half of it (a container's default 64 MB: ~10 MB calls at R = 2) and other
+        # groups' files fit beside. From the mount's size, not its free space: every rank computes the same.
+        fs = os.statvfs(shm)
+        self.budget = min(HOST_BATCH_BYTES, fs.f_blocks * fs.f_frsize // (2 * (replicas + 1)))
         self.capacity = 0  # bytes per slot; -1: /dev/shm could not hold them, the process group carries
         self.generation = 0
         self.slots: list[torch.Tensor] = []  # uint8, viewed as each part's dtype
@@ -81,7 +88,7 @@ class HostReduce:
         for n, dtype in parts:
             self.parts.append((end, n, dtype))
             end += -(-n * dtype.itemsize // ALIGN) * ALIGN
-        if end > self.capacity >= 0 and not self._grow(max(end, 2 * self.capacity)):
+        if end > self.capacity >= 0 and not self._grow(max(end, min(2 * self.capacity, self.budget))):
             self.capacity, self.slots, self.result = -1, [], torch.empty(0, dtype=torch.uint8)
         if self.capacity < end:
             return None

@@ -72,7 +72,7 @@ import torch
 import torch.distributed as dist
 
 from cubic_harness.sharding.host_reduce import host_reduce
-from cubic_harness.sharding.transport import HOST_BATCH_BYTES, averages_in_place, choose_transport, union_pays
+from cubic_harness.sharding.transport import averages_in_place, choose_transport, union_pays
 from cubic_kernels.base import EmbeddingBagKernel
 
 FP16_HEADROOM = 2.0 ** 14  # sums of R fp16 payloads stay below fp16's max (65504) for R <= 4; more: scaled down
@@ -293,9 +293,9 @@ class ReplicaSync:
         """The plain rule in place (`averages_in_place`), on the rows any replica touched (the module docstring):
         1. The union: each replica's touched marks, one byte per row of every shard, max-all-reduced.
         2. Each shard's weights and state at those rows: where the replicas share a host, gathered straight into
-           this rank's shared-memory slot, as many shards at once as fit HOST_BATCH_BYTES, whose means
-           (`host_reduce`: summed in fp32, rounded once into the rows' precision) are written back to the
-           kernel (no w0/s0: `keeps_base`); else each gathered into a buffer widened to fp32, all-reduced by
+           this rank's shared-memory slot, as many shards at once as fit a call's `budget` (HOST_BATCH_BYTES or
+           less), whose means (`host_reduce`: summed in fp32, rounded once into the rows' precision) are written
+           back to the kernel (no w0/s0: `keeps_base`); else each gathered into a buffer widened to fp32, all-reduced by
            the group, divided by R and written back. Where gathering and scattering the union would cost more
            than streaming the whole shard (`transport.union_pays`; `how` "union" or "dense" forces one, "auto"
            decides per shard), the shard itself is averaged.
@@ -316,9 +316,10 @@ class ReplicaSync:
                 how == "auto" and not union_pays(rows.numel(), w.shape[0]))
             for live in [w] + ([self.kernel.states()[i]] if self.adagrad else []):
                 parts.append((live, None if whole else rows))
+        budget = self.host.budget if self.host is not None else 0  # through the process group: a part a call
         batch: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         for part in parts:
-            if batch and _nbytes(*batch, part) > HOST_BATCH_BYTES:
+            if batch and _nbytes(*batch, part) > budget:
                 self._average_parts(batch, clock)
                 batch = []
             batch.append(part)
