@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -91,26 +90,25 @@ def test_a_live_holder_on_another_node_is_respected(tmp_path: Path, host: str) -
 
 
 def test_a_live_holder_whose_clock_runs_behind_is_not_taken_for_dead(tmp_path: Path, monkeypatch) -> None:
-    """Its heartbeats carry times 60 s old by our clock, but they keep coming: watched, not taken."""
-    monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.2)
+    """Its heartbeats carry times 60 s old by our clock, but they keep coming: watched, not taken. Its beat
+    during the watch is written as the watch begins (`on_wait`), so no thread has to beat the clock to it."""
+    monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.05)
     rdb, sid = _store(tmp_path)
-    stop = threading.Event()
+    beats = iter(range(1_000))
 
     def beat() -> None:
-        while not stop.wait(0.05):
-            _put(rdb, sid, {"owner": "x", "host": "elsewhere", "node": "other-boot:1", "pid": 1, "started": 0,
-                            "heartbeat": time.time() - 60})
+        _put(rdb, sid, {"owner": "x", "host": "elsewhere", "node": "other-boot:1", "pid": 1, "started": 0,
+                        "heartbeat": time.time() - 60, "beat": next(beats)})
 
-    beat_thread = threading.Thread(target=beat)
-    beat_thread.start()
     heard: list[str] = []
-    try:
-        time.sleep(0.1)
-        with pytest.raises(ConfigError, match="being tuned by pid 1 on elsewhere"):
-            TunerLease(rdb, sid, "study 's'").acquire(on_wait=heard.append)
-    finally:
-        stop.set()
-        beat_thread.join()
+
+    def watched(message: str) -> None:
+        heard.append(message)
+        beat()
+
+    beat()
+    with pytest.raises(ConfigError, match="being tuned by pid 1 on elsewhere"):
+        TunerLease(rdb, sid, "study 's'").acquire(on_wait=watched)
     assert heard and "looks gone; making sure" in heard[0]
 
 
@@ -135,15 +133,15 @@ def test_a_holder_whose_lease_was_taken_stops_at_its_next_check(tmp_path: Path, 
     assert holder(rdb, sid)["owner"] == "y"
 
 
-def _race(url: str, sid: str, go: float, q: mp.Queue) -> None:
+def _race(url: str, sid: str, go: float, q: mp.Queue, done) -> None:
     rdb = open_storage(url)
     time.sleep(max(0.0, go - time.time()))
     try:
-        TunerLease(rdb, sid, "s").acquire()  # never released: the winner holds it until the end
+        TunerLease(rdb, sid, "s").acquire()  # never released: the winner holds it until every racer has tried
         q.put("won")
     except ConfigError as e:
         q.put(f"refused: {e}")
-    time.sleep(1.0)
+    done.wait(120)  # alive (its lease live) until the test has every answer, however late a racer started
 
 
 def test_tuners_starting_at_the_same_moment_get_exactly_one_lease(tmp_path: Path) -> None:
@@ -158,11 +156,13 @@ def test_tuners_starting_at_the_same_moment_get_exactly_one_lease(tmp_path: Path
                 with rdb.engine.begin() as conn:
                     conn.execute(TABLE.delete().where(TABLE.c.study == sid))
             q: mp.Queue = ctx.Queue()
+            done = ctx.Event()
             go = time.time() + 4.0
-            procs = [ctx.Process(target=_race, args=(url, sid, go, q)) for _ in range(3)]
+            procs = [ctx.Process(target=_race, args=(url, sid, go, q, done)) for _ in range(3)]
             for p in procs:
                 p.start()
             out = [q.get(timeout=60) for _ in procs]
+            done.set()
             for p in procs:
                 p.join(timeout=30)
             assert out.count("won") == 1, out

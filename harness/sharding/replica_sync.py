@@ -109,10 +109,14 @@ class SyncStats:
                 "rule_mb_per_sync": {k: v / 2**20 / max(1, self.syncs) for k, v in self.rule_bytes.items()}}
 
 
+def _elements(live: torch.Tensor, rows: torch.Tensor | None) -> int:
+    """The elements of `live` at `rows` (None: all of it)."""
+    return live.numel() if rows is None else rows.numel() * live[0].numel()
+
+
 def _nbytes(*parts: tuple[torch.Tensor, torch.Tensor | None]) -> int:
-    """The bytes of (live, rows) parts: the rows' (None: all of them) in the live tensor's precision."""
-    return sum((live.numel() if rows is None else rows.numel() * live[0].numel()) * live.element_size()
-               for live, rows in parts)
+    """The bytes of (live, rows) parts, in the live tensors' precision."""
+    return sum(_elements(live, rows) * live.element_size() for live, rows in parts)
 
 
 class _Clock:
@@ -328,9 +332,7 @@ class ReplicaSync:
 
     def _average_parts(self, parts: list[tuple[torch.Tensor, torch.Tensor | None]], clock: _Clock) -> None:
         """The replicas' mean of each (live, rows) part written back in place (`_average_union`'s step 2)."""
-        sizes = [(live.numel() if rows is None else rows.numel() * live[0].numel(), live.dtype)
-                 for live, rows in parts]
-        slots = self.host.slot(*sizes) if self.host is not None else None
+        slots = self.host.slot(*((_elements(*p), p[0].dtype) for p in parts)) if self.host is not None else None
         if slots is None:
             for live, rows in parts:
                 buf = (live if rows is None else live.index_select(0, rows)).float()  # fp32 rows: no copy
