@@ -114,9 +114,6 @@ def _elements(live: torch.Tensor, rows: torch.Tensor | None) -> int:
     return live.numel() if rows is None else rows.numel() * live[0].numel()
 
 
-def _nbytes(*parts: tuple[torch.Tensor, torch.Tensor | None]) -> int:
-    """The bytes of (live, rows) parts, in the live tensors' precision."""
-    return sum(_elements(live, rows) * live.element_size() for live, rows in parts)
 
 
 class _Clock:
@@ -322,11 +319,14 @@ class ReplicaSync:
                 parts.append((live, None if whole else rows))
         budget = self.host.budget if self.host is not None else 0  # through the process group: a part a call
         batch: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        for part in parts:
-            if batch and _nbytes(*batch, part) > budget:
+        held = 0  # the batch's bytes
+        for live, rows in parts:
+            nbytes = _elements(live, rows) * live.element_size()
+            if batch and held + nbytes > budget:
                 self._average_parts(batch, clock)
-                batch = []
-            batch.append(part)
+                batch, held = [], 0
+            batch.append((live, rows))
+            held += nbytes
         if batch:
             self._average_parts(batch, clock)
 

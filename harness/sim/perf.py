@@ -724,7 +724,7 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
             width = (0 if cfg.emb_optimizer == "sgd" else 1) + (
                 2 if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" else 0)
             h += sum(x.rows * (1 if union_frac else x.row_bytes + 1) for x in xs)
-            if union_frac:  # averaging in place keeps no last-sync copy: one shard's union gathered at a time
+            if union_frac:  # averaging in place keeps no last-sync copy
                 if host_merge:  # into shared memory that stays mapped, in the table's precision, as many shards at
                     # once as fit HOST_BATCH_BYTES: its own slot and the result whole, its chunk of each other
                     # replica's slot (and the union's ids)
@@ -733,7 +733,7 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
                     slot = max(min(sum(rows), HOST_BATCH_BYTES), max(rows, default=0))
                     h += slot * (2 + (R - 1) / R) + sum(x.rows for x in xs) * ID_BYTES * u
                     merge = 0.0
-                else:  # the union's rows widened to fp32, with their ids
+                else:  # one shard's union at a time, its rows widened to fp32, with their ids
                     merge = max((x.rows * (x.dim * 4 + ID_BYTES) for x in xs), default=0) * min(1.0, union_frac[p])
             elif wa_sparse:
                 dims = sum(x.rows * x.dim for x in xs) / max(1, sum(x.rows for x in xs))
