@@ -106,7 +106,14 @@ class IdProfile:
 
     def mass_grid(self, sub: int = 16) -> tuple[np.ndarray, np.ndarray]:
         """(ranks per cell, probability of one rank in the cell): the curve cut into cells of equal
-        per-rank probability (each knot interval into `sub` geometric cells), for sums over ranks."""
+        per-rank probability (each knot interval into `sub` geometric cells), for sums over ranks.
+        Kept on the (frozen) profile: the simulator asks it for every shard of every trial."""
+        cache = self.__dict__.setdefault("_grids", {})
+        if sub not in cache:
+            cache[sub] = self._mass_grid(sub)
+        return cache[sub]
+
+    def _mass_grid(self, sub: int) -> tuple[np.ndarray, np.ndarray]:
         r, c = self._curve()
         counts, probs = [1.0], [c[1]]
         for k in range(1, len(r) - 1):
@@ -257,10 +264,25 @@ def hit_rate(p: IdProfile, cache_rows: float) -> float:
 def share_of_rows(p: IdProfile, start: int, stop: int, rows: int) -> float:
     """Share of the table's lookups that fall on rows [start, stop): the profiled row blocks, uniform
     inside each block (a row-wise shard holding the hot block is the busy one)."""
-    share = np.asarray(p.block_share, dtype=np.float64)
-    if share.size == 0 or share.sum() <= 0:
+    cum = _block_cdf(p)
+    if cum is None:
         return (stop - start) / rows
-    nb = share.size
-    edges = np.arange(nb + 1) * rows / nb
-    overlap = np.clip(np.minimum(edges[1:], stop) - np.maximum(edges[:-1], start), 0, None)
-    return float(np.sum(share / share.sum() * overlap / np.diff(edges)))
+    return _cdf_at(cum, stop, rows) - _cdf_at(cum, start, rows)
+
+
+def _block_cdf(p: IdProfile) -> np.ndarray | None:
+    """The row blocks' cumulative share (0 first), kept on the profile: asked for every shard."""
+    cache = p.__dict__
+    if "_block_cdf" not in cache:
+        share = np.asarray(p.block_share, dtype=np.float64)
+        ok = share.size > 0 and share.sum() > 0
+        cache["_block_cdf"] = np.concatenate([[0.0], np.cumsum(share / share.sum())]) if ok else None
+    return cache["_block_cdf"]
+
+
+def _cdf_at(cum: np.ndarray, x: float, rows: int) -> float:
+    """Share of lookups on rows [0, x): whole blocks, then x's block pro rata."""
+    nb = cum.size - 1
+    pos = min(max(x, 0), rows) * nb / rows
+    k = min(int(pos), nb - 1)
+    return float(cum[k] + (cum[k + 1] - cum[k]) * (pos - k))

@@ -8,14 +8,18 @@ simulation of this machine prices exactly the plan a real trial runs.
 
 from __future__ import annotations
 
-from cubic_harness.config import TrialConfig
+from collections.abc import Iterable
+
+from cubic_harness.config import SHARDING_TYPES, TrialConfig
 from cubic_harness.sharding.plan import ShardingPlan
 from cubic_harness.sharding.planner import make_plan
 from cubic_harness.sim.cluster import Cluster, local_cluster
 from cubic_harness.sim.perf import TableCosts
 
 
-def plan_for(cfg: TrialConfig, cluster: Cluster | None = None, check_memory: bool = True) -> ShardingPlan:
+def plan_for(cfg: TrialConfig, cluster: Cluster | None = None, check_memory: bool = True,
+             allowed: Iterable[str] = SHARDING_TYPES) -> ShardingPlan:
     """`cfg`'s plan priced on `cluster` (default: this machine, by bytes alone before its first
-    calibration); PlanError when none is legal."""
-    return make_plan(cfg, TableCosts(cluster or local_cluster()), check_memory)
+    calibration); PlanError when none is legal. `allowed`: the sharding kinds the backend runs, which
+    `sharding: plan` chooses among."""
+    return make_plan(cfg, TableCosts(cluster or local_cluster()), check_memory, allowed)

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cubic_harness.config import CHOICES, TrialConfig, TrialResult
+from cubic_harness.config import CHOICES, SHARDING_TYPES, TrialConfig, TrialResult
 from cubic_harness.errors import ConfigError, debugging
 from cubic_harness.trial import (
     TORCHREC_PRELOAD,
@@ -101,6 +101,11 @@ def torchrec_unsupported(knob: str, value: Any, device: str) -> str | None:
         return ("TorchRec's sharded modules return the all-to-all as an awaitable, waited on where the model "
                 "reads the embeddings: no setting runs it beside the bottom MLP")
     return None
+
+
+def torchrec_kinds(device: str) -> tuple[str, ...]:
+    """The sharding kinds TorchRec runs here as cubic measures them: what `sharding: plan` chooses among."""
+    return tuple(k for k in SHARDING_TYPES if not torchrec_unsupported("sharding", k, device))
 
 
 # What runs instead, for each knob value `torchrec_unsupported` refuses (the placements are handled per table)
@@ -268,7 +273,7 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
         check_config(cfg)
         from cubic_harness.planning import plan_for
 
-        plan = plan_for(cfg)
+        plan = plan_for(cfg, allowed=torchrec_kinds(cfg.device))
         rowwise = [t.name for t in plan.tables if torchrec_unsupported("sharding", t.kind, cfg.device)]
         if rowwise:
             raise ConfigError(f"sharding={cfg.sharding} planned {', '.join(rowwise)} row-wise: "

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
-from cubic_harness.trial import rank_context
+# A developer's own `cubic calibrate` (~/.config/cubic/local.yaml) must not change what the tests price: the suite,
+# and every rank and Ray worker it starts, reads its configuration from an empty folder of its own. Set on import,
+# before the ranks' fork server copies the environment.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="cubic-tests-config-")
+
+from cubic_harness.trial import rank_context  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

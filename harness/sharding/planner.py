@@ -10,17 +10,23 @@ passes: harness/planning.py), then partition onto ranks under the memory cap.
       cheaper than the table's all-to-all, row-wise for a table hotter than a rank's fair share
       (unless moving every rank's partial sums costs more than the lookups it spreads: at scale),
       table-wise otherwise (placed greedily by estimated cost)
+  plan   the per-table planner (harness/sharding/search.py): every option of every table, searched
+      over combination and placement with the modelled step as the objective; never priced slower
+      than any uniform type or the planners above
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
+from collections.abc import Iterable
 from typing import Protocol
 
 from cubic_harness.config import DTYPE_BYTES, SHARDING_TYPES, TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
+from cubic_harness.sharding.search import PlanCost, Priced, search_plan
 
 
 class TableCost(Protocol):
@@ -73,10 +79,14 @@ def _held(used: list[float]) -> str:
     return str(mb) if len(mb) <= 16 else f"{min(mb)}..{max(mb)} (over {len(mb)} ranks)"
 
 
-def make_plan(cfg: TrialConfig, cost: TableCost, check_memory: bool = True) -> ShardingPlan:
+def make_plan(cfg: TrialConfig, cost: TableCost, check_memory: bool = True,
+              allowed: Iterable[str] = SHARDING_TYPES) -> ShardingPlan:
     """Build the plan for one sharding group; raises PlanError when no legal plan exists. `auto` picks
     kinds by speed alone, so when its plan misses the memory cap it falls back to whole tables packed
-    by the cap before giving up (a plan that fits exists more often than its first choice shows)."""
+    by the cap before giving up (a plan that fits exists more often than its first choice shows).
+    `allowed`: the sharding kinds the backend runs (`plan` chooses among them only)."""
+    if cfg.sharding == "plan":
+        return plan_candidates(cfg, cost, check_memory, allowed)[0].plan
     kinds = _choose_kinds(cfg, cost)
     try:
         return _place(cfg, cost, kinds, check_memory)
@@ -88,6 +98,31 @@ def make_plan(cfg: TrialConfig, cost: TableCost, check_memory: bool = True) -> S
         return _place(cfg, cost, dict.fromkeys(kinds, "table_wise"), check_memory)
     except PlanError:
         raise first from None
+
+
+UNIFORM_RIVALS = (*SHARDING_TYPES, "size_greedy", "lookup_greedy", "size_lookup_greedy", "auto")
+
+
+def plan_candidates(cfg: TrialConfig, cost: PlanCost, check_memory: bool = True,
+                    allowed: Iterable[str] = SHARDING_TYPES) -> list[Priced]:
+    """`sharding: plan`'s choice first, then every rival it was priced against (the uniform types and
+    greedy planners the backend runs: `UNIFORM_RIVALS`), fastest first. PlanError when none fits."""
+    allowed = tuple(allowed)
+    rivals: dict[str, ShardingPlan] = {}
+    for name in UNIFORM_RIVALS:
+        if name in SHARDING_TYPES and name not in allowed:
+            continue
+        try:
+            plan = make_plan(dataclasses.replace(cfg, sharding=name), cost, check_memory)
+        except ConfigError:  # an illegal column split, or no fit: not a rival
+            continue
+        if all(tp.kind in allowed for tp in plan.tables):
+            rivals[name] = plan
+    priced = search_plan(cfg, cost, allowed, rivals, check_memory)
+    if not priced or check_memory and not math.isfinite(priced[0].step_ms):
+        raise PlanError(f"sharding plan cannot fit mem_cap_mb={cfg.mem_cap_mb:.0f} or the device's memory: "
+                        "no per-table plan or uniform type holds the tables on every rank")
+    return priced
 
 
 def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memory: bool) -> ShardingPlan:

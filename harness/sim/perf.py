@@ -45,7 +45,7 @@ import numpy as np
 from cubic_harness import ids as idstats
 from cubic_harness.config import DTYPE_BYTES, TrialConfig, oversubscribed
 from cubic_harness.dense_cost import DenseCost, dense_cost
-from cubic_harness.sharding.plan import ShardingPlan, group_ranks
+from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan, group_ranks
 from cubic_harness.sharding.transport import (
     HOST_BATCH_BYTES,
     averages_in_place,
@@ -76,6 +76,8 @@ class ModelError(ValueError):
 def lookup_share(t: TableSpec, start: int, stop: int, profiled: bool) -> float:
     """Share of t's lookups on rows [start, stop): the rows' share for drawn ids (spread over the rows), the
     profiled row blocks' share where ids follow a data sample (whoever holds the hot block is busiest)."""
+    if start <= 0 and stop >= t.rows:  # the whole table (table- and column-wise shards)
+        return 1.0
     if profiled and t.profile:
         return idstats.share_of_rows(t.profile, start, stop, t.rows)
     return (stop - start) / t.rows
@@ -202,14 +204,20 @@ class TableCosts:
 
     def __init__(self, cluster: Cluster | None) -> None:
         self.cluster = cluster  # None (no calibration yet): tables are priced by their bytes alone
+        self._idb: tuple[Workload, float] | None = None
+        self._speed: tuple[TrialConfig, Speeds | None] | None = None
 
     def _speeds(self, cfg: TrialConfig) -> Speeds | None:
         if self.cluster is None:
             return None
+        if self._speed is not None and self._speed[0] is cfg:  # a planner asks per shard of one config
+            return self._speed[1]
         try:
-            return speeds(cfg, self.cluster)
+            got = speeds(cfg, self.cluster)
         except ModelError:  # the planner still plans (by bytes); the simulator reports the gap
-            return None
+            got = None
+        self._speed = (cfg, got)
+        return got
 
     def table(self, t: TableSpec, cfg: TrialConfig) -> float:
         bags = cfg.group_size * cfg.batch_size
@@ -250,6 +258,90 @@ class TableCosts:
         b = cfg.batch_size * t.dim * parts * DTYPE_BYTES[cfg.comm_precision]
         s = _spans(cfg.world_size, G, cfg.group_placement, self.cluster)[0]
         return 2 * max(0.0, coll.all_to_all(b, s, self.cluster) - coll.all_to_all(0.0, s, self.cluster))
+
+
+    # the per-table planner's questions (harness/sharding/search.py PlanCost), each as `estimate` prices it
+    def shard(self, t: TableSpec, cfg: TrialConfig, start: int, stop: int, width: int) -> tuple[float, float, float]:
+        """(forward ms, backward+optimizer ms, id bytes received) of one model-parallel shard: rows
+        [start, stop) of t, `width` columns, on the position holding it."""
+        wl, G, B = cfg.workload, cfg.group_size, cfg.batch_size
+        um = cfg.replicas if (cfg.replicas > 1 and cfg.sparse_sync == "grad_allreduce") else 1
+        wb, sb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
+        bags = G * B
+        ids = bags * t.lookups(wl.profiled) * lookup_share(t, start, stop, wl.profiled)
+        f, u = lookup_bytes(ids, bags, width, wb), update_bytes(ids * um, bags * um, width, wb, sb)
+        s, idb = self._speeds(cfg), self._id_bytes(wl)
+        if s is None:
+            return f / 1e6, u / 1e6, ids * idb
+        return _emb_ms(f, "fwd", width, s, t.weighted), _emb_ms(u, "bwd", width, s, t.weighted), ids * idb
+
+    def _id_bytes(self, wl: Workload) -> float:
+        """`id_bytes` of the workload, once (it reads every table)."""
+        if self._idb is None or self._idb[0] is not wl:
+            self._idb = (wl, id_bytes(wl))
+        return self._idb[1]
+
+    def dp_lookups(self, t: TableSpec, cfg: TrialConfig) -> tuple[float, float]:
+        """(ms of a data-parallel table's local lookups and update of every rank's bags, its bytes in the
+        sparse all-gather)."""
+        B, W, pool = cfg.batch_size, cfg.world_size, t.lookups(cfg.workload.profiled)
+        return self._lookups(t, B, W * B, cfg), B * (pool * self._id_bytes(cfg.workload) + t.dim * 4 + ID_BYTES)
+
+    def dp_sync_ms(self, cfg: TrialConfig, nbytes: float) -> float:
+        if cfg.world_size <= 1:
+            return 0.0
+        if self.cluster is None:
+            return cfg.world_size * nbytes / 1e6
+        return coll.all_gather(nbytes, _spans(cfg.world_size, cfg.group_size, cfg.group_placement,
+                                              self.cluster)[2], self.cluster)
+
+    def exchange_ms(self, cfg: TrialConfig, recv_cols: float, max_cols: float, lens_send: float, max_lens: float,
+                    ids_send: float, max_ids: float) -> tuple[float, float]:
+        """(ms in the step, ms beside it) of the input all-to-alls (lengths, ids) and the pooled one, forward
+        and backward, at their busiest rank's bytes: a pipelined input distribution runs beside the previous
+        step (`_overlapped`), and only what outlasts that step is exposed."""
+        G, B, cb = cfg.group_size, cfg.batch_size, DTYPE_BYTES[cfg.comm_precision]
+        if G <= 1 or not recv_cols:
+            return 0.0, 0.0
+        pooled_max, pooled_mean = max(B * recv_cols, G * B * max_cols) * cb, B * recv_cols * cb
+        c = self.cluster
+        if c is None:
+            return (max(lens_send, max_lens) + max(ids_send, max_ids) + 2 * pooled_max) / 1e6, 0.0
+        g = _spans(cfg.world_size, G, cfg.group_placement, c)[0]
+        inp = 0.0 if c.device.reads_own_ids else (coll.all_to_all(max(lens_send, max_lens), g, c, lens_send)
+                                                  + coll.all_to_all(max(ids_send, max_ids), g, c, ids_send))
+        beside = 0.0
+        if inp and cfg.pipeline_depth > 0:
+            s = self._speeds(cfg)
+            if s is not None:
+                inp, beside = _overlapped(inp, coll.all_to_all(0.0, g, c), cfg, c, s)
+        return inp + 2 * coll.all_to_all(pooled_max, g, c, pooled_mean), beside
+
+    def step_ms(self, cfg: TrialConfig, plan: ShardingPlan) -> float | None:
+        """The full step estimate of `plan` (inf where a rank's memory does not hold it); None without a
+        calibrated cluster."""
+        if self._speeds(cfg) is None:
+            return None
+        est = estimate(cfg, plan, self.cluster)
+        limit = min(est.mem_limit_mb, cfg.mem_cap_mb or math.inf)
+        return est.step_ms if max(est.mem_mb) <= limit else math.inf
+
+    def shard_room(self, cfg: TrialConfig) -> float | None:
+        """Bytes a position has for its shards: the config's cap or its device's memory, less what a rank
+        holds beside its shards (`_memory`'s buffers, read off the table-wise plan's estimate)."""
+        cap = cfg.mem_cap_mb * 2**20 if cfg.mem_cap_mb > 0 else math.inf
+        if self._speeds(cfg) is None:
+            return cap if math.isfinite(cap) else None
+        wl, wb, sb = cfg.workload, DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
+        G = cfg.group_size
+        tables = [TablePlan(i, t.name, "table_wise", [Shard(i, i % G, 0, t.rows, 0, t.dim)])
+                  for i, t in enumerate(wl.tables)]
+        plan = ShardingPlan(G, cfg.world_size, tables, [t.dim for t in wl.tables])
+        est = estimate(cfg, plan, self.cluster)
+        shards = plan.bytes_per_rank([t.rows for t in wl.tables], wb, sb)
+        beside = max(m * 2**20 - b for m, b in zip(est.mem_mb, shards, strict=True))
+        limit = min(est.mem_limit_mb * 2**20, cap)
+        return max(0.0, limit - beside)
 
 
 # ---------------------------------------------------------------------- the step
@@ -313,12 +405,13 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
                                               sh.dim))
             rep_gather[sh.rank] += bags * (pool[tp.table] * frac * idb + sh.dim * 4) + bags * ID_BYTES
             shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
-            k_ids = cfg.sparse_sync_interval * ids
-            touched = rows_touched(t, sh.rows, frac, k_ids, wl.profiled)
-            touched_bytes[sh.rank] += touched * (ID_BYTES + sh.dim * cb)
-            touched_rows[sh.rank] += touched
-            # the replicas draw alike: their union is what R x the draws touch
-            union_rows[sh.rank] += rows_touched(t, sh.rows, frac, R * k_ids, wl.profiled)
+            if R > 1:  # 2D's replica merge: the rows each replica (and all of them) touch between merges
+                k_ids = cfg.sparse_sync_interval * ids
+                touched = rows_touched(t, sh.rows, frac, k_ids, wl.profiled)
+                touched_bytes[sh.rank] += touched * (ID_BYTES + sh.dim * cb)
+                touched_rows[sh.rank] += touched
+                # the replicas draw alike: their union is what R x the draws touch
+                union_rows[sh.rank] += rows_touched(t, sh.rows, frac, R * k_ids, wl.profiled)
             shard_rows[sh.rank] += sh.rows
             shard_width[sh.rank] = max(shard_width[sh.rank], sh.dim)
     # memory per position (`_memory`: every term and why), and Neo's hierarchy: what does not fit a GPU lives in

@@ -1,0 +1,473 @@
+"""The per-table planner (`sharding: plan`): enumerate -> estimate -> propose -> partition, as TorchRec's
+planner is built, with the performance model's modelled step as the objective.
+
+- enumerate (`options`): every way the backend runs each table: whole on one position (table-wise),
+  row blocks over the group (row-wise), k column shards for each FBGEMM-legal k up to the group size
+  (column-wise), row blocks over one node's positions (table-row-wise), replicated (data-parallel);
+- estimate (`_Loads.step`): each option's shards priced by the cost (`PlanCost`: the performance
+  model's per-shard lookups, the group's exchanges, a data-parallel table's work and sync) and folded
+  into a surrogate of the step as `perf.estimate` composes it: the busiest position's forward plus
+  its backward (the all-to-alls synchronise the group every phase), the exchanges at their busiest
+  rank's bytes, the data-parallel tables' work and their one sync;
+- propose (`_propose`): tables in order of cost (longest first), each taking the option and positions
+  that raise the surrogate least (with the work still to place spread as a lower bound, so an early
+  table is not split for a maximum the rest will fill anyway); then moves off the critical position
+  (another option, another position) while one lowers the surrogate. Several starts;
+- partition: placement under each position's memory is part of every move (a position that would
+  overflow is never chosen).
+
+The answer is the plan with the least *full* step estimate (`PlanCost.step_ms`: the simulator's own,
+memory checked) among the proposals, every uniform type the backend runs and the greedy planners, so it
+is never priced slower than any of them (tests/test_plan_search.py checks it on generated workloads).
+Without a calibrated cluster the surrogate ranks them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from cubic_harness.config import DTYPE_BYTES, TrialConfig
+from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
+
+ID_BYTES = 8  # a length on the wire (the input distribution's lengths all-to-all)
+MOVES_PER_TABLE = 4  # the improvement's move budget: at most this many accepted moves per table
+CRITICAL_TABLES = 16  # tables on the critical position tried per move, heaviest first
+POLISH_ESTIMATES = 400  # full step estimates the final polish may spend (each ~1-30 ms at <= 128 positions)
+POLISH_MAX_SIZE = 128 * 64  # positions x tables up to which the polish runs (beyond, estimates take seconds)
+
+
+class PlanCost(Protocol):
+    """What the per-table planner asks of the performance model (`perf.TableCosts` implements it)."""
+
+    def shard(self, t, cfg: TrialConfig, start: int, stop: int, width: int) -> tuple[float, float, float]:
+        """(forward ms, backward+optimizer ms, id bytes received) of one model-parallel shard."""
+        ...
+
+    def dp_lookups(self, t, cfg: TrialConfig) -> tuple[float, float]:
+        """(ms of a data-parallel table's local lookups and update, its bytes in the sparse all-gather)."""
+        ...
+
+    def dp_sync_ms(self, cfg: TrialConfig, nbytes: float) -> float: ...
+
+    def exchange_ms(self, cfg: TrialConfig, recv_cols: float, max_cols: float, lens_send: float,
+                    max_lens: float, ids_send: float, max_ids: float) -> tuple[float, float]:
+        """(ms in the step, ms beside it) of the group's input and pooled all-to-alls for a plan with these
+        totals and busiest positions (a pipelined input distribution runs beside the previous step)."""
+        ...
+
+    def step_ms(self, cfg: TrialConfig, plan: ShardingPlan) -> float | None:
+        """The full step estimate (inf where a rank's memory does not hold it); None without a cluster."""
+        ...
+
+    def shard_room(self, cfg: TrialConfig) -> float | None:
+        """Bytes one position has for its shards (weights and row state); None: no limit."""
+        ...
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a table: a sharding kind and, for column-wise, its number of column shards."""
+
+    kind: str
+    parts: int = 1
+
+    def __str__(self) -> str:
+        return f"column_wise/{self.parts}" if self.kind == "column_wise" else self.kind
+
+
+def options(cfg: TrialConfig, dim: int, allowed: Iterable[str]) -> list[Option]:
+    """Every option for a `dim`-wide table among the `allowed` kinds on this group."""
+    G, W = cfg.group_size, cfg.world_size
+    rpn = min(cfg.ranks_per_node, G)
+    allowed = set(allowed)
+    out = [Option("table_wise")] if "table_wise" in allowed else []
+    if "column_wise" in allowed and dim % 4 == 0:
+        out += [Option("column_wise", dim // w) for w in range(dim // 2, 3, -1)
+                if w % 4 == 0 and dim % w == 0 and dim // w <= G]
+    if "row_wise" in allowed and G > 1:
+        out.append(Option("row_wise"))
+    if "table_row_wise" in allowed and 1 < rpn < G and G % rpn == 0 and cfg.group_placement == "intra_node":
+        out.append(Option("table_row_wise"))
+    if "data_parallel" in allowed and W > 1:
+        out.append(Option("data_parallel"))
+    return out
+
+
+@dataclass
+class _Part:
+    """One table's share of every position's load, as chosen: the positions it touches and what it adds."""
+
+    option: Option
+    shards: list[Shard]
+    pos: np.ndarray
+    fwd: np.ndarray
+    bwd: np.ndarray
+    cols: np.ndarray
+    ids: np.ndarray
+    lens: np.ndarray
+    mem: np.ndarray
+    recv_cols: float = 0.0
+    ids_send: float = 0.0
+    lens_send: float = 0.0
+    dp_ms: float = 0.0
+    dp_sync_bytes: float = 0.0
+    dp_mem: float = 0.0
+
+
+class _Loads:
+    """The group's positions as a plan fills them, and the surrogate step they give (module docstring)."""
+
+    def __init__(self, cfg: TrialConfig, cost: PlanCost, room: float | None) -> None:
+        G = cfg.group_size
+        self.cfg, self.cost, self.G, self.room = cfg, cost, G, room
+        self.fwd, self.bwd, self.cols = np.zeros(G), np.zeros(G), np.zeros(G)
+        self.ids, self.lens, self.mem = np.zeros(G), np.zeros(G), np.zeros(G)
+        self.recv_cols = self.ids_send = self.lens_send = 0.0
+        self.dp_ms = self.dp_sync_bytes = self.dp_mem = 0.0
+        self.parts: dict[int, _Part] = {}
+        self.col_ms = self.id_ms = 0.0  # set by the search: what a column / an id byte more costs a rank
+        self.offset = 0.0  # set by the search: the step's part no plan changes (dense, DDP), for `beside`
+
+    def pressure(self) -> np.ndarray:
+        """Each position's own share of the step: its lookups, and the exchange bytes it is the end of
+        (the all-to-alls last as long as their busiest rank)."""
+        return self.fwd + self.bwd + self.col_ms * self.cols + self.id_ms * self.ids
+
+    def add(self, i: int, part: _Part, sign: float = 1.0) -> None:
+        for arr, v in ((self.fwd, part.fwd), (self.bwd, part.bwd), (self.cols, part.cols),
+                       (self.ids, part.ids), (self.lens, part.lens), (self.mem, part.mem)):
+            np.add.at(arr, part.pos, sign * v)
+        self.recv_cols += sign * part.recv_cols
+        self.ids_send += sign * part.ids_send
+        self.lens_send += sign * part.lens_send
+        self.dp_ms += sign * part.dp_ms
+        self.dp_sync_bytes += sign * part.dp_sync_bytes
+        self.dp_mem += sign * part.dp_mem
+        if sign > 0:
+            self.parts[i] = part
+        else:
+            del self.parts[i]
+
+    def fits(self, part: _Part) -> bool:
+        if self.room is None:
+            return True
+        if part.dp_mem and float(self.mem.max()) + self.dp_mem + part.dp_mem > self.room:
+            return False
+        extra = np.zeros(self.G)
+        np.add.at(extra, part.pos, part.mem)
+        return bool(np.all(self.mem[part.pos] + extra[part.pos] + self.dp_mem <= self.room))
+
+    def step(self, rem_fwd: float = 0.0, rem_bwd: float = 0.0) -> float:
+        """The surrogate step; `rem_*`: work not yet placed, counted as spread evenly (a lower bound)."""
+        inner, beside = self.parts_ms(rem_fwd, rem_bwd)
+        return max(self.offset + inner, beside)
+
+    def parts_ms(self, rem_fwd: float = 0.0, rem_bwd: float = 0.0) -> tuple[float, float]:
+        """(the plan's part of the step, the pipelined input distribution's time beside it)."""
+        G = self.G
+        f = max(float(self.fwd.max()), (float(self.fwd.sum()) + rem_fwd) / G)
+        b = max(float(self.bwd.max()), (float(self.bwd.sum()) + rem_bwd) / G)
+        ex, beside = self.cost.exchange_ms(self.cfg, self.recv_cols, float(self.cols.max()), self.lens_send,
+                                           float(self.lens.max()), self.ids_send, float(self.ids.max()))
+        dp = self.dp_ms + (self.cost.dp_sync_ms(self.cfg, self.dp_sync_bytes) if self.dp_sync_bytes else 0.0)
+        return f + b + ex + dp, beside
+
+
+class _Pricer:
+    """Builds a table's part for an option and placement, caching what does not depend on the state."""
+
+    def __init__(self, cfg: TrialConfig, cost: PlanCost) -> None:
+        self.cfg, self.cost = cfg, cost
+        self.wl = cfg.workload
+        self.pool = self.wl.lookups_per_sample()
+        self.wb = DTYPE_BYTES[cfg.emb_precision]
+        self.sb = 0 if cfg.emb_optimizer == "sgd" else 4
+        self._shard: dict[tuple, tuple[float, float, float]] = {}
+        self._fixed: dict[tuple, _Part] = {}
+
+    def shard_cost(self, i: int, lo: int, hi: int, width: int) -> tuple[float, float, float]:
+        key = (i, lo, hi, width)
+        got = self._shard.get(key)
+        if got is None:
+            got = self._shard[key] = self.cost.shard(self.wl.tables[i], self.cfg, lo, hi, width)
+        return got
+
+    def part(self, i: int, option: Option, shards: list[Shard]) -> _Part:
+        """The load of table i run as `option` with these shards (positions set)."""
+        t, B, G = self.wl.tables[i], self.cfg.batch_size, self.cfg.group_size
+        if option.kind == "data_parallel":
+            ms, sync = self.cost.dp_lookups(t, self.cfg)
+            z = np.zeros(0)
+            return _Part(option, [], np.zeros(0, dtype=np.int64), z, z, z, z, z, z, dp_ms=ms, dp_sync_bytes=sync,
+                         dp_mem=t.rows * (t.dim * self.wb + self.sb))
+        n = len(shards)
+        fwd, bwd, ids = np.empty(n), np.empty(n), np.empty(n)
+        for k, s in enumerate(shards):
+            fwd[k], bwd[k], ids[k] = self.shard_cost(i, s.row_start, s.row_end, s.dim)
+        dims = np.array([s.dim for s in shards], dtype=np.float64)
+        rows = np.array([s.rows for s in shards], dtype=np.float64)
+        return _Part(option, shards, np.array([s.rank for s in shards], dtype=np.int64), fwd, bwd, dims, ids,
+                     np.full(n, G * B * ID_BYTES), rows * (dims * self.wb + self.sb), recv_cols=float(dims.sum()),
+                     ids_send=float(ids.sum()) / G, lens_send=n * B * ID_BYTES)
+
+    def row_blocks(self, i: int, positions: Sequence[int]) -> list[Shard]:
+        t = self.wl.tables[i]
+        block = math.ceil(t.rows / len(positions))
+        return [Shard(i, p, k * block, min(t.rows, (k + 1) * block), 0, t.dim)
+                for k, p in enumerate(positions) if min(t.rows, (k + 1) * block) > k * block]
+
+    def fixed(self, i: int, option: Option, positions: tuple[int, ...]) -> _Part:
+        """Parts whose positions the option fixes (row-wise: all; table-row-wise: one node's), cached."""
+        key = (i, option, positions)
+        got = self._fixed.get(key)
+        if got is None:
+            got = self._fixed[key] = self.part(i, option, self.row_blocks(i, positions))
+        return got
+
+
+class _Search:
+    """One planning problem: the tables' options, the pricer, and the state the proposers fill."""
+
+    def __init__(self, cfg: TrialConfig, cost: PlanCost, allowed: Iterable[str], room: float | None) -> None:
+        self.cfg, self.cost, self.room = cfg, cost, room
+        self.pricer = _Pricer(cfg, cost)
+        wl, G = cfg.workload, cfg.group_size
+        self.options = [options(cfg, t.dim, allowed) for t in wl.tables]
+        self.rpn = min(cfg.ranks_per_node, G)
+        self.nodes = [tuple(range(n * self.rpn, (n + 1) * self.rpn)) for n in range(G // self.rpn)]
+        whole = [self.pricer.shard_cost(i, 0, t.rows, t.dim) for i, t in enumerate(wl.tables)]
+        self.whole_fwd = [w[0] for w in whole]
+        self.whole_bwd = [w[1] for w in whole]
+        self.order = sorted(range(wl.num_tables), key=lambda i: (-(whole[i][0] + whole[i][1]), i))
+        self.offset = 0.0  # `_offset`, once the rivals are priced
+        self.col_ms, self.id_ms = self._slopes()
+
+    def empty(self) -> _Loads:
+        loads = _Loads(self.cfg, self.cost, self.room)
+        loads.col_ms, loads.id_ms, loads.offset = self.col_ms, self.id_ms, self.offset
+        return loads
+
+    def _slopes(self) -> tuple[float, float]:
+        """What one more column, and one more id byte, on the busiest position adds to the exchanges, at a
+        balanced plan's totals (the placement's exchange rates: the all-to-alls' per-byte cost there)."""
+        wl, G, B = self.cfg.workload, self.cfg.group_size, self.cfg.batch_size
+        cols = float(sum(t.dim for t in wl.tables))
+        ids = sum(self.pricer.shard_cost(i, 0, t.rows, t.dim)[2] for i, t in enumerate(wl.tables))
+        lens = wl.num_tables * B * ID_BYTES
+        d, n = max(t.dim for t in wl.tables), max(ids / wl.num_tables, 1.0)
+
+        def ex(mc: float, mi: float) -> float:
+            return sum(self.cost.exchange_ms(self.cfg, cols, mc, lens, G * B * ID_BYTES, ids / G, mi))
+
+        base = ex(cols / G, ids / G)
+        return (ex(cols / G + d, ids / G) - base) / d, (ex(cols / G, ids / G + n) - base) / n
+
+    def place(self, loads: _Loads, i: int, option: Option) -> _Part | None:
+        """Table i as `option` on the positions that leave the group least loaded, or None if none fit."""
+        t, G = self.cfg.workload.tables[i], self.cfg.group_size
+        if option.kind == "data_parallel":
+            part = self.pricer.part(i, option, [])
+        elif option.kind == "row_wise":
+            part = self.pricer.fixed(i, option, tuple(range(G)))
+        elif option.kind == "table_row_wise":
+            load = loads.pressure()
+            node = min(self.nodes, key=lambda ps: (float(load[list(ps)].max()), ps[0]))
+            part = self.pricer.fixed(i, option, node)
+        else:
+            return self._place_free(loads, i, option, t)
+        return part if loads.fits(part) else None
+
+    def _place_free(self, loads: _Loads, i: int, option: Option, t) -> _Part | None:
+        """Table-wise and column shards: each on the least-loaded position that holds it (a table's column
+        shards on distinct positions)."""
+        w = t.dim // option.parts
+        load = loads.pressure()
+        mem = loads.mem + loads.dp_mem
+        shards = []
+        for k in range(option.parts):
+            f, b, nid = self.pricer.shard_cost(i, 0, t.rows, w)
+            need = t.rows * (w * self.pricer.wb + self.pricer.sb)
+            ok = mem + need <= self.room if self.room is not None else np.ones(self.cfg.group_size, dtype=bool)
+            if shards:
+                ok = ok.copy()
+                ok[[s.rank for s in shards]] = False
+            if not ok.any():
+                return None
+            p = int(np.argmin(np.where(ok, load, np.inf)))
+            load = load.copy()
+            mem = mem.copy()
+            load[p] += f + b + loads.col_ms * w + loads.id_ms * nid
+            mem[p] += need
+            shards.append(Shard(i, p, 0, t.rows, k * w, (k + 1) * w))
+        return self.pricer.part(i, option, shards)
+
+    # ---------------------------------------------------------------------------------- proposers
+    def greedy(self, choices: Sequence[Sequence[Option]]) -> _Loads | None:
+        """Longest table first, each taking the option that raises the surrogate least."""
+        loads = self.empty()
+        rem_f, rem_b = sum(self.whole_fwd), sum(self.whole_bwd)
+        for i in self.order:
+            rem_f -= self.whole_fwd[i]
+            rem_b -= self.whole_bwd[i]
+            best = None
+            for opt in choices[i]:
+                part = self.place(loads, i, opt)
+                if part is None:
+                    continue
+                loads.add(i, part)
+                s = loads.step(rem_f, rem_b)
+                loads.add(i, part, -1.0)
+                if best is None or s < best[0]:
+                    best = (s, part)
+            if best is None:
+                return None
+            loads.add(i, best[1])
+        return loads
+
+    def improve(self, loads: _Loads) -> _Loads:
+        """Moves off the critical position: a table there takes another option or other positions, the best
+        such move at a time, while one lowers the surrogate."""
+        for _ in range(MOVES_PER_TABLE * len(self.order)):
+            base = loads.step()
+            crit = int(np.argmax(loads.pressure()))
+            on = [i for i, p in loads.parts.items() if crit in p.pos]
+            on.sort(key=lambda i: -self._on(loads.parts[i], crit, loads))
+            best = None
+            for i in on[:CRITICAL_TABLES] + self._dp_tables(loads):
+                old = loads.parts[i]
+                loads.add(i, old, -1.0)
+                for opt in self.options[i]:
+                    part = self.place(loads, i, opt)
+                    if part is None:
+                        continue
+                    loads.add(i, part)
+                    s = loads.step()
+                    loads.add(i, part, -1.0)
+                    if s < base * (1 - 1e-9) and (best is None or s < best[0]):
+                        best = (s, i, part)
+                loads.add(i, old)
+            if best is None:
+                break
+            _, i, part = best
+            loads.add(i, loads.parts[i], -1.0)
+            loads.add(i, part)
+        return loads
+
+    @staticmethod
+    def _on(part: _Part, p: int, loads: _Loads) -> float:
+        here = part.pos == p
+        return float(np.sum(part.fwd[here] + part.bwd[here] + loads.col_ms * part.cols[here]
+                            + loads.id_ms * part.ids[here]))
+
+    def _dp_tables(self, loads: _Loads) -> list[int]:
+        """Data-parallel tables load every position alike: the critical one never names them, so each
+        iteration also tries moving the costliest few back."""
+        dp = [i for i, p in loads.parts.items() if p.option.kind == "data_parallel"]
+        return sorted(dp, key=lambda i: -loads.parts[i].dp_ms)[:4]
+
+    def proposals(self) -> list[ShardingPlan]:
+        """The greedy over every option, and starts from whole tables and from column shards, each improved."""
+        starts = [self.options]
+        for kinds in (("table_wise",), ("column_wise",)):
+            only = [[o for o in opts if o.kind in kinds] for opts in self.options]
+            if all(only) and only != self.options:
+                starts.append(only)
+        out = []
+        for choices in starts:
+            loads = self.greedy(choices)
+            if loads is not None:
+                out.append(self.to_plan(self.improve(loads)))
+        return out
+
+    def to_plan(self, loads: _Loads) -> ShardingPlan:
+        wl = self.cfg.workload
+        tables = [TablePlan(i, t.name, loads.parts[i].option.kind, list(loads.parts[i].shards))
+                  for i, t in enumerate(wl.tables)]
+        return ShardingPlan(self.cfg.group_size, self.cfg.world_size, tables, [t.dim for t in wl.tables])
+
+    def loads_of(self, plan: ShardingPlan) -> _Loads:
+        loads = self.empty()
+        for tp in plan.tables:
+            opt = Option(tp.kind, len(tp.shards)) if tp.kind == "column_wise" else Option(tp.kind)
+            loads.add(tp.table, self.pricer.part(tp.table, opt, tp.shards))
+        return loads
+
+    def surrogate(self, plan: ShardingPlan) -> float:
+        """The surrogate step of any plan (the ranking where no cluster prices the full step)."""
+        return self.loads_of(plan).step()
+
+    def polish(self, best: Priced, budget: int) -> Priced:
+        """Coordinate descent on the full estimate from the best candidate: each table, heaviest first,
+        tries its other options (placed by the positions' pressure); a change stays where the full step
+        falls. At most `budget` estimates: the surrogate leaves out what `estimate` adds (the critical path's
+        overlaps, memory beside the shards), and this closes that gap where estimates are cheap."""
+        loads, step, spent = self.loads_of(best.plan), best.step_ms, 0
+        for i in self.order:
+            old = loads.parts[i]
+            for opt in self.options[i]:
+                if spent >= budget:
+                    return Priced("plan", self.to_plan(loads), step) if step < best.step_ms else best
+                if opt == old.option and opt.kind in ("row_wise", "data_parallel"):
+                    continue
+                loads.add(i, loads.parts[i], -1.0)
+                part = self.place(loads, i, opt)
+                loads.add(i, part or old)
+                if part is None:
+                    continue
+                s = self.cost.step_ms(self.cfg, self.to_plan(loads))
+                spent += 1
+                if s is not None and s < step * (1 - 1e-9):
+                    step, old = s, part
+                else:
+                    loads.add(i, part, -1.0)
+                    loads.add(i, old)
+        return Priced("plan", self.to_plan(loads), step) if step < best.step_ms else best
+
+
+def _offset(cfg: TrialConfig, cost: PlanCost, search: _Search, baselines: dict[str, ShardingPlan]) -> float:
+    """The full step less the surrogate on a rival plan: what the surrogate leaves out and no plan changes
+    (the dense part, DDP's all-reduce, the optimizer), so that a pipelined input distribution's time beside
+    the step is weighed against the whole step."""
+    for plan in baselines.values():
+        full = cost.step_ms(cfg, plan)
+        if full is not None and math.isfinite(full):
+            return max(0.0, full - search.loads_of(plan).parts_ms()[0])
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A candidate plan, where it came from, and its modelled step (ms; inf where it does not fit)."""
+
+    name: str
+    plan: ShardingPlan
+    step_ms: float
+
+
+def search_plan(cfg: TrialConfig, cost: PlanCost, allowed: Iterable[str], baselines: dict[str, ShardingPlan],
+                check_memory: bool = True) -> list[Priced]:
+    """The per-table plan first, then every candidate it was chosen among (`baselines`: the uniform types'
+    and the greedy planners' plans, by name), fastest first; empty where nothing fits at all (the caller
+    raises)."""
+    room = cost.shard_room(cfg) if check_memory else None
+    search = _Search(cfg, cost, allowed, room)
+    search.offset = _offset(cfg, cost, search, baselines)
+    cands = [(f"plan#{k}", p) for k, p in enumerate(search.proposals())] + list(baselines.items())
+    full = [cost.step_ms(cfg, p) for _, p in cands]
+    exact = all(s is not None for s in full)
+    if not exact:
+        full = [search.surrogate(p) for _, p in cands]
+    priced = sorted((Priced(n, p, float(s)) for (n, p), s in zip(cands, full, strict=True)),
+                    key=lambda x: x.step_ms)
+    if exact and priced and math.isfinite(priced[0].step_ms):
+        size = cfg.group_size * cfg.workload.num_tables
+        budget = POLISH_ESTIMATES if size <= POLISH_MAX_SIZE else 0
+        polished = search.polish(priced[0], budget)
+        if polished is not priced[0]:
+            priced.insert(0, polished)
+    return priced

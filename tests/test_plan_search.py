@@ -1,0 +1,126 @@
+"""The per-table planner (`sharding: plan`, harness/sharding/search.py): never priced slower than any
+uniform type or greedy planner, within each rank's memory, among the kinds the backend runs, and run
+by a real trial exactly as planned."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from cubic_harness.config import SHARDING_TYPES, TrialConfig
+from cubic_harness.sharding.planner import UNIFORM_RIVALS, PlanError, make_plan, plan_candidates
+from cubic_harness.sharding.search import options
+from cubic_harness.sim.backend import simulate
+from cubic_harness.sim.cluster import load_cluster, shipped_cluster
+from cubic_harness.sim.perf import TableCosts, estimate
+from cubic_harness.torchrec_trial import torchrec_kinds
+from cubic_harness.workload import TableSpec, Workload
+from tests.helpers import fixture_cluster, reference, tiny_cfg, train
+from tests.test_sharding import assert_same
+
+
+def generated(seed: int) -> Workload:
+    """A workload of unequal tables: rows, widths, bags and id laws drawn at random."""
+    rng = random.Random(seed)
+    tables = [TableSpec(f"t{i}", rng.choice([20, 3_000, 80_000, 1_500_000]), rng.choice([8, 16, 32, 64, 128]),
+                        rng.choice([1, 2, 5, 20, 60]), rng.choice(["uniform", "zipf"]))
+              for i in range(rng.randint(3, 14))]
+    return dataclasses.replace(Workload.small(), name=f"generated-{seed}", tables=tables)
+
+
+def gpu_cfg(wl: Workload, world: int, **kw) -> TrialConfig:
+    return TrialConfig(workload=wl, world_size=world, batch_size=2048, device="cuda", kernel="triton",
+                       sharding="plan", ranks_per_node=min(8, world), emb_precision="fp16",
+                       comm_precision="fp16", **kw)
+
+
+def rivals_ms(cfg: TrialConfig, cost: TableCosts) -> dict[str, float]:
+    """Every uniform type's and greedy planner's full step estimate (those that fit)."""
+    out = {}
+    for name in UNIFORM_RIVALS:
+        try:
+            step = cost.step_ms(cfg, make_plan(dataclasses.replace(cfg, sharding=name), cost))
+        except PlanError:
+            continue
+        out[name] = step
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_is_never_priced_slower_than_any_uniform_type_or_greedy_planner(seed):
+    h100 = load_cluster(shipped_cluster("h100-8.yaml"))
+    cases = [(gpu_cfg(generated(seed), 8), h100),
+             (gpu_cfg(generated(seed), 4, pipeline_depth=1, comm_overlap="forward_backward"), h100),
+             (TrialConfig(workload=generated(seed), world_size=2, sharding="plan"), fixture_cluster())]
+    for cfg, cluster in cases:
+        cost = TableCosts(cluster)
+        plan = make_plan(cfg, cost)
+        mine = cost.step_ms(cfg, plan)
+        rivals = rivals_ms(cfg, cost)
+        assert rivals, "no rival fits: the case tests nothing"
+        for name, step in rivals.items():
+            assert mine <= step * (1 + 1e-9), f"{cluster.name} W={cfg.world_size}: plan {mine} > {name} {step}"
+
+
+def test_plan_mixes_kinds_and_beats_every_uniform_type_where_tables_differ():
+    """criteo-mlperf-mini's unequal tables on 8 CPU ranks: a plan no uniform type or planner gives."""
+    cfg = TrialConfig(workload=Workload.preset("criteo-mlperf-mini"), world_size=8, ranks_per_node=8,
+                      sharding="plan")
+    priced = plan_candidates(cfg, TableCosts(fixture_cluster()))
+    best_rival = min(p.step_ms for p in priced if p.name in UNIFORM_RIVALS)
+    assert priced[0].step_ms < best_rival * 0.99
+    assert len({tp.kind for tp in priced[0].plan.tables}) > 1
+
+
+def test_every_option_of_a_table_is_enumerated():
+    cfg = TrialConfig(workload=Workload.small(), world_size=16, ranks_per_node=8)
+    got = {str(o) for o in options(cfg, 64, SHARDING_TYPES)}
+    assert got == {"table_wise", "row_wise", "table_row_wise", "data_parallel", "column_wise/2", "column_wise/4",
+                   "column_wise/8", "column_wise/16"}
+    # FBGEMM-legal widths only: multiples of 4 dividing the dim, at most one shard per position
+    assert {str(o) for o in options(cfg, 24, ("column_wise",))} == {"column_wise/2", "column_wise/3", "column_wise/6"}
+    assert {str(o) for o in options(cfg, 10, ("column_wise",))} == set()
+    assert {str(o) for o in options(cfg.replace(world_size=2), 64, ("column_wise", "table_row_wise"))} == {
+        "column_wise/2"}
+
+
+def test_plan_holds_each_rank_memory_cap_and_refuses_when_nothing_fits():
+    wl = dataclasses.replace(Workload.small(), tables=[TableSpec(f"t{i}", 400_000, 64, 10) for i in range(4)])
+    cfg = TrialConfig(workload=wl, world_size=4, sharding="plan")
+    cost = TableCosts(fixture_cluster())
+    table = 400_000 * (64 * 4 + 4)
+    beside = 10_000 * 2**20 - cost.shard_room(cfg.replace(mem_cap_mb=10_000))  # a rank's buffers, process
+    capped = cfg.replace(mem_cap_mb=(beside + 1.5 * table) / 2**20)  # no rank holds two whole tables
+    plan = make_plan(capped, cost)
+    assert max(plan.bytes_per_rank([t.rows for t in wl.tables])) <= 1.5 * table
+    assert max(estimate(capped, plan, fixture_cluster()).mem_mb) <= capped.mem_cap_mb
+    with pytest.raises(PlanError, match="mem_cap_mb"):
+        make_plan(cfg.replace(mem_cap_mb=table / 8 / 2**20), cost)  # not even the process fits
+
+
+def test_plan_chooses_only_the_kinds_the_backend_runs():
+    cfg = TrialConfig(workload=Workload.preset("criteo-mlperf-mini"), world_size=8, ranks_per_node=8,
+                      sharding="plan")
+    allowed = torchrec_kinds("cpu")
+    assert set(allowed) == {"table_wise", "column_wise"}
+    plan = make_plan(cfg, TableCosts(fixture_cluster()), allowed=allowed)
+    assert {tp.kind for tp in plan.tables} <= set(allowed)
+
+
+def test_simulated_trial_runs_the_planned_plan():
+    cfg = gpu_cfg(Workload.preset("criteo-mlperf-mini"), 8)
+    c = load_cluster(shipped_cluster("h100-8.yaml"))
+    res = simulate(cfg, c)
+    assert res.status == "ok", res.error
+    assert res.plan == make_plan(cfg, TableCosts(c)).to_list()
+    for name, step in rivals_ms(cfg, TableCosts(c)).items():
+        assert res.step_ms_p50 <= step * (1 + 1e-9), name
+
+
+def test_plan_trains_as_one_process_does():
+    """A real 2-rank trial of the per-table plan: the ranks' shards together train as one process does
+    (SGD, so column shards equal the unsplit table), and the plan the ranks ran is the planned one."""
+    cfg = tiny_cfg(world_size=2, sharding="plan", emb_optimizer="sgd")
+    assert_same(train(cfg), reference(cfg, emb_optimizer="sgd"))
