@@ -52,7 +52,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "allreduce_comm_precision": ("fp32", "bf16", "fp16"),
     "sharding": (
         "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel",
-        "size_greedy", "lookup_greedy", "size_lookup_greedy", "auto", "plan",
+        "size_greedy", "lookup_greedy", "size_lookup_greedy", "auto", "plan", "torchrec_planner",
     ),
     "sparse_sync": ("grad_allreduce", "weight_avg"),
     "group_placement": ("intra_node", "cross_node"),

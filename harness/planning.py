@@ -1,5 +1,6 @@
 """The sharding plan a trial runs: the harness's planner, priced by the performance model.
 
+`sharding: torchrec_planner` is TorchRec's own planner on the same cluster (harness/torchrec_planner.py).
 The planner (harness/sharding/planner.py) takes a table cost and the performance model
 (harness/sim/perf.py) takes a plan; neither imports the other. This module joins them: a real trial
 plans with the local cluster's prices (clusters/local.yaml), a simulated one with its cluster's, so a
@@ -22,4 +23,9 @@ def plan_for(cfg: TrialConfig, cluster: Cluster | None = None, check_memory: boo
     """`cfg`'s plan priced on `cluster` (default: this machine, by bytes alone before its first
     calibration); PlanError when none is legal. `allowed`: the sharding kinds the backend runs, which
     `sharding: plan` chooses among."""
-    return make_plan(cfg, TableCosts(cluster or local_cluster()), check_memory, allowed)
+    cluster = cluster or local_cluster()
+    if cfg.sharding == "torchrec_planner":
+        from cubic_harness.torchrec_planner import torchrec_plan
+
+        return torchrec_plan(cfg, cluster, allowed, check_memory)
+    return make_plan(cfg, TableCosts(cluster), check_memory, allowed)

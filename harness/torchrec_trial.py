@@ -294,7 +294,10 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
     r0 = got[0]
     env["startup_s"] = round(r0["first_step_at"] - started_at, 2)
     env.update(model_parallel=r0["model_parallel"], kernel=r0["kernel"])
-    return summarize(cfg, {**r0, "plan_json": plan.to_json()}, env)
+    res = summarize(cfg, {**r0, "plan_json": plan.to_json()}, env)
+    if res.status == "ok":  # what TorchRec applied, per table: the plan as its sharded modules hold it
+        res.extra["placements"] = r0["placements"]
+    return res
 
 
 def package_version(dist_name: str) -> str | None:
@@ -603,7 +606,10 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         mine, every = list(range(W)), 0
     # the plan TorchRec applied, in group positions (DMPCollection remaps them to this group's global ranks)
     applied = {name: {"sharding_type": ps.sharding_type, "ranks": [mine.index(r) for r in ps.ranks or []],
-                      "widths": [sh.shard_sizes[1] for sh in ps.sharding_spec.shards] if ps.sharding_spec else []}
+                      "widths": [sh.shard_sizes[1] for sh in ps.sharding_spec.shards] if ps.sharding_spec else [],
+                      # each shard as (group position, first row, first column, rows, columns)
+                      "shards": sorted([mine.index(sh.placement.rank()), *sh.shard_offsets, *sh.shard_sizes]
+                                       for sh in (ps.sharding_spec.shards if ps.sharding_spec else []))}
                for p in paths for name, ps in dmp.plan.plan[p].items()}
     dense_opt = KeyedOptimizerWrapper(dict(dmp.named_parameters()),
                                       lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr))

@@ -17,7 +17,7 @@ from cubic_harness.sim.cluster import load_cluster, shipped_cluster
 from cubic_harness.sim.perf import TableCosts, estimate
 from cubic_harness.torchrec_trial import torchrec_kinds
 from cubic_harness.workload import TableSpec, Workload
-from tests.helpers import fixture_cluster, reference, tiny_cfg, train
+from tests.helpers import fixture_cluster, reference, require, tiny_cfg, train
 from tests.test_sharding import assert_same
 
 
@@ -31,9 +31,9 @@ def generated(seed: int) -> Workload:
 
 
 def gpu_cfg(wl: Workload, world: int, **kw) -> TrialConfig:
-    return TrialConfig(workload=wl, world_size=world, batch_size=2048, device="cuda", kernel="triton",
-                       sharding="plan", ranks_per_node=min(8, world), emb_precision="fp16",
-                       comm_precision="fp16", **kw)
+    knobs = dict(batch_size=2048, device="cuda", kernel="triton", sharding="plan", ranks_per_node=min(8, world),
+                 emb_precision="fp16", comm_precision="fp16")
+    return TrialConfig(workload=wl, world_size=world, **{**knobs, **kw})
 
 
 def rivals_ms(cfg: TrialConfig, cost: TableCosts) -> dict[str, float]:
@@ -124,3 +124,85 @@ def test_plan_trains_as_one_process_does():
     (SGD, so column shards equal the unsplit table), and the plan the ranks ran is the planned one."""
     cfg = tiny_cfg(world_size=2, sharding="plan", emb_optimizer="sgd")
     assert_same(train(cfg), reference(cfg, emb_optimizer="sgd"))
+
+
+def test_torchrecs_planner_runs_exactly_as_planned_in_the_torchrec_backend():
+    """`sharding: torchrec_planner`: TorchRec's EmbeddingShardingPlanner plans on this cluster's topology, and
+    TorchRec's sharded modules hold that plan shard for shard (kind, ranks, widths); `plan` likewise."""
+    require("torchrec")
+    from cubic_harness.planning import plan_for
+    from cubic_harness.torchrec_trial import run_torchrec
+
+    for sharding in ("torchrec_planner", "plan"):
+        cfg = TrialConfig(workload=Workload.preset("criteo-mlperf-mini"), world_size=2, batch_size=64,
+                          kernel="fbgemm", sharding=sharding, warmup_steps=1, measure_steps=2, windows=1,
+                          timeout_s=240)
+        planned = plan_for(cfg, allowed=torchrec_kinds("cpu"))
+        res = run_torchrec(cfg)
+        assert res.status == "ok", res.error
+        assert res.plan == planned.to_list()
+        for tp in planned.tables:
+            got = res.extra["placements"][tp.name]
+            assert got["sharding_type"] == tp.kind
+            assert got["shards"] == sorted([s.rank, s.row_start, s.col_start, s.rows, s.dim] for s in tp.shards)
+
+
+def test_torchrecs_planner_plans_on_the_clusters_topology():
+    """64 H100s, MLPerf's tables: TorchRec's planner on its topology, translated shard for shard (every table
+    covered once), priced by the simulator."""
+    require("torchrec")
+    from cubic_harness.torchrec_planner import torchrec_plan
+
+    c = load_cluster(shipped_cluster("h100-64.yaml"))
+    cfg = gpu_cfg(Workload.preset("mlperf-dcnv2"), 64, batch_size=864, sharding="torchrec_planner")
+    plan = torchrec_plan(cfg, c)
+    for tp, t in zip(plan.tables, cfg.workload.tables, strict=True):
+        if tp.kind != "data_parallel":
+            assert sum(s.rows * s.dim for s in tp.shards) == t.rows * t.dim, tp.name
+            assert all(0 <= s.rank < 64 for s in tp.shards)
+    res = simulate(cfg, c)
+    assert res.status == "ok" and res.plan == plan.to_list()
+
+
+def test_cubic_plan_shows_every_rival_why_the_plan_wins_and_what_it_changes(tmp_path):
+    """`cubic plan --json`: the plan's modelled step is no slower than any rival's, the view names the
+    critical rank, and the changed tables are exactly those whose layout differs from the rival's."""
+    import json
+    import subprocess
+    import sys
+
+    from cubic_harness.sharding.plan import ShardingPlan, layout
+
+    wl = Workload.preset("criteo-mlperf-mini")
+    (tmp_path / "wl.json").write_text(json.dumps(wl.to_dict()))
+    r = subprocess.run([sys.executable, "-m", "cubic", "plan", "--json", "--cluster", "h100-8", "--vs", "table_wise",
+                        "--workload", str(tmp_path / "wl.json"), "--set", "world_size=8", "--set", "device=cuda",
+                        "--set", "kernel=triton", "--set", "ranks_per_node=8", "--set", "batch_size=2048"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out["rivals"]) >= {"table_wise", "column_wise", "auto", "size_greedy"}
+    assert all(v["speedup"] >= 1 - 1e-9 for v in out["rivals"].values())
+    plan_view, rival_view = out["views"]
+    assert plan_view["name"] == "plan" and rival_view["name"] == "table_wise" == out["vs"]
+    assert rival_view["busiest"][0]["position"] == rival_view["critical"]
+    dims = [t.dim for t in wl.tables]
+    plan, rival = (ShardingPlan.from_list(out[k], 8, 8, dims) for k in ("plan", "vs_plan"))
+    assert {d["table"] for d in out["changed"]} == {
+        a.name for a, b in zip(plan.tables, rival.tables, strict=True) if layout(a) != layout(b)}
+    assert out["changed"], "the plan is table-wise's: the case shows no change"
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--vs", "nope"], "--vs nope: no such rival"),
+    (["--cluster", "no-such-cluster"], "no-such-cluster"),
+    (["--set", "sharding_group_size=3"], "sharding_group_size=3"),
+])
+def test_cubic_plan_bad_input_is_one_line_exit_2(args, says):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "cubic", "plan", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], r.stderr

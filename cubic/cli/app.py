@@ -1,4 +1,4 @@
-"""The `cubic` command: trial, tune, report, export, verify, calibrate, workload, schema.
+"""The `cubic` command: trial, tune, plan, report, export, verify, calibrate, workload, schema.
 
 Each command lives in its own module beside this one (cubic/cli/*.py); this file only wires them.
 Bad input anywhere is one line on stderr and exit code 2.
@@ -22,6 +22,7 @@ COMMANDS = {
     "verify": ("cubic.cli.verify", "verify"),
     "calibrate": ("cubic.cli.calibrate", "calibrate"),
     "schema": ("cubic.cli.schema", "schema"),
+    "plan": ("cubic.cli.plan", "plan"),
 }
 
 # command groups (a typer app of subcommands each): name -> module holding `app`

@@ -92,6 +92,15 @@ class ShardingPlan:
         return tab
 
 
+def ascending_columns(shards: list[Shard]) -> list[Shard]:
+    """A column-wise table's shards with its ranks in column order: TorchRec's column-wise generator gives the
+    first columns to the lowest rank whatever order its ranks come in, so cubic's plans (which TorchRec runs,
+    and which the harness runs alike) hold that order too. The load per rank is unchanged."""
+    ranks = sorted(s.rank for s in shards)
+    return [Shard(s.table, r, s.row_start, s.row_end, s.col_start, s.col_end)
+            for s, r in zip(sorted(shards, key=lambda s: s.col_start), ranks, strict=True)]
+
+
 def group_ranks(world: int, group_size: int, placement: str = "intra_node") -> list[list[int]]:
     """The ranks of each sharding group, listed by position. `intra_node`: side by side (group g is
     ranks g*G .. g*G+G-1, inside a node when G <= ranks per node); `cross_node`: strided (group g is
@@ -100,3 +109,27 @@ def group_ranks(world: int, group_size: int, placement: str = "intra_node") -> l
     if placement == "cross_node":
         return [list(range(g, world, R)) for g in range(R)]
     return [list(range(g * G, (g + 1) * G)) for g in range(R)]
+
+
+@dataclass(frozen=True)
+class TableChange:
+    """One table planned differently in two plans: its kind and shard layout in each."""
+
+    table: str
+    before: str
+    after: str
+
+
+def layout(tp: TablePlan) -> str:
+    """A table's plan in one phrase: its kind, and where its shards live (`column_wise/4 @ 0,1,2,3`)."""
+    if tp.kind == "data_parallel":
+        return "data_parallel"
+    ranks = ",".join(str(s.rank) for s in tp.shards[:8]) + (",..." if len(tp.shards) > 8 else "")
+    kind = f"column_wise/{len(tp.shards)}" if tp.kind == "column_wise" else tp.kind
+    return f"{kind} @ {ranks}"
+
+
+def plan_diff(before: ShardingPlan, after: ShardingPlan) -> list[TableChange]:
+    """The tables whose kind, shards or ranks differ between two plans of the same tables, in table order."""
+    return [TableChange(a.name, layout(b), layout(a)) for b, a in zip(before.tables, after.tables, strict=True)
+            if (b.kind, b.shards) != (a.kind, a.shards)]

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from cubic_harness.config import DTYPE_BYTES, SHARDING_TYPES, TrialConfig
 from cubic_harness.errors import ConfigError
-from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
+from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan, ascending_columns
 from cubic_harness.sharding.search import PlanCost, Priced, search_plan
 
 
@@ -156,6 +156,7 @@ def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memor
             for k in range(n):
                 pos = positions.place(c, t.rows * (w * wbytes + 4), f"table t{i}'s column shard")
                 tables[i].shards.append(Shard(i, pos, 0, t.rows, k * w, (k + 1) * w))
+            tables[i].shards = ascending_columns(tables[i].shards)
 
     # table-row-wise: tables to nodes, rows across the node's ranks
     rpn = min(cfg.ranks_per_node, G)

@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from cubic_harness.config import DTYPE_BYTES, TrialConfig
-from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
+from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan, ascending_columns
 
 ID_BYTES = 8  # a length on the wire (the input distribution's lengths all-to-all)
 MOVES_PER_TABLE = 4  # the improvement's move budget: at most this many accepted moves per table
@@ -304,7 +304,7 @@ class _Search:
             load[p] += f + b + loads.col_ms * w + loads.id_ms * nid
             mem[p] += need
             shards.append(Shard(i, p, 0, t.rows, k * w, (k + 1) * w))
-        return self.pricer.part(i, option, shards)
+        return self.pricer.part(i, option, ascending_columns(shards))
 
     # ---------------------------------------------------------------------------------- proposers
     def greedy(self, choices: Sequence[Sequence[Option]]) -> _Loads | None:

@@ -15,9 +15,10 @@ import math
 
 from cubic_harness.config import TrialConfig, TrialResult, env_overrides
 from cubic_harness.errors import ConfigError
-from cubic_harness.sharding.planner import PlanError, make_plan
+from cubic_harness.planning import plan_for
+from cubic_harness.sharding.planner import PlanError
 from cubic_harness.sim.cluster import Cluster
-from cubic_harness.sim.perf import ModelError, TableCosts, estimate
+from cubic_harness.sim.perf import ModelError, estimate
 
 NO_QUALITY = "not measured: a simulated trial predicts speed and memory, never model quality"
 
@@ -74,7 +75,7 @@ def simulate(cfg: TrialConfig, c: Cluster) -> TrialResult:
     extra = {"quality": NO_QUALITY}
     try:
         cfg.validate()
-        plan = make_plan(cfg, TableCosts(c))
+        plan = plan_for(cfg, c)
         est = estimate(cfg, plan, c)
     except PlanError as e:
         return TrialResult.failed("oom" if "mem_cap" in str(e) else "error", str(e), cfg, env=env, extra=extra)
@@ -110,6 +111,6 @@ def features(cfg: TrialConfig, c: Cluster | None = None) -> dict[str, float]:
     try:
         if c is None:
             raise ModelError("no clusters/local.yaml: run cubic calibrate")
-        return estimate(cfg, make_plan(cfg, TableCosts(c), check_memory=False), c).features
+        return estimate(cfg, plan_for(cfg, c, check_memory=False), c).features
     except (PlanError, ModelError, ConfigError):
         return dict.fromkeys(FEATURE_NAMES, float("nan"))
