@@ -270,6 +270,21 @@ def share_of_rows(p: IdProfile, start: int, stop: int, rows: int) -> float:
     return _cdf_at(cum, stop, rows) - _cdf_at(cum, start, rows)
 
 
+def shares_of_rows(p: IdProfile, starts: np.ndarray, stops: np.ndarray, rows: int) -> np.ndarray:
+    """`share_of_rows` of many row ranges at once (a row-wise table's blocks)."""
+    cum = _block_cdf(p)
+    if cum is None:
+        return (stops - starts) / rows
+    return _cdf_many(cum, stops, rows) - _cdf_many(cum, starts, rows)
+
+
+def _cdf_many(cum: np.ndarray, x: np.ndarray, rows: int) -> np.ndarray:
+    nb = cum.size - 1
+    pos = np.clip(np.asarray(x, dtype=np.float64), 0, rows) * nb / rows
+    k = np.minimum(pos.astype(np.int64), nb - 1)
+    return cum[k] + (cum[k + 1] - cum[k]) * (pos - k)
+
+
 def _block_cdf(p: IdProfile) -> np.ndarray | None:
     """The row blocks' cumulative share (0 first), kept on the profile: asked for every shard."""
     cache = p.__dict__

@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from cubic_harness.config import DTYPE_BYTES, TrialConfig
-from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan, ascending_columns
+from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
 
 ID_BYTES = 8  # a length on the wire (the input distribution's lengths all-to-all)
 MOVES_PER_TABLE = 4  # the improvement's move budget: at most this many accepted moves per table
@@ -46,6 +46,11 @@ class PlanCost(Protocol):
 
     def shard(self, t, cfg: TrialConfig, start: int, stop: int, width: int) -> tuple[float, float, float]:
         """(forward ms, backward+optimizer ms, id bytes received) of one model-parallel shard."""
+        ...
+
+    def shards(self, t, cfg: TrialConfig, starts: np.ndarray, stops: np.ndarray,
+               width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`shard` of many row blocks of one width at once, as arrays."""
         ...
 
     def dp_lookups(self, t, cfg: TrialConfig) -> tuple[float, float]:
@@ -222,11 +227,21 @@ class _Pricer:
                 for k, p in enumerate(positions) if min(t.rows, (k + 1) * block) > k * block]
 
     def fixed(self, i: int, option: Option, positions: tuple[int, ...]) -> _Part:
-        """Parts whose positions the option fixes (row-wise: all; table-row-wise: one node's), cached."""
+        """Parts whose positions the option fixes (row-wise: all; table-row-wise: one node's), cached, their
+        row blocks priced at once."""
         key = (i, option, positions)
         got = self._fixed.get(key)
         if got is None:
-            got = self._fixed[key] = self.part(i, option, self.row_blocks(i, positions))
+            t, B, G = self.wl.tables[i], self.cfg.batch_size, self.cfg.group_size
+            shards = self.row_blocks(i, positions)
+            lo = np.array([s.row_start for s in shards], dtype=np.float64)
+            hi = np.array([s.row_end for s in shards], dtype=np.float64)
+            fwd, bwd, ids = self.cost.shards(t, self.cfg, lo, hi, t.dim)
+            n = len(shards)
+            got = self._fixed[key] = _Part(
+                option, shards, np.array([s.rank for s in shards], dtype=np.int64), fwd, bwd, np.full(n, t.dim),
+                ids, np.full(n, G * B * ID_BYTES), (hi - lo) * (t.dim * self.wb + self.sb),
+                recv_cols=float(n * t.dim), ids_send=float(ids.sum()) / G, lens_send=n * B * ID_BYTES)
         return got
 
 
@@ -283,28 +298,19 @@ class _Search:
         return part if loads.fits(part) else None
 
     def _place_free(self, loads: _Loads, i: int, option: Option, t) -> _Part | None:
-        """Table-wise and column shards: each on the least-loaded position that holds it (a table's column
-        shards on distinct positions)."""
+        """Table-wise and column shards: each on the least-loaded position that holds it, a table's column
+        shards on distinct positions. Its shards are alike, so that is the `parts` least-loaded positions
+        with room (ties to the lower position), in one sort."""
         w = t.dim // option.parts
+        need = t.rows * (w * self.pricer.wb + self.pricer.sb)
         load = loads.pressure()
-        mem = loads.mem + loads.dp_mem
-        shards = []
-        for k in range(option.parts):
-            f, b, nid = self.pricer.shard_cost(i, 0, t.rows, w)
-            need = t.rows * (w * self.pricer.wb + self.pricer.sb)
-            ok = mem + need <= self.room if self.room is not None else np.ones(self.cfg.group_size, dtype=bool)
-            if shards:
-                ok = ok.copy()
-                ok[[s.rank for s in shards]] = False
-            if not ok.any():
-                return None
-            p = int(np.argmin(np.where(ok, load, np.inf)))
-            load = load.copy()
-            mem = mem.copy()
-            load[p] += f + b + loads.col_ms * w + loads.id_ms * nid
-            mem[p] += need
-            shards.append(Shard(i, p, 0, t.rows, k * w, (k + 1) * w))
-        return self.pricer.part(i, option, ascending_columns(shards))
+        if self.room is not None:
+            load = np.where(loads.mem + loads.dp_mem + need <= self.room, load, np.inf)
+        picked = np.argsort(load, kind="stable")[:option.parts]
+        if picked.size < option.parts or not np.isfinite(load[picked]).all():
+            return None
+        ranks = sorted(int(p) for p in picked)  # column k on the k-th lowest rank (`ascending_columns`)
+        return self.pricer.part(i, option, [Shard(i, p, 0, t.rows, k * w, (k + 1) * w) for k, p in enumerate(ranks)])
 
     # ---------------------------------------------------------------------------------- proposers
     def greedy(self, choices: Sequence[Sequence[Option]]) -> _Loads | None:
@@ -429,6 +435,19 @@ class _Search:
         return Priced("plan", self.to_plan(loads), step) if step < best.step_ms else best
 
 
+def _each_once(cands: list[tuple[str, ShardingPlan]], price) -> list:
+    """`price` of each candidate, once per distinct plan (the greedy planners, `auto` and table-wise often give
+    the same one, and a full estimate at a thousand ranks takes seconds)."""
+    seen: dict[tuple, object] = {}
+    out = []
+    for _, plan in cands:
+        key = tuple((tp.kind, tuple(tp.shards)) for tp in plan.tables)
+        if key not in seen:
+            seen[key] = price(plan)
+        out.append(seen[key])
+    return out
+
+
 def _offset(cfg: TrialConfig, cost: PlanCost, search: _Search, baselines: dict[str, ShardingPlan]) -> float:
     """The full step less the surrogate on a rival plan: what the surrogate leaves out and no plan changes
     (the dense part, DDP's all-reduce, the optimizer), so that a pipelined input distribution's time beside
@@ -458,7 +477,7 @@ def search_plan(cfg: TrialConfig, cost: PlanCost, allowed: Iterable[str], baseli
     search = _Search(cfg, cost, allowed, room)
     search.offset = _offset(cfg, cost, search, baselines)
     cands = [(f"plan#{k}", p) for k, p in enumerate(search.proposals())] + list(baselines.items())
-    full = [cost.step_ms(cfg, p) for _, p in cands]
+    full = _each_once(cands, lambda p: cost.step_ms(cfg, p))
     exact = all(s is not None for s in full)
     if not exact:
         full = [search.surrogate(p) for _, p in cands]

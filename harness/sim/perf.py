@@ -281,6 +281,25 @@ class TableCosts:
             self._idb = (wl, id_bytes(wl))
         return self._idb[1]
 
+    def shards(self, t: TableSpec, cfg: TrialConfig, starts: np.ndarray, stops: np.ndarray,
+               width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`shard` of many row blocks of one width at once (a row-wise table's G blocks)."""
+        wl, G, B = cfg.workload, cfg.group_size, cfg.batch_size
+        um = cfg.replicas if (cfg.replicas > 1 and cfg.sparse_sync == "grad_allreduce") else 1
+        wb, sb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
+        starts, stops = np.asarray(starts, dtype=np.float64), np.asarray(stops, dtype=np.float64)
+        if wl.profiled and t.profile:
+            frac = idstats.shares_of_rows(t.profile, starts, stops, t.rows)
+        else:
+            frac = (stops - starts) / t.rows
+        bags = G * B
+        ids = bags * t.lookups(wl.profiled) * frac
+        f, u = lookup_bytes(ids, bags, width, wb), update_bytes(ids * um, bags * um, width, wb, sb)
+        s, idb = self._speeds(cfg), self._id_bytes(wl)
+        if s is None:
+            return f / 1e6, u / 1e6, ids * idb
+        return _emb_ms(f, "fwd", width, s, t.weighted), _emb_ms(u, "bwd", width, s, t.weighted), ids * idb
+
     def dp_lookups(self, t: TableSpec, cfg: TrialConfig) -> tuple[float, float]:
         """(ms of a data-parallel table's local lookups and update of every rank's bags, its bytes in the
         sparse all-gather)."""
