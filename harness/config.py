@@ -165,6 +165,14 @@ class TrialConfig:
                               "ranks side by side: use group_placement=intra_node")
         if self.kernel == "native" and self.device == "cuda":
             raise ConfigError(f"{where}: kernel=native is a CPU kernel; with device=cuda choose torch or triton")
+        for t in self.workload.tables:  # the plan's constraints, against this group
+            bad = [k for k in t.sharding_types if k not in SHARDING_TYPES]
+            if bad:
+                raise ConfigError(f"{where}: table {t.name} sharding_types: {bad[0]!r} is no sharding kind; "
+                                  f"choose from {list(SHARDING_TYPES)}")
+            if any(r >= self.group_size for r in t.ranks):
+                raise ConfigError(f"{where}: table {t.name} ranks={t.ranks}: a sharding group of "
+                                  f"{self.group_size} has positions 0..{self.group_size - 1}")
         if self.sharding == "column_wise":
             for t in self.workload.tables:
                 self.column_width(t.dim, t.name, where)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from cubic_harness.config import SHARDING_TYPES, TrialConfig
 from cubic_harness.sharding.plan import ShardingPlan
-from cubic_harness.sharding.planner import make_plan
+from cubic_harness.sharding.planner import check_constraints, make_plan
 from cubic_harness.sim.cluster import Cluster, local_cluster
 from cubic_harness.sim.perf import TableCosts
 
@@ -27,5 +27,5 @@ def plan_for(cfg: TrialConfig, cluster: Cluster | None = None, check_memory: boo
     if cfg.sharding == "torchrec_planner":
         from cubic_harness.torchrec_planner import torchrec_plan
 
-        return torchrec_plan(cfg, cluster, allowed, check_memory)
+        return check_constraints(cfg, torchrec_plan(cfg, cluster, allowed, check_memory))
     return make_plan(cfg, TableCosts(cluster), check_memory, allowed)

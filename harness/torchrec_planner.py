@@ -50,11 +50,11 @@ def torchrec_plan(cfg: TrialConfig, cluster: Cluster | None, allowed: Iterable[s
                                   feature_names=[f"{t.name}.f{k}" for k in range(len(t.feature_names))],
                                   data_type=dtype) for t in wl.tables]
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    kinds = [k for k, ours in KINDS.items() if ours in set(allowed)]
-    cons = {t.name: ParameterConstraints(sharding_types=kinds, pooling_factors=[t.lookups(wl.profiled)
-                                                                                 / len(t.feature_names)]
-                                         * len(t.feature_names))
-            for t in wl.tables}
+    allowed = set(allowed)
+    cons = {t.name: ParameterConstraints(  # the backend's kinds, within the table's own constraint
+        sharding_types=[k for k, ours in KINDS.items() if ours in allowed & set(t.sharding_types or allowed)],
+        pooling_factors=[t.lookups(wl.profiled) / len(t.feature_names)] * len(t.feature_names))
+        for t in wl.tables}
     planner = EmbeddingShardingPlanner(topology=topology(cfg, cluster, Topology, check_memory),
                                        batch_size=cfg.batch_size, constraints=cons, debug=False)
     logging.disable(logging.WARNING)  # its root-logger line per data-parallel table ("spec not found")

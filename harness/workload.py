@@ -86,6 +86,11 @@ class TableSpec:
     # The table's ids in a sample of the user's data (`cubic workload profile`); used when the workload's
     # id_source is profile. Left out of `to_dict` when absent, with `features`, so older keys stay.
     profile: IdProfile | None = None
+    # The plan's constraints on this table, as TorchRec's ParameterConstraints offer them: the sharding kinds it
+    # may take and the group positions its shards may live on (empty: any). `sharding: plan` plans within them;
+    # any other plan that breaks one is refused (harness/sharding/planner.py `check_constraints`).
+    sharding_types: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
 
     @property
     def bytes_fp32(self) -> int:
@@ -106,14 +111,14 @@ class TableSpec:
         for k, default in TABLE_EXTRAS.items():
             v = getattr(self, k)
             if v != default:
-                d[k] = list(v) if k == "features" else (
+                d[k] = list(v) if k in ("features", "sharding_types", "ranks") else (
                     profile_ref if profile_ref is not None else v.to_dict()) if k == "profile" else v
         return d
 
 
 #: TableSpec keys added for imported models, left out of `to_dict` at these defaults (stored keys stay).
 TABLE_EXTRAS: dict[str, Any] = {"features": [], "pooling_type": "sum", "data_type": "fp32", "weighted": False,
-                                "profile": None}
+                                "profile": None, "sharding_types": [], "ranks": []}
 POOLING_TYPES = ("sum", "mean", "none")
 
 
@@ -384,6 +389,10 @@ class Workload:
                                   "weighted features pool by sum")
             if not isinstance(t.features, list) or not all(isinstance(f, str) and f for f in t.features):
                 raise ConfigError(f"{where}: table {t.name!r} features must be a list of feature names")
+            if not isinstance(t.sharding_types, list) or not all(isinstance(k, str) for k in t.sharding_types):
+                raise ConfigError(f"{where}: table {t.name!r} sharding_types must be a list of sharding kinds")
+            if not isinstance(t.ranks, list) or not all(_is_int(r) and r >= 0 for r in t.ranks):
+                raise ConfigError(f"{where}: table {t.name!r} ranks must be a list of group positions (>= 0)")
         feats = collections.Counter(f for t in self.tables for f in t.feature_names)
         dup = next((f for f, n in feats.items() if n > 1), None)
         if dup is not None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 
 import pytest
 
 from cubic_harness.config import SHARDING_TYPES, TrialConfig
-from cubic_harness.sharding.planner import UNIFORM_RIVALS, PlanError, make_plan, plan_candidates
+from cubic_harness.errors import ConfigError
+from cubic_harness.sharding.planner import UNIFORM_RIVALS, PlanError, check_constraints, make_plan, plan_candidates
 from cubic_harness.sharding.search import options
 from cubic_harness.sim.backend import simulate
 from cubic_harness.sim.cluster import load_cluster, shipped_cluster
@@ -76,14 +78,24 @@ def test_plan_mixes_kinds_and_beats_every_uniform_type_where_tables_differ():
 
 def test_every_option_of_a_table_is_enumerated():
     cfg = TrialConfig(workload=Workload.small(), world_size=16, ranks_per_node=8)
-    got = {str(o) for o in options(cfg, 64, SHARDING_TYPES)}
+    def t(dim: int, **kw) -> TableSpec:
+        return TableSpec("t", 1000, dim, **kw)
+
+    got = {str(o) for o in options(cfg, t(64), SHARDING_TYPES)}
     assert got == {"table_wise", "row_wise", "table_row_wise", "data_parallel", "column_wise/2", "column_wise/4",
                    "column_wise/8", "column_wise/16"}
     # FBGEMM-legal widths only: multiples of 4 dividing the dim, at most one shard per position
-    assert {str(o) for o in options(cfg, 24, ("column_wise",))} == {"column_wise/2", "column_wise/3", "column_wise/6"}
-    assert {str(o) for o in options(cfg, 10, ("column_wise",))} == set()
-    assert {str(o) for o in options(cfg.replace(world_size=2), 64, ("column_wise", "table_row_wise"))} == {
+    assert {str(o) for o in options(cfg, t(24), ("column_wise",))} == {
+        "column_wise/2", "column_wise/3", "column_wise/6"}
+    assert {str(o) for o in options(cfg, t(10), ("column_wise",))} == set()
+    assert {str(o) for o in options(cfg.replace(world_size=2), t(64), ("column_wise", "table_row_wise"))} == {
         "column_wise/2"}
+    # a table's own constraints: its kinds; ranks that hold no node or not every position rule out the rest
+    assert {str(o) for o in options(cfg, t(64, sharding_types=["table_wise", "row_wise"]), SHARDING_TYPES)} == {
+        "table_wise", "row_wise"}
+    assert {str(o) for o in options(cfg, t(64, ranks=[0, 1, 2]), SHARDING_TYPES)} == {
+        "table_wise", "column_wise/2"}
+    assert "table_row_wise" in {str(o) for o in options(cfg, t(64, ranks=list(range(8, 16))), SHARDING_TYPES)}
 
 
 def test_plan_holds_each_rank_memory_cap_and_refuses_when_nothing_fits():
@@ -206,3 +218,55 @@ def test_cubic_plan_bad_input_is_one_line_exit_2(args, says):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_plan_keeps_every_tables_constraints_and_beats_every_rival_that_keeps_them(seed):
+    """Random per-table constraints (allowed kinds, allowed ranks): the plan keeps all of them, and is priced no
+    slower than any uniform type or greedy planner whose plan keeps them too."""
+    rng = random.Random(100 + seed)
+    wl = generated(seed)
+    for t in wl.tables:
+        if rng.random() < 0.5:
+            t.sharding_types = rng.sample(list(SHARDING_TYPES), rng.randint(1, 3))
+        if rng.random() < 0.3:
+            t.ranks = sorted(rng.sample(range(8), rng.randint(2, 8)))
+        if t.ranks and not set(t.sharding_types or SHARDING_TYPES) & {"table_wise", "column_wise"}:
+            t.sharding_types.append("table_wise")  # something must fit a few ranks
+    cfg = gpu_cfg(wl, 8)
+    cost = TableCosts(load_cluster(shipped_cluster("h100-8.yaml")))
+    plan = make_plan(cfg, cost)
+    assert check_constraints(cfg, plan) is plan
+    mine = cost.step_ms(cfg, plan)
+    for name in UNIFORM_RIVALS:
+        try:
+            rival = make_plan(dataclasses.replace(cfg, sharding=name), cost)
+        except ConfigError:  # breaks a constraint (or does not fit): no rival
+            continue
+        assert mine <= cost.step_ms(cfg, rival) * (1 + 1e-9), name
+
+
+def test_a_plan_that_breaks_a_tables_constraint_is_refused_in_one_line():
+    wl = dataclasses.replace(Workload.small(), tables=[TableSpec("hot", 1000, 64, 5, sharding_types=["row_wise"]),
+                                                        TableSpec("cold", 1000, 64, 1, ranks=[1])])
+    cost = TableCosts(fixture_cluster())
+    with pytest.raises(ConfigError, match="table hot planned table_wise; its sharding_types allow"):
+        make_plan(TrialConfig(workload=wl, world_size=2, sharding="table_wise"), cost)
+    pinned = dataclasses.replace(wl, tables=[TableSpec("hot", 1000, 64, 5), TableSpec("cold", 1000, 64, 1, ranks=[1])])
+    with pytest.raises(ConfigError, match=r"table cold planned on ranks \[0, 1\]; its ranks allow \[1\]"):
+        make_plan(TrialConfig(workload=pinned, world_size=2, sharding="row_wise"), cost)
+    res = simulate(TrialConfig(workload=wl, world_size=2, sharding="table_wise"), fixture_cluster())
+    assert res.status == "error" and "table hot planned table_wise" in res.error
+    plan = make_plan(TrialConfig(workload=wl, world_size=2, sharding="plan"), cost)
+    assert plan.tables[0].kind == "row_wise" and {s.rank for s in plan.tables[1].shards} == {1}
+
+
+@pytest.mark.parametrize("table,says", [
+    ({"sharding_types": ["diagonal"]}, "table t0 sharding_types: 'diagonal' is no sharding kind"),
+    ({"ranks": [0, 5]}, "table t0 ranks=[0, 5]: a sharding group of 2 has positions 0..1"),
+    ({"ranks": [-1]}, "table 't0' ranks must be a list of group positions"),
+])
+def test_bad_constraints_are_one_line(table, says):
+    wl = {"tables": [{"name": "t0", "rows": 100, "dim": 64, **table}]}
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        TrialConfig.from_dict({"workload": wl, "world_size": 2}).validate()

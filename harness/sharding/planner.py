@@ -87,6 +87,24 @@ def make_plan(cfg: TrialConfig, cost: TableCost, check_memory: bool = True,
     `allowed`: the sharding kinds the backend runs (`plan` chooses among them only)."""
     if cfg.sharding == "plan":
         return plan_candidates(cfg, cost, check_memory, allowed)[0].plan
+    return check_constraints(cfg, _fixed_kinds(cfg, cost, check_memory))
+
+
+def check_constraints(cfg: TrialConfig, plan: ShardingPlan) -> ShardingPlan:
+    """`plan`, or ConfigError naming the first table whose constraints (`TableSpec.sharding_types`, `ranks`) it
+    breaks: a plan that leaves a table where its owner said it must not go is refused, never run."""
+    for tp, t in zip(plan.tables, cfg.workload.tables, strict=True):
+        if t.sharding_types and tp.kind not in t.sharding_types:
+            raise ConfigError(f"sharding={cfg.sharding}: table {t.name} planned {tp.kind}; its sharding_types "
+                              f"allow {t.sharding_types}")
+        ranks = sorted({s.rank for s in tp.shards}) if tp.kind != "data_parallel" else list(range(plan.group_size))
+        if t.ranks and not set(ranks) <= set(t.ranks):
+            raise ConfigError(f"sharding={cfg.sharding}: table {t.name} planned on ranks {ranks[:8]}; its ranks "
+                              f"allow {t.ranks}")
+    return plan
+
+
+def _fixed_kinds(cfg: TrialConfig, cost: TableCost, check_memory: bool) -> ShardingPlan:
     kinds = _choose_kinds(cfg, cost)
     try:
         return _place(cfg, cost, kinds, check_memory)

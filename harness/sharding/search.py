@@ -85,15 +85,23 @@ class Option:
         return f"column_wise/{self.parts}" if self.kind == "column_wise" else self.kind
 
 
-def options(cfg: TrialConfig, dim: int, allowed: Iterable[str]) -> list[Option]:
-    """Every option for a `dim`-wide table among the `allowed` kinds on this group."""
-    G, W = cfg.group_size, cfg.world_size
+def options(cfg: TrialConfig, t, allowed: Iterable[str]) -> list[Option]:
+    """Every option for table `t` among the `allowed` kinds on this group, within its constraints (its own
+    `sharding_types`; with `ranks`, only kinds whose shards can all live there)."""
+    G, W, dim = cfg.group_size, cfg.world_size, t.dim
     rpn = min(cfg.ranks_per_node, G)
-    allowed = set(allowed)
+    allowed = set(allowed) & set(t.sharding_types or allowed)
+    if t.ranks:
+        ok = set(t.ranks)
+        allowed.discard("data_parallel")  # replicated on every rank
+        if not ok >= set(range(G)):
+            allowed.discard("row_wise")
+        if not any(ok >= set(range(n * rpn, (n + 1) * rpn)) for n in range(G // max(rpn, 1))):
+            allowed.discard("table_row_wise")
     out = [Option("table_wise")] if "table_wise" in allowed else []
     if "column_wise" in allowed and dim % 4 == 0:
         out += [Option("column_wise", dim // w) for w in range(dim // 2, 3, -1)
-                if w % 4 == 0 and dim % w == 0 and dim // w <= G]
+                if w % 4 == 0 and dim % w == 0 and dim // w <= len(t.ranks or range(G))]
     if "row_wise" in allowed and G > 1:
         out.append(Option("row_wise"))
     if "table_row_wise" in allowed and 1 < rpn < G and G % rpn == 0 and cfg.group_placement == "intra_node":
@@ -252,7 +260,7 @@ class _Search:
         self.cfg, self.cost, self.room = cfg, cost, room
         self.pricer = _Pricer(cfg, cost)
         wl, G = cfg.workload, cfg.group_size
-        self.options = [options(cfg, t.dim, allowed) for t in wl.tables]
+        self.options = [options(cfg, t, allowed) for t in wl.tables]
         self.rpn = min(cfg.ranks_per_node, G)
         self.nodes = [tuple(range(n * self.rpn, (n + 1) * self.rpn)) for n in range(G // self.rpn)]
         whole = [self.pricer.shard_cost(i, 0, t.rows, t.dim) for i, t in enumerate(wl.tables)]
@@ -291,7 +299,8 @@ class _Search:
             part = self.pricer.fixed(i, option, tuple(range(G)))
         elif option.kind == "table_row_wise":
             load = loads.pressure()
-            node = min(self.nodes, key=lambda ps: (float(load[list(ps)].max()), ps[0]))
+            nodes = [ps for ps in self.nodes if not t.ranks or set(ps) <= set(t.ranks)]
+            node = min(nodes, key=lambda ps: (float(load[list(ps)].max()), ps[0]))
             part = self.pricer.fixed(i, option, node)
         else:
             return self._place_free(loads, i, option, t)
@@ -306,6 +315,8 @@ class _Search:
         load = loads.pressure()
         if self.room is not None:
             load = np.where(loads.mem + loads.dp_mem + need <= self.room, load, np.inf)
+        if t.ranks:  # the table's allowed positions only
+            load = np.where(np.isin(np.arange(load.size), t.ranks), load, np.inf)
         picked = np.argsort(load, kind="stable")[:option.parts]
         if picked.size < option.parts or not np.isfinite(load[picked]).all():
             return None
