@@ -28,9 +28,9 @@ def rank_fork_server() -> None:
 # (longest-first scheduling). Worker-seconds per file measured with `--durations=0` on 2026-11-27; the order only
 # balances the run, so a file missing here runs after these, in its usual place.
 LONGEST_FIRST = ("test_tune.py", "test_torchrec_backend.py", "test_tune_faults.py", "test_screen.py",
-                 "test_trial.py", "test_postgres.py", "test_verify.py", "test_multinode.py", "test_sharding.py",
-                 "test_sim.py", "test_replica_sync.py", "test_report_export.py", "test_ray_cluster.py",
-                 "test_lease.py", "test_record.py")
+                 "test_trial.py", "test_postgres.py", "test_verify.py", "test_multinode.py", "test_plan_search.py",
+                 "test_sharding.py", "test_sim.py", "test_replica_sync.py", "test_report_export.py",
+                 "test_ray_cluster.py", "test_lease.py", "test_record.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
