@@ -264,16 +264,8 @@ class TableCosts:
     def shard(self, t: TableSpec, cfg: TrialConfig, start: int, stop: int, width: int) -> tuple[float, float, float]:
         """(forward ms, backward+optimizer ms, id bytes received) of one model-parallel shard: rows
         [start, stop) of t, `width` columns, on the position holding it."""
-        wl, G, B = cfg.workload, cfg.group_size, cfg.batch_size
-        um = cfg.replicas if (cfg.replicas > 1 and cfg.sparse_sync == "grad_allreduce") else 1
-        wb, sb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
-        bags = G * B
-        ids = bags * t.lookups(wl.profiled) * lookup_share(t, start, stop, wl.profiled)
-        f, u = lookup_bytes(ids, bags, width, wb), update_bytes(ids * um, bags * um, width, wb, sb)
-        s, idb = self._speeds(cfg), self._id_bytes(wl)
-        if s is None:
-            return f / 1e6, u / 1e6, ids * idb
-        return _emb_ms(f, "fwd", width, s, t.weighted), _emb_ms(u, "bwd", width, s, t.weighted), ids * idb
+        f, b, ids = self.shards(t, cfg, np.array([start]), np.array([stop]), width)
+        return float(f[0]), float(b[0]), float(ids[0])
 
     def _id_bytes(self, wl: Workload) -> float:
         """`id_bytes` of the workload, once (it reads every table)."""
