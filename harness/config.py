@@ -52,7 +52,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "allreduce_comm_precision": ("fp32", "bf16", "fp16"),
     "sharding": (
         "table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel",
-        "size_greedy", "lookup_greedy", "size_lookup_greedy", "auto", "plan", "torchrec_planner",
+        "size_greedy", "lookup_greedy", "size_lookup_greedy", "auto", "plan", "torchrec_planner", "file",
     ),
     "sparse_sync": ("grad_allreduce", "weight_avg"),
     "group_placement": ("intra_node", "cross_node"),
@@ -82,6 +82,8 @@ class TrialConfig:
     group_placement: str = "intra_node"  # 2D: a sharding group's ranks side by side (inside a node) or strided
     ranks_per_node: int = 2  # topology for table_row_wise (row-wise inside a node)
     column_shard_dim: int = 0  # column-wise shard width; 0 = widest multiple of 4 dividing dim, <= dim / group
+    # sharding: file: the plan in this JSON file, exactly (harness/sharding/plan_file.py: a team's production plan)
+    plan_file: str = ""
     # --- batch / precision / kernels
     batch_size: int = 1024  # per rank
     kernel: str = "native"  # CPU default: our numba TBE (= FBGEMM's math, >= its speed); fbgemm, torch, triton
@@ -173,6 +175,12 @@ class TrialConfig:
             if any(r >= self.group_size for r in t.ranks):
                 raise ConfigError(f"{where}: table {t.name} ranks={t.ranks}: a sharding group of "
                                   f"{self.group_size} has positions 0..{self.group_size - 1}")
+        if self.sharding == "file" and not self.plan_file:  # plan_file alone is inert: another sharding plans
+            raise ConfigError(f"{where}: sharding=file runs the plan in plan_file: set plan_file=PATH")
+        if self.sharding == "file" and workload:
+            from cubic_harness.sharding.plan_file import load_plan
+
+            load_plan(self)  # a table left out, a rank the group lacks, a table not covered: one line, now
         if self.sharding == "column_wise":
             for t in self.workload.tables:
                 self.column_width(t.dim, t.name, where)
@@ -244,7 +252,8 @@ class TrialConfig:
 
 #: Knobs added after studies were stored: at these values they stay out of `to_dict` (and `key()`), so a
 #: stored trial's config key is unchanged and a resumed study neither loses nor re-runs it.
-KEYLESS_DEFAULTS = {"allreduce_comm_precision": "fp32", "comm_overlap": "none", "uvm_cache_load_factor": 0.0}
+KEYLESS_DEFAULTS = {"allreduce_comm_precision": "fp32", "comm_overlap": "none", "uvm_cache_load_factor": 0.0,
+                    "plan_file": ""}
 #: Fields removed from TrialConfig, each at the value every stored production trial had: `key()` keeps them (the
 #: keys of stored trials stay as they were), `from_dict` drops them (stored configs, exports and old YAML load).
 RETIRED = {"inject_fault": "none"}

@@ -24,8 +24,35 @@ def plan_for(cfg: TrialConfig, cluster: Cluster | None = None, check_memory: boo
     calibration); PlanError when none is legal. `allowed`: the sharding kinds the backend runs, which
     `sharding: plan` chooses among."""
     cluster = cluster or local_cluster()
+    if cfg.sharding == "file":
+        from cubic_harness.sharding.plan_file import load_plan
+
+        return check_constraints(cfg, check_fits(cfg, load_plan(cfg), cluster) if check_memory else load_plan(cfg))
     if cfg.sharding == "torchrec_planner":
         from cubic_harness.torchrec_planner import torchrec_plan
 
         return check_constraints(cfg, torchrec_plan(cfg, cluster, allowed, check_memory))
     return make_plan(cfg, TableCosts(cluster), check_memory, allowed)
+
+
+def check_fits(cfg: TrialConfig, plan: ShardingPlan, cluster: Cluster | None) -> ShardingPlan:
+    """`plan`, or PlanError naming the rank that cannot hold it and its largest table there (a given plan is
+    not re-planned to fit: it runs as it is, or not)."""
+    from cubic_harness.sharding.planner import PlanError
+    from cubic_harness.sim.perf import ModelError, estimate
+
+    if cluster is None:
+        return plan
+    try:
+        est = estimate(cfg, plan, cluster)
+    except ModelError:
+        return plan
+    limit = min(est.mem_limit_mb, cfg.mem_cap_mb or float("inf"))
+    worst = max(range(len(est.mem_mb)), key=est.mem_mb.__getitem__)
+    if est.mem_mb[worst] <= limit:
+        return plan
+    mine = [s for s in plan.shards_on(worst)]
+    big = max(mine, key=lambda s: s.rows * s.dim, default=None)
+    table = plan.tables[big.table].name if big else "its data-parallel tables"
+    raise PlanError(f"{cfg.plan_file}: rank {worst} needs {est.mem_mb[worst]:,.0f} MB, over its {limit:,.0f} MB "
+                    f"(mem_cap_mb or the device's memory); its largest table there: {table}")

@@ -270,3 +270,131 @@ def test_bad_constraints_are_one_line(table, says):
     wl = {"tables": [{"name": "t0", "rows": 100, "dim": 64, **table}]}
     with pytest.raises(ConfigError, match=re.escape(says)):
         TrialConfig.from_dict({"workload": wl, "world_size": 2}).validate()
+
+
+def _as_files(plan, cfg: TrialConfig, tmp_path) -> dict:
+    """One plan written in each shape `sharding: file` reads."""
+    import json
+
+    from cubic_harness.torchrec_trial import placement_of
+
+    files = {"cubic": {"plan": plan.to_list()},
+             "export": {"format": "cubic-torchrec/1", "placements": {
+                 tp.name: placement_of({"shards": [vars(s) for s in tp.shards]}, tp.kind, cfg.group_size,
+                                       cfg.ranks_per_node) for tp in plan.tables}},
+             "torchrec": {"model.sparse": {f"embedding_bags.{tp.name}.weight": {
+                 "sharding_type": tp.kind, "ranks": sorted({s.rank for s in tp.shards}) or None,
+                 "sharding_spec": [{"shard_offsets": [s.row_start, s.col_start], "shard_sizes": [s.rows, s.dim],
+                                    "placement": f"rank:{s.rank}/cuda:{s.rank}"} for s in tp.shards]}
+                 for tp in plan.tables}}}
+    out = {}
+    for name, body in files.items():
+        out[name] = tmp_path / f"{name}.json"
+        out[name].write_text(json.dumps(body))
+    return out
+
+
+def test_a_plan_file_in_every_shape_runs_and_prices_exactly_that_plan(tmp_path):
+    """A production plan as cubic's export, TorchRec's per-parameter shardings or cubic's own list: loaded
+    shard for shard, and the simulator prices exactly it."""
+    c = load_cluster(shipped_cluster("h100-8.yaml"))
+    cfg = gpu_cfg(Workload.preset("criteo-mlperf-mini"), 8)
+    plan = make_plan(cfg, TableCosts(c))
+    assert len({tp.kind for tp in plan.tables}) >= 1
+    mixed = dataclasses.replace(plan, tables=[  # every kind, so each shape's reader is exercised
+        *plan.tables[:20], *make_plan(cfg.replace(sharding="row_wise"), TableCosts(c)).tables[20:22],
+        *make_plan(cfg.replace(sharding="table_wise"), TableCosts(c)).tables[22:24],
+        *make_plan(cfg.replace(sharding="data_parallel"), TableCosts(c)).tables[24:]])
+    for shape, path in _as_files(mixed, cfg, tmp_path).items():
+        given = cfg.replace(sharding="file", plan_file=str(path))
+        res = simulate(given, c)
+        assert res.status == "ok", (shape, res.error)
+        assert res.plan == mixed.to_list(), shape
+        assert res.step_ms_p50 == pytest.approx(TableCosts(c).step_ms(cfg, mixed), rel=1e-12)
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda p: p["plan"].pop(3), "table t3 is not in the plan"),
+    (lambda p: p["plan"].append({**p["plan"][0], "name": "ghost"}), "table 'ghost' is not in the workload"),
+    (lambda p: p["plan"][0]["shards"][0].update(rank=9), "table t0: a shard on rank 9; the sharding group has "
+                                                         "ranks 0..7"),
+    (lambda p: p["plan"][1]["shards"].pop(), "table t1: its shards cover"),
+    (lambda p: p["plan"][2]["shards"].append(p["plan"][2]["shards"][0]), "table t2: its shards cover"),
+    (lambda p: p["plan"][0].update(kind="diagonal"), "table t0: sharding type 'diagonal'"),
+])
+def test_a_bad_plan_file_is_one_line_naming_the_table_and_exit_2(tmp_path, edit, says):
+    import json
+    import subprocess
+    import sys
+
+    c = load_cluster(shipped_cluster("h100-8.yaml"))
+    cfg = gpu_cfg(Workload.preset("criteo-mlperf-mini"), 8, sharding="column_wise")
+    body = {"plan": make_plan(cfg, TableCosts(c)).to_list()}
+    edit(body)
+    (tmp_path / "plan.json").write_text(json.dumps(body))
+    (tmp_path / "wl.json").write_text(json.dumps(cfg.workload.to_dict()))
+    r = subprocess.run([sys.executable, "-m", "cubic", "trial", "--backend", "sim", "--cluster", "h100-8",
+                        "--workload", str(tmp_path / "wl.json"), "--set", "world_size=8", "--set", "device=cuda",
+                        "--set", "kernel=triton", "--set", "ranks_per_node=8", "--set", "sharding=file",
+                        "--set", f"plan_file={tmp_path / 'plan.json'}"], capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert str(tmp_path / "plan.json") in lines[0] and says in lines[0]
+
+
+def test_a_plan_file_that_does_not_fit_is_an_oom_naming_the_rank_and_its_table(tmp_path):
+    import json
+
+    c = load_cluster(shipped_cluster("h100-8.yaml"))
+    cfg = gpu_cfg(Workload.preset("criteo-mlperf-mini"), 8, sharding="table_wise")
+    plan = make_plan(cfg, TableCosts(c))
+    cap = max(estimate(cfg, plan, c).mem_mb) * 1.02  # the spread plan fits; all on one rank does not
+    for tp in plan.tables:  # everything on rank 0
+        tp.shards = [dataclasses.replace(s, rank=0) for s in tp.shards]
+    (tmp_path / "plan.json").write_text(json.dumps({"plan": plan.to_list()}))
+    res = simulate(cfg.replace(sharding="file", plan_file=str(tmp_path / "plan.json"), mem_cap_mb=cap), c)
+    assert res.status == "oom" and "rank 0 needs" in res.error and "its largest table there: t" in res.error
+
+
+SPACE_WITH_PLAN = """\
+name: prod
+workload: {{file: wl.json}}
+baseline: {{plan: prod.json, world_size: 8, device: cuda, kernel: triton, ranks_per_node: 8, batch_size: 2048,
+           emb_precision: fp16, comm_precision: fp16}}
+knobs:
+  sharding: [table_wise, column_wise, plan]
+  batch_size: [2048, 4096]
+objective: {{metric: qps}}
+trial: {{warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}}
+budget: {{trials: {trials}, confirm_top_k: 0}}
+"""
+
+
+def test_a_production_plan_is_the_baseline_of_a_tune(tmp_path):
+    """`baseline: {plan: FILE}`: trial 0 runs exactly the file's plan, the space keeps it as a sharding value
+    (every global knob is tried on it), and the per-table plan is measured against it."""
+    import json
+
+    import optuna
+    from typer.testing import CliRunner
+
+    from cubic.cli.app import app
+    from cubic.space.search_space import load_space
+
+    c = load_cluster(shipped_cluster("h100-8.yaml"))
+    wl = Workload.preset("criteo-mlperf-mini")
+    prod = make_plan(gpu_cfg(wl, 8, sharding="table_row_wise"), TableCosts(c))
+    (tmp_path / "prod.json").write_text(json.dumps({"plan": prod.to_list()}))
+    (tmp_path / "wl.json").write_text(json.dumps(wl.to_dict()))
+    (tmp_path / "space.yaml").write_text(SPACE_WITH_PLAN.format(trials=8))
+    space = load_space(tmp_path / "space.yaml")
+    assert space.baseline.sharding == "file" and space.knobs["sharding"].choices[-1] == "file"
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "h100-8", "--space",
+                                 str(tmp_path / "space.yaml"), "--run-dir", str(tmp_path / "run"), "--no-live"])
+    assert r.exit_code == 0, r.output[-2000:]
+    study = optuna.load_study(study_name="prod@sim:h100-8", storage=f"sqlite:///{tmp_path / 'run' / 'study.db'}")
+    trials = sorted(study.trials, key=lambda t: t.number)
+    first = json.loads(trials[0].user_attrs["result"]) if isinstance(trials[0].user_attrs.get("result"), str) \
+        else trials[0].user_attrs.get("result", {})
+    assert first.get("config", {}).get("sharding") == "file"
+    assert first.get("plan") == prod.to_list()

@@ -457,6 +457,11 @@ def _build(ld: _Loader, raw: dict[str, Any], f: SpaceFile, check_choices: bool =
     budget, constraints = f.budget or Budget(), f.constraints or Constraints()
 
     base_raw = ld.mapping(raw.get("baseline"), "baseline")
+    if "plan" in base_raw:  # `plan: FILE`: the production plan, exactly (sharding: file)
+        plan = base_raw.pop("plan")
+        if not isinstance(plan, str) or not plan:
+            raise ld.err("baseline.plan", f"{plan!r} must be the path of a plan file")
+        base_raw = {**base_raw, "sharding": "file", "plan_file": str((ld.path.parent / plan).resolve())}
     for k in base_raw:
         if k not in _FIELDS or k in NOT_KNOBS:
             raise ld.err(f"baseline.{k}", f"unknown key; allowed: {sorted(_FIELDS - set(NOT_KNOBS))}")
@@ -490,6 +495,9 @@ def _build(ld: _Loader, raw: dict[str, Any], f: SpaceFile, check_choices: bool =
     dropped: dict[str, list] = {}
     if target == "torchrec":
         knobs, dropped = _restrict_to_torchrec(ld, knobs, baseline, base_raw)
+    if baseline.sharding == "file" and "sharding" in knobs and "file" not in knobs["sharding"].choices:
+        # the production plan stays a value of a space that varies the sharding: every global knob is tried on it
+        knobs["sharding"] = dataclasses.replace(knobs["sharding"], choices=(*knobs["sharding"].choices, "file"))
     for k, kn in knobs.items():
         v = getattr(baseline, k)
         if v not in kn.choices:

@@ -60,6 +60,9 @@ def knob_model(name: str) -> Any:
 
 
 Baseline = create_model("Baseline", __base__=Strict,
+                        plan=(str | None, Field(None, description="a plan file (a team's production plan: cubic "
+                                                "export's torchrec JSON, TorchRec's per-parameter shardings, or "
+                                                "cubic's plan), relative to the space file; sets sharding: file")),
                         **{k: (value_type(k) | None, None) for k in KNOB_FIELDS})  # type: ignore[call-overload]
 Knobs = create_model("Knobs", __base__=Strict,
                      **{k: (knob_model(k) | None, None) for k in KNOB_FIELDS})  # type: ignore[call-overload]
