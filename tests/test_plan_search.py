@@ -380,6 +380,7 @@ def test_a_production_plan_is_the_baseline_of_a_tune(tmp_path):
 
     from cubic.cli.app import app
     from cubic.space.search_space import load_space
+    from cubic_harness.sharding.plan import ShardingPlan, layout
 
     c = load_cluster(shipped_cluster("h100-8.yaml"))
     wl = Workload.preset("criteo-mlperf-mini")
@@ -398,3 +399,12 @@ def test_a_production_plan_is_the_baseline_of_a_tune(tmp_path):
         else trials[0].user_attrs.get("result", {})
     assert first.get("config", {}).get("sharding") == "file"
     assert first.get("plan") == prod.to_list()
+    code, = [CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--format", "json"])]
+    assert code.exit_code == 0, code.output[-2000:]
+    exported = json.loads(code.stdout)
+    assert exported["config"]["sharding"] != "file", "the production plan won: the case shows no change"
+    dims = [t.dim for t in wl.tables]
+    winner = ShardingPlan.from_list(exported["sharding_plan"], 8, 8, dims)
+    assert exported["plan_changes"] == [{"table": a.name, "baseline": layout(b), "winner": layout(a)}
+                                        for a, b in zip(winner.tables, prod.tables, strict=True)
+                                        if (a.kind, a.shards) != (b.kind, b.shards)]

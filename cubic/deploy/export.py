@@ -54,10 +54,26 @@ def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) 
                           "config recorded")
     where = f"{df.attrs['study']} trial #{trial.number}"
     cfg = TrialConfig.from_dict(cfg, where=where).validate(where).to_dict()
+    base_trial = int(analysis.baseline_rows(df)["number"].iloc[0]) if len(df) else None
+    base = next((r for r in recs if r.number == base_trial), None)
+    base_plan = ((dict(base.trial.user_attrs) | base.findings()).get("result") or {}).get("plan") if base else None
     return {"study": df.attrs["study"], "storage": df.attrs["storage"], "trial": trial.number, "attrs": ua,
             "result": result, "winner": win, "config": cfg, "baseline_qps": df.attrs.get("baseline_qps"),
-            "baseline_trial": int(analysis.baseline_rows(df)["number"].iloc[0]) if len(df) else None,
+            "baseline_trial": base_trial, "baseline_plan": base_plan or [],
             "confirmed": bool(win.get("confirmed", True))}
+
+
+def plan_changes(rec: dict[str, Any]) -> list[dict[str, str]]:
+    """The tables the winner lays out differently from the baseline (kind, shards, ranks), table by table."""
+    from cubic_harness.sharding.plan import ShardingPlan, plan_diff
+
+    win, base = rec["result"].get("plan") or [], rec.get("baseline_plan") or []
+    if not win or len(win) != len(base):
+        return []
+    dims = [t["dim"] for t in rec["config"]["workload"]["tables"]]
+    g = rec["config"].get("sharding_group_size") or rec["config"]["world_size"]
+    plans = [ShardingPlan.from_list(p, g, rec["config"]["world_size"], dims) for p in (base, win)]
+    return [{"table": c.table, "baseline": c.before, "winner": c.after} for c in plan_diff(*plans)]
 
 
 # ---------------------------------------------------------------------------------------------- yaml
@@ -108,6 +124,7 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
                                            "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
                                            "quality_resolved", "quality_ci", "quality_verdict")},
         "sharding_plan": res.get("plan") or [],
+        "plan_changes": plan_changes(rec),  # what the winner's plan changes from the baseline's, per table
         "provenance": {
             "study": rec["study"], "storage": analysis.safe_url(rec["storage"]), "trial": rec["trial"],
             # "sim": a prediction (env.cluster says for which cluster), not a measurement
