@@ -296,7 +296,7 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
     env.update(model_parallel=r0["model_parallel"], kernel=r0["kernel"])
     res = summarize(cfg, {**r0, "plan_json": plan.to_json()}, env)
     if res.status == "ok":  # what TorchRec applied, per table: the plan as its sharded modules hold it
-        res.extra["placements"] = r0["placements"]
+        res.extra["placements"] = {name: {**p, "shards": r0["placed"][name]} for name, p in r0["placements"].items()}
     return res
 
 
@@ -606,11 +606,12 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         mine, every = list(range(W)), 0
     # the plan TorchRec applied, in group positions (DMPCollection remaps them to this group's global ranks)
     applied = {name: {"sharding_type": ps.sharding_type, "ranks": [mine.index(r) for r in ps.ranks or []],
-                      "widths": [sh.shard_sizes[1] for sh in ps.sharding_spec.shards] if ps.sharding_spec else [],
-                      # each shard as (group position, first row, first column, rows, columns)
-                      "shards": sorted([mine.index(sh.placement.rank()), *sh.shard_offsets, *sh.shard_sizes]
-                                       for sh in (ps.sharding_spec.shards if ps.sharding_spec else []))}
+                      "widths": [sh.shard_sizes[1] for sh in ps.sharding_spec.shards] if ps.sharding_spec else []}
                for p in paths for name, ps in dmp.plan.plan[p].items()}
+    # each shard as (group position, first row, first column, rows, columns): the plan held, shard for shard
+    placed = {name: sorted([mine.index(sh.placement.rank()), *sh.shard_offsets, *sh.shard_sizes]
+                           for sh in (ps.sharding_spec.shards if ps.sharding_spec else []))
+              for p in paths for name, ps in dmp.plan.plan[p].items()}
     dense_opt = KeyedOptimizerWrapper(dict(dmp.named_parameters()),
                                       lambda ps: torch.optim.Adagrad(ps, lr=cfg.dense_lr))
     total = cfg.warmup_steps + cfg.measure_steps
@@ -680,7 +681,7 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
     windows = [W * B * n_w / sum(step_s[i * n_w:(i + 1) * n_w]) for i in range(cfg.windows)]
     dist.barrier()
     dist.destroy_process_group()
-    return {"qps": statistics.median(windows), "window_qps": windows, "placements": applied,
+    return {"qps": statistics.median(windows), "window_qps": windows, "placements": applied, "placed": placed,
             "model_parallel": type(dmp).__name__, "kernel": kernel, "syncs": syncs, "sharding_group": mine,
             "checksum": checksum,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
