@@ -138,25 +138,26 @@ def test_plan_trains_as_one_process_does():
     assert_same(train(cfg), reference(cfg, emb_optimizer="sgd"))
 
 
-def test_torchrecs_planner_runs_exactly_as_planned_in_the_torchrec_backend():
+@pytest.mark.parametrize("sharding", ["torchrec_planner", pytest.param("plan", marks=pytest.mark.slow)])
+def test_torchrecs_planner_runs_exactly_as_planned_in_the_torchrec_backend(sharding):
     """`sharding: torchrec_planner`: TorchRec's EmbeddingShardingPlanner plans on this cluster's topology, and
-    TorchRec's sharded modules hold that plan shard for shard (kind, ranks, widths); `plan` likewise."""
+    TorchRec's sharded modules hold that plan shard for shard (kind, ranks, widths); `plan` likewise (slow
+    tier: the same check on cubic's plan)."""
     require("torchrec")
     from cubic_harness.planning import plan_for
     from cubic_harness.torchrec_trial import run_torchrec
 
-    for sharding in ("torchrec_planner", "plan"):
-        cfg = TrialConfig(workload=Workload.preset("criteo-mlperf-mini"), world_size=2, batch_size=64,
-                          kernel="fbgemm", sharding=sharding, warmup_steps=1, measure_steps=2, windows=1,
-                          timeout_s=240)
-        planned = plan_for(cfg, allowed=torchrec_kinds("cpu"))
-        res = run_torchrec(cfg)
-        assert res.status == "ok", res.error
-        assert res.plan == planned.to_list()
-        for tp in planned.tables:
-            got = res.extra["placements"][tp.name]
-            assert got["sharding_type"] == tp.kind
-            assert got["shards"] == sorted([s.rank, s.row_start, s.col_start, s.rows, s.dim] for s in tp.shards)
+    cfg = TrialConfig(workload=Workload.preset("criteo-mlperf-mini"), world_size=2, batch_size=64,
+                      kernel="fbgemm", sharding=sharding, warmup_steps=1, measure_steps=2, windows=1,
+                      timeout_s=240)
+    planned = plan_for(cfg, allowed=torchrec_kinds("cpu"))
+    res = run_torchrec(cfg)
+    assert res.status == "ok", res.error
+    assert res.plan == planned.to_list()
+    for tp in planned.tables:
+        got = res.extra["placements"][tp.name]
+        assert got["sharding_type"] == tp.kind
+        assert got["shards"] == sorted([s.rank, s.row_start, s.col_start, s.rows, s.dim] for s in tp.shards)
 
 
 def test_torchrecs_planner_plans_on_the_clusters_topology():
