@@ -51,8 +51,7 @@ def check_fits(cfg: TrialConfig, plan: ShardingPlan, cluster: Cluster | None) ->
     worst = max(range(len(est.mem_mb)), key=est.mem_mb.__getitem__)
     if est.mem_mb[worst] <= limit:
         return plan
-    mine = [s for s in plan.shards_on(worst)]
-    big = max(mine, key=lambda s: s.rows * s.dim, default=None)
+    big = max(plan.shards_on(worst), key=lambda s: s.rows * s.dim, default=None)
     table = plan.tables[big.table].name if big else "its data-parallel tables"
     raise PlanError(f"{cfg.plan_file}: rank {worst} needs {est.mem_mb[worst]:,.0f} MB, over its {limit:,.0f} MB "
                     f"(mem_cap_mb or the device's memory); its largest table there: {table}")

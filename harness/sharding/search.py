@@ -212,7 +212,7 @@ class _Pricer:
 
     def part(self, i: int, option: Option, shards: list[Shard]) -> _Part:
         """The load of table i run as `option` with these shards (positions set)."""
-        t, B, G = self.wl.tables[i], self.cfg.batch_size, self.cfg.group_size
+        t = self.wl.tables[i]
         if option.kind == "data_parallel":
             ms, sync = self.cost.dp_lookups(t, self.cfg)
             z = np.zeros(0)
@@ -222,6 +222,12 @@ class _Pricer:
         fwd, bwd, ids = np.empty(n), np.empty(n), np.empty(n)
         for k, s in enumerate(shards):
             fwd[k], bwd[k], ids[k] = self.shard_cost(i, s.row_start, s.row_end, s.dim)
+        return self._loaded(option, shards, fwd, bwd, ids)
+
+    def _loaded(self, option: Option, shards: list[Shard], fwd: np.ndarray, bwd: np.ndarray,
+                ids: np.ndarray) -> _Part:
+        """A model-parallel part from its shards and their priced lookups: what each position receives and holds."""
+        B, G, n = self.cfg.batch_size, self.cfg.group_size, len(shards)
         dims = np.array([s.dim for s in shards], dtype=np.float64)
         rows = np.array([s.rows for s in shards], dtype=np.float64)
         return _Part(option, shards, np.array([s.rank for s in shards], dtype=np.int64), fwd, bwd, dims, ids,
@@ -240,16 +246,11 @@ class _Pricer:
         key = (i, option, positions)
         got = self._fixed.get(key)
         if got is None:
-            t, B, G = self.wl.tables[i], self.cfg.batch_size, self.cfg.group_size
+            t = self.wl.tables[i]
             shards = self.row_blocks(i, positions)
             lo = np.array([s.row_start for s in shards], dtype=np.float64)
             hi = np.array([s.row_end for s in shards], dtype=np.float64)
-            fwd, bwd, ids = self.cost.shards(t, self.cfg, lo, hi, t.dim)
-            n = len(shards)
-            got = self._fixed[key] = _Part(
-                option, shards, np.array([s.rank for s in shards], dtype=np.int64), fwd, bwd, np.full(n, t.dim),
-                ids, np.full(n, G * B * ID_BYTES), (hi - lo) * (t.dim * self.wb + self.sb),
-                recv_cols=float(n * t.dim), ids_send=float(ids.sum()) / G, lens_send=n * B * ID_BYTES)
+            got = self._fixed[key] = self._loaded(option, shards, *self.cost.shards(t, self.cfg, lo, hi, t.dim))
         return got
 
 
