@@ -281,7 +281,7 @@ def _as_files(plan, cfg: TrialConfig, tmp_path) -> dict:
 
     files = {"cubic": {"plan": plan.to_list()},
              "export": {"format": "cubic-torchrec/1", "placements": {
-                 tp.name: placement_of({"shards": [vars(s) for s in tp.shards]}, tp.kind, cfg.group_size,
+                 tp.name: placement_of({"shards": [s._asdict() for s in tp.shards]}, tp.kind, cfg.group_size,
                                        cfg.ranks_per_node) for tp in plan.tables}},
              "torchrec": {"model.sparse": {f"embedding_bags.{tp.name}.weight": {
                  "sharding_type": tp.kind, "ranks": sorted({s.rank for s in tp.shards}) or None,
@@ -351,7 +351,7 @@ def test_a_plan_file_that_does_not_fit_is_an_oom_naming_the_rank_and_its_table(t
     plan = make_plan(cfg, TableCosts(c))
     cap = max(estimate(cfg, plan, c).mem_mb) * 1.02  # the spread plan fits; all on one rank does not
     for tp in plan.tables:  # everything on rank 0
-        tp.shards = [dataclasses.replace(s, rank=0) for s in tp.shards]
+        tp.shards = [s._replace(rank=0) for s in tp.shards]
     (tmp_path / "plan.json").write_text(json.dumps({"plan": plan.to_list()}))
     res = simulate(cfg.replace(sharding="file", plan_file=str(tmp_path / "plan.json"), mem_cap_mb=cap), c)
     assert res.status == "oom" and "rank 0 needs" in res.error and "its largest table there: t" in res.error

@@ -525,14 +525,15 @@ def test_a_uvm_cache_trades_device_memory_for_misses_that_the_ids_decide() -> No
 def test_the_cache_model_at_hit_rates_0_and_1() -> None:
     """No cache: every lookup of a host-resident shard is a miss, priced at its row bytes over the host
     link, forward and backward alike; a cache as large as the shard serves every lookup (Zipf or not)."""
-    from cubic_harness.sim.perf import _offload, _ShardLoad, hit_rate
+    from cubic_harness.sim.perf import _Held, _offload, hit_rate
     from cubic_harness.workload import TableSpec
 
     c = load_cluster(shipped_cluster("a100-zionex-128.yaml"))
     for t in (TableSpec("u", 10_000, 64), TableSpec("z", 10_000, 64, 1, "zipf", 1.05)):
         assert hit_rate(0, t.rows, t) == 0.0 and hit_rate(t.rows, t.rows, t) == 1.0
-        shard = _ShardLoad(0, t.rows, 64 * 4 + 4, 50_000.0, t)
-        ms, moved, _ = _offload([shard], 0.0, 1e12, c)
+        shard = _Held(np.array([0]), np.array([t.rows]), np.array([64 * 4 + 4]), np.array([50_000.0]),
+                      np.array([64]), [t])
+        ms, moved, _ = _offload(shard, 0.0, 1e12, c)
         assert moved[0]["hit_rate"] == 0.0 and moved[0]["cache_rows"] == 0
         assert ms == pytest.approx(50_000 * (64 * 4 + 4) / (c.device.host_link_gbs * 1e6))
 

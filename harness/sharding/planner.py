@@ -208,11 +208,14 @@ def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memor
 
 
 def _split_rows(tp: TablePlan, rows: int, dim: int, positions: list[int]) -> None:
+    """Equal row blocks on `positions` in order, the last one short (and none past the last row)."""
+    if rows <= 0:
+        return
     block = math.ceil(rows / len(positions))
-    for k, p in enumerate(positions):
-        lo, hi = k * block, min(rows, (k + 1) * block)
-        if hi > lo:
-            tp.shards.append(Shard(tp.table, p, lo, hi, 0, dim))
+    n = math.ceil(rows / block)  # every block but the last is full
+    his = [*range(block, (n - 1) * block + 1, block), rows]
+    tp.shards.extend(Shard(tp.table, p, hi - block if hi < rows else (n - 1) * block, hi, 0, dim)
+                     for p, hi in zip(positions, his, strict=False))
 
 
 def _tw_cost(cfg: TrialConfig, cost: TableCost, i: int) -> float:

@@ -24,8 +24,9 @@ Without a calibrated cluster the surrogate ranks them.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -113,10 +114,12 @@ def options(cfg: TrialConfig, t, allowed: Iterable[str]) -> list[Option]:
 
 @dataclass
 class _Part:
-    """One table's share of every position's load, as chosen: the positions it touches and what it adds."""
+    """One table's share of every position's load, as chosen: the positions it touches and what it adds.
+    `make`: its shards, built only for the parts a plan keeps (every table's row-wise option at 1,024
+    positions would be 800k shard objects, priced as arrays)."""
 
     option: Option
-    shards: list[Shard]
+    make: Callable[[], list[Shard]]
     pos: np.ndarray
     fwd: np.ndarray
     bwd: np.ndarray
@@ -130,6 +133,15 @@ class _Part:
     dp_ms: float = 0.0
     dp_sync_bytes: float = 0.0
     dp_mem: float = 0.0
+
+    @functools.cached_property
+    def shards(self) -> list[Shard]:
+        return self.make()
+
+    @functools.cached_property
+    def distinct(self) -> bool:
+        """Each position at most once (every placed part): its loads add elementwise, no scatter needed."""
+        return len(np.unique(self.pos)) == len(self.pos)
 
 
 class _Loads:
@@ -145,16 +157,36 @@ class _Loads:
         self.parts: dict[int, _Part] = {}
         self.col_ms = self.id_ms = 0.0  # set by the search: what a column / an id byte more costs a rank
         self.offset = 0.0  # set by the search: the step's part no plan changes (dense, DDP), for `beside`
+        self._cache: dict[str, object] = {}  # what the state gives until the next `add` (tried many times)
+
+    def _once(self, name: str, make: Callable[[], object]) -> object:
+        got = self._cache.get(name)
+        if got is None:
+            got = self._cache[name] = make()
+        return got
 
     def pressure(self) -> np.ndarray:
         """Each position's own share of the step: its lookups, and the exchange bytes it is the end of
         (the all-to-alls last as long as their busiest rank)."""
-        return self.fwd + self.bwd + self.col_ms * self.cols + self.id_ms * self.ids
+        return self._once("pressure", lambda: self.fwd + self.bwd + self.col_ms * self.cols + self.id_ms * self.ids)
+
+    def by_pressure(self) -> np.ndarray:
+        """Positions from the least pressed (ties to the lower position)."""
+        return self._once("order", lambda: np.argsort(self.pressure(), kind="stable"))
+
+    def _maxima(self) -> tuple[float, ...]:
+        return self._once("max", lambda: (float(self.fwd.max()), float(self.bwd.max()), float(self.cols.max()),
+                                          float(self.lens.max()), float(self.ids.max()), float(self.fwd.sum()),
+                                          float(self.bwd.sum())))
 
     def add(self, i: int, part: _Part, sign: float = 1.0) -> None:
+        self._cache.clear()
         for arr, v in ((self.fwd, part.fwd), (self.bwd, part.bwd), (self.cols, part.cols),
                        (self.ids, part.ids), (self.lens, part.lens), (self.mem, part.mem)):
-            np.add.at(arr, part.pos, sign * v)
+            if part.distinct:
+                arr[part.pos] += sign * v
+            else:
+                np.add.at(arr, part.pos, sign * v)
         self.recv_cols += sign * part.recv_cols
         self.ids_send += sign * part.ids_send
         self.lens_send += sign * part.lens_send
@@ -171,6 +203,8 @@ class _Loads:
             return True
         if part.dp_mem and float(self.mem.max()) + self.dp_mem + part.dp_mem > self.room:
             return False
+        if part.distinct:
+            return bool(np.all(self.mem[part.pos] + part.mem + self.dp_mem <= self.room))
         extra = np.zeros(self.G)
         np.add.at(extra, part.pos, part.mem)
         return bool(np.all(self.mem[part.pos] + extra[part.pos] + self.dp_mem <= self.room))
@@ -179,6 +213,30 @@ class _Loads:
         """The surrogate step; `rem_*`: work not yet placed, counted as spread evenly (a lower bound)."""
         inner, beside = self.parts_ms(rem_fwd, rem_bwd)
         return max(self.offset + inner, beside)
+
+    def step_with(self, part: _Part, rem_fwd: float = 0.0, rem_bwd: float = 0.0) -> float:
+        """`step` were `part` added, without adding it: the proposers ask this of every option of every
+        table, and the busiest position is the old busiest or one the part touches."""
+        if not part.distinct:
+            self.add(-1, part)
+            got = self.step(rem_fwd, rem_bwd)
+            self.add(-1, part, -1.0)
+            return got
+        f_max, b_max, c_max, l_max, i_max, f_sum, b_sum = self._maxima()
+        p, G = part.pos, self.G
+
+        def top(old: float, arr: np.ndarray, v: np.ndarray) -> float:
+            return max(old, float((arr[p] + v).max())) if len(p) else old
+
+        f = max(top(f_max, self.fwd, part.fwd), (f_sum + float(part.fwd.sum()) + rem_fwd) / G)
+        b = max(top(b_max, self.bwd, part.bwd), (b_sum + float(part.bwd.sum()) + rem_bwd) / G)
+        ex, beside = self.cost.exchange_ms(
+            self.cfg, self.recv_cols + part.recv_cols, top(c_max, self.cols, part.cols),
+            self.lens_send + part.lens_send, top(l_max, self.lens, part.lens), self.ids_send + part.ids_send,
+            top(i_max, self.ids, part.ids))
+        sync = self.dp_sync_bytes + part.dp_sync_bytes
+        dp = self.dp_ms + part.dp_ms + (self.cost.dp_sync_ms(self.cfg, sync) if sync else 0.0)
+        return max(self.offset + f + b + ex + dp, beside)
 
     def parts_ms(self, rem_fwd: float = 0.0, rem_bwd: float = 0.0) -> tuple[float, float]:
         """(the plan's part of the step, the pipelined input distribution's time beside it)."""
@@ -216,41 +274,58 @@ class _Pricer:
         if option.kind == "data_parallel":
             ms, sync = self.cost.dp_lookups(t, self.cfg)
             z = np.zeros(0)
-            return _Part(option, [], np.zeros(0, dtype=np.int64), z, z, z, z, z, z, dp_ms=ms, dp_sync_bytes=sync,
+            return _Part(option, list, np.zeros(0, dtype=np.int64), z, z, z, z, z, z, dp_ms=ms, dp_sync_bytes=sync,
                          dp_mem=t.rows * (t.dim * self.wb + self.sb))
         n = len(shards)
         fwd, bwd, ids = np.empty(n), np.empty(n), np.empty(n)
         for k, s in enumerate(shards):
             fwd[k], bwd[k], ids[k] = self.shard_cost(i, s.row_start, s.row_end, s.dim)
-        return self._loaded(option, shards, fwd, bwd, ids)
-
-    def _loaded(self, option: Option, shards: list[Shard], fwd: np.ndarray, bwd: np.ndarray,
-                ids: np.ndarray) -> _Part:
-        """A model-parallel part from its shards and their priced lookups: what each position receives and holds."""
-        B, G, n = self.cfg.batch_size, self.cfg.group_size, len(shards)
-        dims = np.array([s.dim for s in shards], dtype=np.float64)
         rows = np.array([s.rows for s in shards], dtype=np.float64)
-        return _Part(option, shards, np.array([s.rank for s in shards], dtype=np.int64), fwd, bwd, dims, ids,
-                     np.full(n, G * B * ID_BYTES), rows * (dims * self.wb + self.sb), recv_cols=float(dims.sum()),
-                     ids_send=float(ids.sum()) / G, lens_send=n * B * ID_BYTES)
+        dims = np.array([s.dim for s in shards], dtype=np.float64)
+        pos = np.array([s.rank for s in shards], dtype=np.int64)
+        return self._loaded(option, lambda: shards, pos, rows, dims, fwd, bwd, ids)
 
-    def row_blocks(self, i: int, positions: Sequence[int]) -> list[Shard]:
-        t = self.wl.tables[i]
-        block = math.ceil(t.rows / len(positions))
-        return [Shard(i, p, k * block, min(t.rows, (k + 1) * block), 0, t.dim)
-                for k, p in enumerate(positions) if min(t.rows, (k + 1) * block) > k * block]
+    def whole_rows(self, i: int, option: Option, ranks: np.ndarray) -> _Part:
+        """Table i's `option.parts` column shards (one: the whole table) on `ranks`, ascending: column k on the
+        k-th lowest rank, as TorchRec places them (`ascending_columns`). The shards are alike: priced once."""
+        t, n = self.wl.tables[i], len(ranks)
+        w = t.dim // option.parts
+        fwd, bwd, ids = self.shard_cost(i, 0, t.rows, w)
+
+        def make() -> list[Shard]:
+            return [Shard(i, int(p), 0, t.rows, k * w, (k + 1) * w) for k, p in enumerate(ranks)]
+
+        return self._loaded(option, make, ranks.astype(np.int64), np.full(n, float(t.rows)), np.full(n, float(w)),
+                            np.full(n, fwd), np.full(n, bwd), np.full(n, ids))
+
+    def _loaded(self, option: Option, make: Callable[[], list[Shard]], pos: np.ndarray, rows: np.ndarray,
+                dims: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, ids: np.ndarray) -> _Part:
+        """A model-parallel part from its shards and their priced lookups: what each position receives and holds."""
+        B, G, n = self.cfg.batch_size, self.cfg.group_size, len(pos)
+        return _Part(option, make, pos, fwd, bwd, dims, ids, np.full(n, G * B * ID_BYTES),
+                     rows * (dims * self.wb + self.sb), recv_cols=float(dims.sum()), ids_send=float(ids.sum()) / G,
+                     lens_send=n * B * ID_BYTES)
 
     def fixed(self, i: int, option: Option, positions: tuple[int, ...]) -> _Part:
         """Parts whose positions the option fixes (row-wise: all; table-row-wise: one node's), cached, their
-        row blocks priced at once."""
+        row blocks priced at once as arrays."""
         key = (i, option, positions)
         got = self._fixed.get(key)
         if got is None:
             t = self.wl.tables[i]
-            shards = self.row_blocks(i, positions)
-            lo = np.array([s.row_start for s in shards], dtype=np.float64)
-            hi = np.array([s.row_end for s in shards], dtype=np.float64)
-            got = self._fixed[key] = self._loaded(option, shards, *self.cost.shards(t, self.cfg, lo, hi, t.dim))
+            block = math.ceil(t.rows / len(positions))
+            lo = np.arange(len(positions)) * block
+            hi = np.minimum(t.rows, lo + block)
+            keep = hi > lo
+            pos, lo, hi = np.asarray(positions, dtype=np.int64)[keep], lo[keep], hi[keep]
+
+            def make() -> list[Shard]:
+                return [Shard(i, p, a, b, 0, t.dim) for p, a, b in zip(pos.tolist(), lo.tolist(), hi.tolist(),
+                                                                           strict=True)]
+
+            costs = self.cost.shards(t, self.cfg, lo.astype(np.float64), hi.astype(np.float64), t.dim)
+            got = self._fixed[key] = self._loaded(option, make, pos, (hi - lo).astype(np.float64),
+                                                  np.full(len(pos), float(t.dim)), *costs)
         return got
 
 
@@ -313,16 +388,15 @@ class _Search:
         with room (ties to the lower position), in one sort."""
         w = t.dim // option.parts
         need = t.rows * (w * self.pricer.wb + self.pricer.sb)
-        load = loads.pressure()
+        order = loads.by_pressure()
         if self.room is not None:
-            load = np.where(loads.mem + loads.dp_mem + need <= self.room, load, np.inf)
+            order = order[loads.mem[order] + loads.dp_mem + need <= self.room]
         if t.ranks:  # the table's allowed positions only
-            load = np.where(np.isin(np.arange(load.size), t.ranks), load, np.inf)
-        picked = np.argsort(load, kind="stable")[:option.parts]
-        if picked.size < option.parts or not np.isfinite(load[picked]).all():
+            order = order[np.isin(order, t.ranks)]
+        picked = order[:option.parts]
+        if picked.size < option.parts:
             return None
-        ranks = sorted(int(p) for p in picked)  # column k on the k-th lowest rank (`ascending_columns`)
-        return self.pricer.part(i, option, [Shard(i, p, 0, t.rows, k * w, (k + 1) * w) for k, p in enumerate(ranks)])
+        return self.pricer.whole_rows(i, option, np.sort(picked))
 
     # ---------------------------------------------------------------------------------- proposers
     def greedy(self, choices: Sequence[Sequence[Option]]) -> _Loads | None:
@@ -337,9 +411,7 @@ class _Search:
                 part = self.place(loads, i, opt)
                 if part is None:
                     continue
-                loads.add(i, part)
-                s = loads.step(rem_f, rem_b)
-                loads.add(i, part, -1.0)
+                s = loads.step_with(part, rem_f, rem_b)
                 if best is None or s < best[0]:
                     best = (s, part)
             if best is None:
@@ -363,9 +435,7 @@ class _Search:
                     part = self.place(loads, i, opt)
                     if part is None:
                         continue
-                    loads.add(i, part)
-                    s = loads.step()
-                    loads.add(i, part, -1.0)
+                    s = loads.step_with(part)
                     if s < base * (1 - 1e-9) and (best is None or s < best[0]):
                         best = (s, i, part)
                 loads.add(i, old)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -382,49 +383,15 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     wb, sb, cb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer], DTYPE_BYTES[cfg.comm_precision]
     g_span, r_span, w_span = _spans(W, G, cfg.group_placement, c)
 
-    # embedding work per position
-    upd_mult = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
-    fwd, bwd = [0.0] * G, [0.0] * G
-    ids_send = lens_send = recv_cols = 0.0
+    # embedding work per position: every model-parallel shard's bytes, summed per position
+    ld = _position_loads(cfg, plan, s)
+    fwd, bwd = list(ld.fwd), list(ld.bwd)
+    recv_cols, lens_send, ids_send = ld.recv_cols, ld.lens_send, ld.ids_send
+    held_lens, held_ids, held_cols = list(ld.lens), list(ld.ids), list(ld.cols)
+    rep_gather, shard_rows_bytes = list(ld.rep_gather), list(ld.rows_bytes)
+    touched_bytes, touched_rows, union_rows = list(ld.touched_bytes), list(ld.touched_rows), list(ld.union_rows)
+    shard_rows, shard_width = list(ld.rows), list(ld.width)
     idb = id_bytes(wl)
-    # what each position's shards receive (lengths, ids) and send back (pooled columns)
-    held_lens, held_ids, held_cols = [0.0] * G, [0.0] * G, [0.0] * G
-    on_pos: list[list[_ShardLoad]] = [[] for _ in range(G)]
-    rep_gather = [0.0] * G  # grad_allreduce: bytes each position all-gathers over its replicas
-    shard_rows_bytes = [0.0] * G
-    touched_bytes = [0.0] * G  # weight_avg: touched rows' sparse payload per interval
-    touched_rows, shard_rows, shard_width = [0.0] * G, [0] * G, [0] * G
-    union_rows = [0.0] * G  # weight_avg's union transport: rows any of the R replicas touched per interval
-    for tp in plan.tables:
-        t = wl.tables[tp.table]
-        if tp.kind == "data_parallel":
-            continue
-        for sh in tp.shards:
-            frac = lookup_share(t, sh.row_start, sh.row_end, wl.profiled)
-            bags = G * B
-            ids = bags * pool[tp.table] * frac
-            fwd[sh.rank] += _emb_ms(lookup_bytes(ids, bags, sh.dim, wb), "fwd", sh.dim, s, t.weighted)
-            bwd[sh.rank] += _emb_ms(update_bytes(ids * upd_mult, bags * upd_mult, sh.dim, wb, sb), "bwd", sh.dim, s,
-                                    t.weighted)
-            recv_cols += sh.dim
-            lens_send += B * ID_BYTES
-            ids_send += B * pool[tp.table] * frac * idb
-            held_cols[sh.rank] += sh.dim
-            held_lens[sh.rank] += bags * ID_BYTES
-            held_ids[sh.rank] += ids * idb
-            on_pos[sh.rank].append(_ShardLoad(tp.table, sh.rows, sh.dim * wb + sb, ids * upd_mult, t, wl.profiled,
-                                              sh.dim))
-            rep_gather[sh.rank] += bags * (pool[tp.table] * frac * idb + sh.dim * 4) + bags * ID_BYTES
-            shard_rows_bytes[sh.rank] += sh.rows * sh.dim * cb
-            if R > 1:  # 2D's replica merge: the rows each replica (and all of them) touch between merges
-                k_ids = cfg.sparse_sync_interval * ids
-                touched = rows_touched(t, sh.rows, frac, k_ids, wl.profiled)
-                touched_bytes[sh.rank] += touched * (ID_BYTES + sh.dim * cb)
-                touched_rows[sh.rank] += touched
-                # the replicas draw alike: their union is what R x the draws touch
-                union_rows[sh.rank] += rows_touched(t, sh.rows, frac, R * k_ids, wl.profiled)
-            shard_rows[sh.rank] += sh.rows
-            shard_width[sh.rank] = max(shard_width[sh.rank], sh.dim)
     # memory per position (`_memory`: every term and why), and Neo's hierarchy: what does not fit a GPU lives in
     # host memory behind a cache
     dc = dense_cost(wl)
@@ -436,8 +403,7 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     wa_sparse = wa_how == "sparse"
     union_frac = [u / max(1, r) for u, r in zip(union_rows, shard_rows, strict=True)] if wa_how == "union" else []
     host_merge = wa_how == "union" and c.device.type == "cpu" and r_span.k == 1  # replica_sync's `host_reduce`
-    fixed, held = _memory(cfg, c, dc, pool, held_ids, held_lens, held_cols, recv_cols, on_pos, plan.dp_tables(),
-                          touched_rows, wa_sparse, union_frac, host_merge)
+    fixed, held = _memory(cfg, c, dc, pool, ld, plan.dp_tables(), wa_sparse, union_frac, host_merge)
     mem = [(fixed + b + h) / 2**20 for b, h in zip(shard_bytes, held, strict=True)]
     mem_limit = c.rank_memory_mb(s.ranks_per_node)
     offload: dict[int, list[dict]] = {}
@@ -448,17 +414,18 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
         for p in range(G):
             if not uvm and mem[p] <= mem_limit:
                 continue
-            others = shard_bytes[p] - sum(x.rows * x.row_bytes for x in on_pos[p])  # data-parallel: on the device
-            shards = tuple((x.table, x.rows, x.row_bytes, x.ids) for x in on_pos[p])
+            on_p = ld.on(p, wl)
+            others = shard_bytes[p] - float(on_p.size.sum())  # data-parallel: on the device
+            shards = on_p.key()
             if uvm:  # the knob: every shard in host memory behind its share's cache
                 key = ("uvm", *shards)
                 if key not in moves:
-                    moves[key] = _uvm_cache(on_pos[p], uvm, wb, host_per_rank, c)
+                    moves[key] = _uvm_cache(on_p, uvm, wb, host_per_rank, c)
             else:  # Neo's hierarchy: the largest shards move until the rest fits
                 room = mem_limit * 2**20 - fixed - held[p] - others
                 key = (room, *shards)
                 if key not in moves:
-                    moves[key] = _offload(on_pos[p], room, host_per_rank, c)
+                    moves[key] = _offload(on_p, room, host_per_rank, c)
             extra, off, dev = moves[key]
             fwd[p] += extra
             bwd[p] += extra
@@ -614,14 +581,124 @@ def _spans(W: int, G: int, placement: str, c: Cluster) -> tuple[coll.Span, coll.
 
 
 @dataclass(frozen=True)
-class _ShardLoad:
-    table: int
-    rows: int
-    row_bytes: int  # weight row + its optimizer state
-    ids: float  # lookups per step (the backward updates as many rows)
-    spec: TableSpec
-    profiled: bool = False  # ids follow the table's profile: the cache's hit rate is the profiled one
-    dim: int = 0  # the shard's width
+class _Loads:
+    """What each group position's model-parallel shards ask of it, summed per position (arrays of G), and the
+    shards themselves as arrays (plan order): a row-wise plan at 1,024 ranks holds 800k shards, so these
+    are numpy sums, not a loop over shard objects."""
+
+    fwd: np.ndarray  # ms of the shards' pooled lookups
+    bwd: np.ndarray  # ms of their fused backward and optimizer
+    cols: np.ndarray  # pooled columns the position sends back
+    ids: np.ndarray  # id bytes it receives
+    lens: np.ndarray  # length bytes it receives
+    rep_gather: np.ndarray  # 2D grad_allreduce: bytes it all-gathers over its replicas
+    rows_bytes: np.ndarray  # its shards' rows in the comm precision (2D weight_avg's dense merge)
+    touched_bytes: np.ndarray  # 2D weight_avg: touched rows' sparse payload per interval
+    touched_rows: np.ndarray
+    union_rows: np.ndarray  # rows any of the R replicas touched per interval
+    rows: np.ndarray
+    width: np.ndarray  # its widest shard
+    recv_cols: float  # pooled columns every rank receives (one per shard column)
+    lens_send: float  # length bytes every rank sends
+    ids_send: float  # id bytes every rank sends
+    shard_table: np.ndarray  # per shard, plan order
+    shard_rank: np.ndarray
+    shard_rows: np.ndarray
+    shard_dim: np.ndarray
+    shard_ids: np.ndarray  # lookups per step the backward updates (x R under grad_allreduce)
+    row_extra: int  # bytes of optimizer state beside each row
+    wbytes: int
+
+    def per_pos_max(self, x: np.ndarray) -> np.ndarray:
+        """The largest of a per-shard quantity on each position (0 where it holds none)."""
+        out = np.zeros(len(self.fwd))
+        np.maximum.at(out, self.shard_rank, x)
+        return out
+
+    @functools.cached_property
+    def _by_rank(self) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(self.shard_rank, kind="stable")
+        return order, np.searchsorted(self.shard_rank[order], np.arange(len(self.fwd) + 1))
+
+    def on(self, p: int, wl: Workload) -> _Held:
+        """Position p's shards, in plan order (what the offload and the UVM cache move)."""
+        order, bounds = self._by_rank
+        i = order[bounds[p]:bounds[p + 1]]
+        return _Held(self.shard_table[i], self.shard_rows[i], self.shard_dim[i] * self.wbytes + self.row_extra,
+                     self.shard_ids[i], self.shard_dim[i], wl.tables, wl.profiled)
+
+
+def _position_loads(cfg: TrialConfig, plan: ShardingPlan, s: Speeds) -> _Loads:
+    """`_Loads` of `plan`: each shard's lookups (its share of its table's, `lookup_share`), bytes and ms."""
+    wl, G, B, R = cfg.workload, cfg.group_size, cfg.batch_size, cfg.world_size // cfg.group_size
+    wb, sb, cb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer], DTYPE_BYTES[cfg.comm_precision]
+    um = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
+    mp = [tp for tp in plan.tables if tp.kind != "data_parallel" and tp.shards]
+    sh = plan.shard_array()
+    n = len(sh)
+    table, rank, dim = sh[:, 0], sh[:, 1], sh[:, 5] - sh[:, 4]
+    rows = sh[:, 3] - sh[:, 2]
+    frac = np.empty(n)
+    at = 0
+    for tp in mp:  # each table's shards' share of its lookups (its profiled row blocks where it has them)
+        t, k = wl.tables[tp.table], len(tp.shards)
+        lo, hi = sh[at:at + k, 2].astype(np.float64), sh[at:at + k, 3].astype(np.float64)
+        part = idstats.shares_of_rows(t.profile, lo, hi, t.rows) if wl.profiled and t.profile else (hi - lo) / t.rows
+        frac[at:at + k] = np.where((lo <= 0) & (hi >= t.rows), 1.0, part)
+        at += k
+    pool = np.asarray(wl.lookups_per_sample(), dtype=np.float64)[table]
+    bags = G * B
+    ids = bags * pool * frac
+    idb = id_bytes(wl)
+    weighted = np.array([t.weighted for t in wl.tables], dtype=bool)[table]
+
+    def ms(nbytes: np.ndarray, phase: str) -> np.ndarray:  # `_emb_ms`, each shard at its width
+        widths, inv = np.unique(dim, return_inverse=True)
+        eff = np.array([s.effs.setdefault((phase, int(w)), s.eff.at(phase, int(w))) for w in widths])[inv]
+        return nbytes / (s.copy_gbs * 1e6 * eff * s.emb_speed) * np.where(weighted, s.weighted.get(phase, 1.0), 1.0)
+
+    def per_pos(x: np.ndarray | float) -> np.ndarray:
+        return np.bincount(rank, weights=np.broadcast_to(x, (n,)), minlength=G).astype(np.float64)
+
+    touched = union = np.zeros(n)
+    if R > 1:  # 2D's replica merge: the rows each replica (and all of them) touch between merges
+        k_ids = cfg.sparse_sync_interval * ids
+        each = list(zip([wl.tables[i] for i in table], rows, frac, k_ids, strict=True))
+        touched = np.array([rows_touched(t, r, f, d, wl.profiled) for t, r, f, d in each])
+        union = np.array([rows_touched(t, r, f, R * d, wl.profiled) for t, r, f, d in each])
+    width = np.zeros(G, dtype=np.int64)
+    np.maximum.at(width, rank, dim)
+    return _Loads(
+        fwd=per_pos(ms(lookup_bytes(ids, bags, dim, wb), "fwd")),
+        bwd=per_pos(ms(update_bytes(ids * um, bags * um, dim, wb, sb), "bwd")),
+        cols=per_pos(dim), ids=per_pos(ids * idb), lens=per_pos(float(bags * ID_BYTES)),
+        rep_gather=per_pos(bags * (pool * frac * idb + dim * 4) + bags * ID_BYTES),
+        rows_bytes=per_pos(rows * dim * cb), touched_bytes=per_pos(touched * (ID_BYTES + dim * cb)),
+        touched_rows=per_pos(touched), union_rows=per_pos(union), rows=per_pos(rows), width=width,
+        recv_cols=float(dim.sum()), lens_send=float(n * B * ID_BYTES), ids_send=float((B * pool * frac * idb).sum()),
+        shard_table=table, shard_rank=rank, shard_rows=rows, shard_dim=dim, shard_ids=ids * um, row_extra=sb,
+        wbytes=wb)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """One position's model-parallel shards as arrays, in plan order (what host memory may take)."""
+
+    table: np.ndarray
+    rows: np.ndarray
+    row_bytes: np.ndarray  # weight row + its optimizer state
+    ids: np.ndarray  # lookups per step (the backward updates as many rows)
+    dim: np.ndarray
+    specs: Sequence[TableSpec]  # by table index
+    profiled: bool = False  # ids follow the tables' profiles: the cache's hit rate is the profiled one
+
+    @property
+    def size(self) -> np.ndarray:
+        return self.rows * self.row_bytes
+
+    def key(self) -> tuple:
+        """Positions holding alike (most of them at scale) move alike."""
+        return tuple(a.tobytes() for a in (self.table, self.rows, self.row_bytes, self.ids))
 
 
 def hit_rate(cache_rows: float, rows: int, t: TableSpec, profiled: bool = False) -> float:
@@ -639,47 +716,50 @@ def hit_rate(cache_rows: float, rows: int, t: TableSpec, profiled: bool = False)
     return float(zipf_cdf(math.floor(cache_rows) + 1.0, rows, t.zipf_alpha))
 
 
-def _offload(shards: list[_ShardLoad], room: float, host_bytes: float, c: Cluster) -> tuple[float, list[dict], float]:
+def _offload(h: _Held, room: float, host_bytes: float, c: Cluster) -> tuple[float, list[dict], float]:
     """Move the largest shards to host memory until the rest fits `room` bytes, the rest of `room` is their
     device-side cache (rows kept by heat, split by the shards' sizes). Returns (ms each of the forward and the
     backward spend on misses over the host link, what moved, bytes left on the device)."""
-    on_dev = sorted(shards, key=lambda x: -x.rows * x.row_bytes)
-    moved: list[_ShardLoad] = []
-    while on_dev and sum(x.rows * x.row_bytes for x in on_dev) > room * 0.5:  # half the room stays a cache
-        moved.append(on_dev.pop(0))
-    dev_bytes = sum(x.rows * x.row_bytes for x in on_dev)
+    size = h.size.astype(np.float64)  # whole bytes: exact in float64 below 2**53
+    order = np.argsort(-size, kind="stable")
+    rest = np.concatenate([np.cumsum(size[order][::-1])[::-1], [0.0]])  # bytes left if the first k move
+    fits = np.flatnonzero(rest <= room * 0.5)  # half the room stays a cache
+    moved = order[:int(fits[0]) if fits.size else len(order)]
+    dev_bytes = float(rest[len(moved)])
     cache = max(0.0, room - dev_bytes)
-    moved_bytes = sum(x.rows * x.row_bytes for x in moved) or 1.0
-    ms, out = _misses([(x, cache * (x.rows * x.row_bytes / moved_bytes) / x.row_bytes) for x in moved], c)
-    if sum(x.rows * x.row_bytes for x in moved) > host_bytes:  # host memory is the limit too: stays over
-        return ms, out, dev_bytes + sum(x.rows * x.row_bytes for x in moved)
+    moved_bytes = float(size[moved].sum())
+    ms, out = _misses(h, moved, cache * (size[moved] / (moved_bytes or 1.0)) / h.row_bytes[moved], c)
+    if moved_bytes > host_bytes:  # host memory is the limit too: stays over
+        return ms, out, dev_bytes + moved_bytes
     return ms, out, dev_bytes + cache
 
 
-def _uvm_cache(shards: list[_ShardLoad], load_factor: float, wb: int, host_bytes: float,
+def _uvm_cache(h: _Held, load_factor: float, wb: int, host_bytes: float,
                c: Cluster) -> tuple[float, list[dict], float]:
     """FBGEMM's UVM cache (`TrialConfig.uvm_cache_load_factor`): every shard's rows and optimizer state in host
     memory, `load_factor` of its rows cached on the device (weights only: the state stays in host memory).
     Returns (ms each of the forward and the backward spend on misses, the shards, device bytes). Where the
     shards do not fit the rank's host memory the device holds them all (the memory check then refuses it)."""
-    ms, out = _misses([(x, load_factor * x.rows) for x in shards], c)
-    if sum(x.rows * x.row_bytes for x in shards) > host_bytes:
-        return ms, out, sum(x.rows * x.row_bytes for x in shards)
-    return ms, out, sum(load_factor * x.rows * x.dim * wb for x in shards)
+    ms, out = _misses(h, np.arange(len(h.rows)), load_factor * h.rows, c)
+    total = float(h.size.sum())
+    if total > host_bytes:
+        return ms, out, total
+    return ms, out, float(np.sum(load_factor * h.rows * h.dim * wb))
 
 
-def _misses(cached: list[tuple[_ShardLoad, float]], c: Cluster) -> tuple[float, list[dict]]:
-    """What host-memory shards behind a device cache cost: each (shard, rows cached) misses the share of its
-    lookups its hottest rows do not serve (`hit_rate`: the profiled ids where they are known), and each miss
-    moves its row over the host link, in the forward and again in the backward's update. The hottest rows
-    are what an LFU cache keeps; an LRU cache (FBGEMM's default) keeps fewer of them, so this is the cache's
-    best case. Each shard gets its own share; FBGEMM shares one cache among a kernel's tables, where a small
-    table's few rows stay cached even below one row's share."""
+def _misses(h: _Held, which: np.ndarray, cached: np.ndarray, c: Cluster) -> tuple[float, list[dict]]:
+    """What host-memory shards behind a device cache cost: each shard `which[k]` with `cached[k]` rows cached
+    misses the share of its lookups its hottest rows do not serve (`hit_rate`: the profiled ids where they are
+    known), and each miss moves its row over the host link, in the forward and again in the backward's update.
+    The hottest rows are what an LFU cache keeps; an LRU cache (FBGEMM's default) keeps fewer of them, so this
+    is the cache's best case. Each shard gets its own share; FBGEMM shares one cache among a kernel's tables,
+    where a small table's few rows stay cached even below one row's share."""
     ms, out = 0.0, []
-    for x, rows_cached in cached:
-        hr = hit_rate(rows_cached, x.rows, x.spec, x.profiled)
-        ms += x.ids * (1 - hr) * x.row_bytes / (c.device.host_link_gbs * 1e6)
-        out.append({"table": x.table, "rows": x.rows, "cache_rows": int(rows_cached), "hit_rate": round(hr, 4)})
+    for i, rows_cached in zip(which.tolist(), np.asarray(cached, dtype=np.float64).tolist(), strict=True):
+        rows, table = int(h.rows[i]), int(h.table[i])
+        hr = hit_rate(rows_cached, rows, h.specs[table], h.profiled)
+        ms += float(h.ids[i]) * (1 - hr) * int(h.row_bytes[i]) / (c.device.host_link_gbs * 1e6)
+        out.append({"table": table, "rows": rows, "cache_rows": int(rows_cached), "hit_rate": round(hr, 4)})
     return ms, out
 
 
@@ -738,10 +818,8 @@ def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Spe
     return max(0.0, inp - latency) * busy, 0.0
 
 
-def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held_ids: list[float],
-            held_lens: list[float], held_cols: list[float], recv_cols: float, on_pos: list[list[_ShardLoad]],
-            dp_tables: list[int], touched_rows: list[float], wa_sparse: bool,
-            union_frac: list[float], host_merge: bool) -> tuple[float, list[float]]:
+def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], ld: _Loads, dp_tables: list[int],
+            wa_sparse: bool, union_frac: list[float], host_merge: bool) -> tuple[float, list[float]]:
     """A rank's peak memory beyond its shards' weights and optimizer state, in bytes: (what every group
     position holds, what position p holds on top). What the harness allocates (harness/train.py,
     harness/sharding, harness/model.py), buffer by buffer; checked against real trials by
@@ -782,10 +860,20 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
     widest = max(kept, default=0.0)
     dense_phase = [btd, *kept, widest, widest]
     held: list[float] = []
+    held_cols, held_ids, held_lens, touched_rows, recv_cols = ld.cols, ld.ids, ld.lens, ld.touched_rows, ld.recv_cols
+    width = (0 if cfg.emb_optimizer == "sgd" else 1) + (2 if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad"
+                                                       else 0)  # the merge payload's columns beside the row
+    # what the weight_avg merge reads of p's shards: rows, their bytes, the largest shard's payloads
+    rows_sum = ld.rows
+    rd_sum = np.bincount(ld.shard_rank, weights=ld.shard_rows * ld.shard_dim, minlength=G)
+    rb_sum = rd_sum * wb + rows_sum * ld.row_extra
+    max_rd = ld.per_pos_max(ld.shard_rows * ld.shard_dim)
+    max_r4i = ld.per_pos_max(ld.shard_rows * (ld.shard_dim * 4 + ID_BYTES))
+    max_rdw = ld.per_pos_max(ld.shard_rows * (ld.shard_dim + width) * 4)
     seen: dict[tuple, float] = {}  # positions that hold alike (most of them at scale) hold the same bytes
-    for p, xs in enumerate(on_pos):
+    for p in range(G):
         key = (held_cols[p], held_ids[p], held_lens[p], touched_rows[p], union_frac[p] if union_frac else 0.0,
-               *((x.rows, x.row_bytes, x.dim) for x in xs))
+               rows_sum[p], rd_sum[p], max_rd[p], max_r4i[p], max_rdw[p])
         if key in seen:
             held.append(seen[key])
             continue
@@ -825,26 +913,22 @@ def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], held
             # two more columns) in fp32: of every row when dense (all shards at once, then one at a time cast
             # to the comm precision and back), of the touched rows when sparse (with their ids: the payloads,
             # their concatenation, the R replicas' gathered)
-            width = (0 if cfg.emb_optimizer == "sgd" else 1) + (
-                2 if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" else 0)
-            h += sum(x.rows * (1 if union_frac else x.row_bytes + 1) for x in xs)
+            h += rows_sum[p] if union_frac else rb_sum[p] + rows_sum[p]
             if union_frac:  # averaging in place keeps no last-sync copy
                 if host_merge:  # into shared memory that stays mapped, in the table's precision, as many shards at
                     # once as fit HOST_BATCH_BYTES: its own slot and the result whole, its chunk of each other
                     # replica's slot (and the union's ids)
                     u = min(1.0, union_frac[p])
-                    rows = [x.rows * x.dim * wb * u for x in xs]
-                    slot = max(min(sum(rows), HOST_BATCH_BYTES), max(rows, default=0))
-                    h += slot * (2 + (R - 1) / R) + sum(x.rows for x in xs) * ID_BYTES * u
+                    slot = max(min(rd_sum[p] * wb * u, HOST_BATCH_BYTES), max_rd[p] * wb * u)
+                    h += slot * (2 + (R - 1) / R) + rows_sum[p] * ID_BYTES * u
                     merge = 0.0
                 else:  # one shard's union at a time, its rows widened to fp32, with their ids
-                    merge = max((x.rows * (x.dim * 4 + ID_BYTES) for x in xs), default=0) * min(1.0, union_frac[p])
+                    merge = max_r4i[p] * min(1.0, union_frac[p])
             elif wa_sparse:
-                dims = sum(x.rows * x.dim for x in xs) / max(1, sum(x.rows for x in xs))
+                dims = rd_sum[p] / max(1, rows_sum[p])
                 merge = touched_rows[p] * ((dims + width) * 4 + ID_BYTES) * (2 + R)
             else:
-                payload = [x.rows * (x.dim + width) * 4 for x in xs]
-                merge = sum(payload) + (max(payload, default=0) * (cb + 4) / 4 if cb < 4 else 0.0)
+                merge = 4 * (rd_sum[p] + width * rows_sum[p]) + (max_rdw[p] * (cb + 4) / 4 if cb < 4 else 0.0)
             # the merge is larger than the step's mmapped buffers, freed by then (the heap's stay)
             h += max(0.0, merge - (step - (heap if cpu else 0.0)))
         held.append(h)
