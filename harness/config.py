@@ -167,7 +167,7 @@ class TrialConfig:
                               "ranks side by side: use group_placement=intra_node")
         if self.kernel == "native" and self.device == "cuda":
             raise ConfigError(f"{where}: kernel=native is a CPU kernel; with device=cuda choose torch or triton")
-        for t in self.workload.tables:  # the plan's constraints, against this group
+        for t in self.workload.constrained():  # the plan's constraints, against this group
             bad = [k for k in t.sharding_types if k not in SHARDING_TYPES]
             if bad:
                 raise ConfigError(f"{where}: table {t.name} sharding_types: {bad[0]!r} is no sharding kind; "
@@ -182,8 +182,11 @@ class TrialConfig:
 
             load_plan(self)  # a table left out, a rank the group lacks, a table not covered: one line, now
         if self.sharding == "column_wise":
-            for t in self.workload.tables:
-                self.column_width(t.dim, t.name, where)
+            seen: set[int] = set()
+            for t in self.workload.tables:  # the first table of each width (788 tables have a few)
+                if t.dim not in seen:
+                    seen.add(t.dim)
+                    self.column_width(t.dim, t.name, where)
         lf = self.uvm_cache_load_factor
         if not math.isfinite(lf) or not 0 <= lf <= 1:
             raise ConfigError(f"{where}: uvm_cache_load_factor={lf!r} must be in [0, 1] (0: tables in device memory)")
@@ -213,7 +216,8 @@ class TrialConfig:
 
     # ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        # field by field: dataclasses.asdict deep-copied the workload (788 profiled tables) only to replace it
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["workload"] = self.workload.to_dict()
         for k, v in KEYLESS_DEFAULTS.items():
             if d[k] == v:

@@ -247,6 +247,22 @@ def expected_distinct(p: IdProfile, n: float) -> float:
     return float(np.sum(counts * -np.expm1(n * np.log1p(-np.minimum(probs, 1 - 1e-15)))))
 
 
+def expected_distinct_many(p: IdProfile, n: np.ndarray) -> np.ndarray:
+    """`expected_distinct` of many draw counts at once (every shard of a table)."""
+    counts, probs = p.mass_grid()
+    return distinct_on_grid(counts, probs, n)
+
+
+def distinct_on_grid(counts: np.ndarray, probs: np.ndarray, n: np.ndarray) -> np.ndarray:
+    n = np.asarray(n, dtype=np.float64)
+    out = np.zeros(n.shape)
+    pos = n > 0
+    if pos.any():
+        logq = np.log1p(-np.minimum(probs, 1 - 1e-15))
+        out[pos] = (counts * -np.expm1(n[pos, None] * logq)).sum(axis=1)
+    return out
+
+
 def hit_rate(p: IdProfile, cache_rows: float) -> float:
     """Share of lookups that a cache of the `cache_rows` hottest rows serves: the rank curve at that rank."""
     if cache_rows <= 0:

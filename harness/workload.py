@@ -316,6 +316,10 @@ class Workload:
         return presets[name]()
 
     # ------------------------------------------------------------------ derived
+    def constrained(self) -> list[TableSpec]:
+        """The tables with plan constraints (`sharding_types`, `ranks`): a config checks them against its group."""
+        return [t for t in self.tables if t.sharding_types or t.ranks]
+
     @property
     def num_tables(self) -> int:
         return len(self.tables)

@@ -34,6 +34,14 @@ CASES: list[tuple[str, str, str, dict]] = [
     ("small-zipf 2D weight_avg local", "small-zipf", "local",
      dict(world_size=2, sharding="row_wise", sharding_group_size=1, sparse_sync="weight_avg",
           sparse_sync_interval=4)),
+    ("small-meta 2D grad_allreduce local", "small-meta", "local",
+     dict(world_size=2, sharding="row_wise", sharding_group_size=1, batch_size=512)),
+    ("mlperf-dcnv2 2D weight_avg column_wise h100-64", "mlperf-dcnv2", "h100-64",
+     dict(FAST, world_size=64, batch_size=2112, sharding="column_wise", sharding_group_size=16,
+          sparse_sync="weight_avg", sparse_sync_interval=4)),
+    *[(f"dlrm-datasets-2022 2D {s} h100-128", "dlrm-datasets-2022", "h100-128",
+       dict(FAST, world_size=128, sharding="table_wise", sharding_group_size=32, sparse_sync=s))
+      for s in ("grad_allreduce", "weight_avg")],
     ("small threads local", "small", "local", dict(world_size=2, threads_per_rank=2, sharding="size_greedy")),
     *[(f"criteo-mlperf-mini {k} h100-8", "criteo-mlperf-mini", "h100-8", dict(GPU, world_size=8, sharding=k))
       for k in ("table_wise", "row_wise", "column_wise", "table_row_wise", "lookup_greedy", "plan")],

@@ -23,6 +23,8 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
+import numpy as np
+
 from cubic_harness.config import DTYPE_BYTES, SHARDING_TYPES, TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan, ascending_columns
@@ -155,14 +157,18 @@ def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memor
     dp_bytes = sum(sizes[i] for i, k in kinds.items() if k == "data_parallel")
     used = [dp_bytes] * G
 
-    # row-wise: every position gets a block of rows
+    # row-wise: every position gets a block of rows (positions 0.. in order: the blocks' sums are arrays)
+    rw_used, rw_load = np.zeros(G), np.zeros(G)
     for i, t in enumerate(wl.tables):
         if kinds[i] == "row_wise":
             _split_rows(tables[i], t.rows, t.dim, list(range(G)))
-            c = cost.table(t, cfg)
-            for s in tables[i].shards:
-                used[s.rank] += s.rows * (t.dim * wbytes + 4)
-                load[s.rank] += c * s.rows / t.rows
+            n = len(tables[i].shards)
+            block = np.full(n, math.ceil(t.rows / G), dtype=np.float64)
+            block[-1] = t.rows - block[0] * (n - 1)
+            rw_used[:n] += block * (t.dim * wbytes + 4)
+            rw_load[:n] += cost.table(t, cfg) * block / t.rows
+    used = [u + float(x) for u, x in zip(used, rw_used, strict=True)]
+    load = [lo + float(x) for lo, x in zip(load, rw_load, strict=True)]
 
     # column-wise: shards of width w placed greedily
     positions = _Positions(load, used, cap)

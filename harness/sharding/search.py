@@ -40,6 +40,7 @@ MOVES_PER_TABLE = 4  # the improvement's move budget: at most this many accepted
 CRITICAL_TABLES = 16  # tables on the critical position tried per move, heaviest first
 POLISH_ESTIMATES = 400  # full step estimates the final polish may spend (each ~1-30 ms at <= 128 positions)
 POLISH_MAX_SIZE = 128 * 64  # positions x tables up to which the polish runs (beyond, estimates take seconds)
+STARTS_MAX_SIZE = POLISH_MAX_SIZE  # positions x tables up to which the greedy also starts from one kind
 
 
 class PlanCost(Protocol):
@@ -459,9 +460,12 @@ class _Search:
         return sorted(dp, key=lambda i: -loads.parts[i].dp_ms)[:4]
 
     def proposals(self) -> list[ShardingPlan]:
-        """The greedy over every option, and starts from whole tables and from column shards, each improved."""
+        """The greedy over every option, each improved; on problems up to `STARTS_MAX_SIZE` also starts from
+        whole tables and from column shards (beyond it they gave the first start's plan or the table-wise
+        rival's on every benchmark case, at a greedy's cost each: benchmarks/bench_planner.py)."""
         starts = [self.options]
-        for kinds in (("table_wise",), ("column_wise",)):
+        extra = self.cfg.group_size * self.cfg.workload.num_tables <= STARTS_MAX_SIZE
+        for kinds in (("table_wise",), ("column_wise",)) if extra else ():
             only = [[o for o in opts if o.kind in kinds] for opts in self.options]
             if all(only) and only != self.options:
                 starts.append(only)

@@ -98,6 +98,33 @@ def rows_touched(t: TableSpec, rows: int, frac: float, draws: float, profiled: b
     return min(rows, distinct * rows / t.rows)
 
 
+def rows_touched_many(tables: list[TableSpec], table: np.ndarray, rows: np.ndarray, frac: np.ndarray,
+                      table_draws: np.ndarray, profiled: bool) -> np.ndarray:
+    """`rows_touched` of many shards at once (shard i of table `tables[table[i]]` holds `frac[i]` of its
+    lookups, of which the table draws `table_draws[i]`): the expected distinct count is taken once per id law
+    (one profile, or one Zipf law over as many rows) and draw count, however many shards share them."""
+    rows = np.asarray(rows, dtype=np.float64)
+    draws = table_draws * frac
+    out = rows * -np.expm1(-draws / np.maximum(1, rows))  # uniform ids: the birthday count
+    laws: dict[object, list[int]] = {}
+    for i in np.unique(table):
+        t = tables[i]
+        law = id(t.profile) if profiled and t.profile else (t.rows, t.zipf_alpha) if t.id_dist == "zipf" else None
+        if law is not None:
+            laws.setdefault(law, []).append(int(i))
+    for members in laws.values():
+        t = tables[members[0]]
+        at = np.flatnonzero(np.isin(table, members))
+        n, which = np.unique(table_draws[at], return_inverse=True)
+        if profiled and t.profile:
+            distinct = idstats.expected_distinct_many(t.profile, n)[which]
+        else:
+            distinct = idstats.distinct_on_grid(*_zipf_ranks(t.rows, t.zipf_alpha), n)[which]
+        full = np.array([tables[i].rows for i in table[at]], dtype=np.float64)
+        out[at] = np.minimum(rows[at], distinct * rows[at] / full)
+    return out
+
+
 def zipf_cdf(x: np.ndarray | float, rows: int, a: float) -> np.ndarray:
     """Share of Zipf(a) draws on ranks below x, for the law the harness draws (`cubic_harness.data`): the
     continuous power law over ranks [1, rows + 1), each draw floored to its rank."""
@@ -660,12 +687,12 @@ def _position_loads(cfg: TrialConfig, plan: ShardingPlan, s: Speeds) -> _Loads:
     def per_pos(x: np.ndarray | float) -> np.ndarray:
         return np.bincount(rank, weights=np.broadcast_to(x, (n,)), minlength=G).astype(np.float64)
 
-    touched = union = np.zeros(n)
+    touched, union = np.zeros(n), np.zeros(n)
     if R > 1:  # 2D's replica merge: the rows each replica (and all of them) touch between merges
-        k_ids = cfg.sparse_sync_interval * ids
-        each = list(zip([wl.tables[i] for i in table], rows, frac, k_ids, strict=True))
-        touched = np.array([rows_touched(t, r, f, d, wl.profiled) for t, r, f, d in each])
-        union = np.array([rows_touched(t, r, f, R * d, wl.profiled) for t, r, f, d in each])
+        k_draws = cfg.sparse_sync_interval * bags * pool  # a table's draws between merges (one replica's)
+        both = rows_touched_many(wl.tables, np.concatenate([table, table]), np.concatenate([rows, rows]),
+                                 np.concatenate([frac, frac]), np.concatenate([k_draws, R * k_draws]), wl.profiled)
+        touched, union = both[:n], both[n:]
     width = np.zeros(G, dtype=np.int64)
     np.maximum.at(width, rank, dim)
     return _Loads(
