@@ -11,8 +11,8 @@ Formats (`FORMATS`; `auto` picks by suffix, a directory by its files' common suf
   the per-row Python objects pandas makes of list columns): a scalar id (one id; null: none) or a list of
   ids (multi-hot; null: none). Struct, map and nested-list columns are refused.
 - csv (.csv, .txt) / tsv (.tsv): pandas.read_csv with a header, a column per feature: a scalar id, or a
-  string of ids joined by `delimiter` (default "|", MovieLens' "Action|Comedy"); empty: no id. A column
-  pandas reads as integers stays integer; only a column of non-integral numbers is read again as text.
+  string of ids (multi-hot, below); empty: no id. A column pandas reads as integers stays integer; only a
+  column of non-integral numbers is read again as text.
 - criteo: Criteo's TSV without a header: label, I1..I13, C1..C26 (39 fields: no label), categoricals as
   hex strings (empty: no id). A workload feature maps to a categorical by name: C1..C26, or positionally
   cat_0..cat_25 and t0..t25 (so the `criteo-mlperf-mini` preset's tables t0..t25 read C1..C26).
@@ -25,6 +25,14 @@ them: parquet and CSV/TSV a column `f_weights` (`score_column`) beside f's ids, 
 shape (a list, a delimited string, or a scalar); a KJT npz its `weights` array (`weights_0`, ...) beside
 `values`. They go into the trace beside the rows, and a replay hands them to the kernels. A weighted table
 whose features' scores are not all in the data takes synthetic ones (`data.id_scores`); Criteo has none.
+
+Multi-hot text (parquet and CSV/TSV string columns): ids joined by a separator (MovieLens' "Action|Comedy",
+Taobao's "12^7^12") are split by it, never hashed as one id. `multi_hot_sep` (`--multi-hot-sep`) names it;
+`auto` (the default) splits a column by the one of `MULTI_HOT_SEPS` but the space that its values hold, and
+refuses a column holding several of them (which one joins the ids cannot be told); a space alone is read
+as part of the id ("New York"), with a warning, as is any separator a column holds that is not the one named.
+`DataSample.multi_hot` records each column split and by what. Warnings are `ReadWarning`s (the CLI prints
+each as one line).
 
 Raw ids become rows (`hash_to_rows`; DataSample.hashing names the rules used): integers `id % rows`
 ("modulo", Python's sign rule), Criteo hex `int(hex, 16) % rows` ("hex-modulo"), text (and non-integral
@@ -40,6 +48,7 @@ import hashlib
 import os
 import re
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -55,6 +64,11 @@ from cubic_harness.ids import profile_ids
 from cubic_harness.workload import DataSample, Workload
 
 FORMATS = ("auto", "parquet", "csv", "tsv", "criteo", "kjt")
+MULTI_HOT_SEPS = ("|", ",", ";", "^", " ")  # the separators `auto` looks for, in text id columns
+
+
+class ReadWarning(UserWarning):
+    """Data read in a way the user may not expect (a column that looks multi-hot read whole): one line."""
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".tsv": "tsv", ".csv": "csv", ".txt": "csv",
             ".npz": "kjt", ".safetensors": "kjt"}
 CRITEO_DENSE, CRITEO_CATS = 13, 26
@@ -74,12 +88,13 @@ def score_column(feature: str) -> str:
     return f"{feature}_weights"
 
 
-def read_features(path: Path, fmt: str, features: list[str], *, max_rows: int = 0, delimiter: str = "|",
-                  scores: list[str] = ()) -> tuple[int, dict[str, Bags], str]:
+def read_features(path: Path, fmt: str, features: list[str], *, max_rows: int = 0, multi_hot_sep: str = "auto",
+                  scores: list[str] = (), split: dict[str, str] | None = None) -> tuple[int, dict[str, Bags], str]:
     """-> (rows read, feature -> (lengths int64 [rows], raw values concatenated), format actually used).
     `max_rows` > 0 reads at most that many rows (over a directory's files, in name order). `scores`: features
     whose scores to read too where the data has them (in every file), as `score_column(f)` -> (lengths,
-    float64 scores)."""
+    float64 scores). `multi_hot_sep`: how text ids are joined (module docstring); `split` (out): each column
+    split, and by what."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: data file not found")
@@ -96,9 +111,10 @@ def read_features(path: Path, fmt: str, features: list[str], *, max_rows: int = 
         if file.stat().st_size == 0:
             raise ConfigError(f"{file}: empty file; expected {fmt} data with features {features}")
         if fmt == "parquet":
-            n, bags = _read_parquet(file, features, left, score_cols)
+            n, bags = _read_parquet(file, features, left, _Split(multi_hot_sep, split), score_cols)
         elif fmt in ("csv", "tsv"):
-            n, bags = _read_csv(file, features, left, "," if fmt == "csv" else "\t", delimiter, fmt, score_cols)
+            n, bags = _read_csv(file, features, left, "," if fmt == "csv" else "\t", _Split(multi_hot_sep, split),
+                                fmt, score_cols)
         elif fmt == "criteo":
             n, bags = _read_criteo(file, features, left)
         else:
@@ -154,7 +170,7 @@ def hash_to_rows(values: np.ndarray, rows: int, *, hex_ids: bool = False) -> np.
 
 
 def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tuple[int, ...] = (),
-                 max_rows: int = 0, trace_path: Path | None = None, delimiter: str = "|") -> Workload:
+                 max_rows: int = 0, trace_path: Path | None = None, multi_hot_sep: str = "auto") -> Workload:
     """A copy of `wl` whose tables carry their IdProfile of the data at `path` (id_source 'profile', pooling
     the rounded mean bag length, at least 1) and whose `data` says where it came from. `trace_path`: also
     write the hashed bags there (`write_trace`; `data.trace` is its absolute path, which the CLI writes
@@ -169,7 +185,9 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
     path = Path(path)
     features = [f for t in wl.tables for f in t.feature_names]
     weighted = [f for t in wl.tables if t.weighted for f in t.feature_names]
-    rows, bags, used = read_features(path, fmt, features, max_rows=max_rows, delimiter=delimiter, scores=weighted)
+    split: dict[str, str] = {}
+    rows, bags, used = read_features(path, fmt, features, max_rows=max_rows, multi_hot_sep=multi_hot_sep,
+                                     scores=weighted, split=split)
     kinds, tables, traces, scored = [], [], [], []
     for t in wl.tables:
         parts, score_parts = [], []
@@ -197,7 +215,8 @@ def profile_data(path: Path, wl: Workload, *, fmt: str = "auto", batch_sizes: tu
         tables.append(dataclasses.replace(t, profile=p, pooling=max(1, round(p.bag_mean * len(t.feature_names)))))
         traces.append((lengths, rows_hit, _interleave(score_parts)[1] if t.name in scored else None))
     hashing = "+".join(k for k in ("modulo", "hex-modulo", "hash64") if k in kinds)
-    data = DataSample(source=path.name, format=used, sample_rows=rows, hashing=hashing, scores=tuple(scored))
+    data = DataSample(source=path.name, format=used, sample_rows=rows, hashing=hashing, scores=tuple(scored),
+                      multi_hot=tuple(sorted((f, sep) for f, sep in split.items() if f in features)))
     out = dataclasses.replace(wl, tables=tables, id_source="profile", data=data).validate(str(path))
     if trace_path is not None:
         sha = write_trace(Path(trace_path), traces)
@@ -307,7 +326,7 @@ def _missing(path: Path, features: list[str], found: list[str], what: str = "col
         raise ConfigError(f"{path}: feature {miss[0]!r} has no {what}; {what}s found: [{shown}]")
 
 
-def _read_parquet(path: Path, features: list[str], max_rows: int,
+def _read_parquet(path: Path, features: list[str], max_rows: int, sep: _Split,
                   optional: list[str] = ()) -> tuple[int, dict[str, Bags]]:
     try:
         pf = pq.ParquetFile(path)
@@ -326,10 +345,10 @@ def _read_parquet(path: Path, features: list[str], max_rows: int,
             table = pf.read(columns=features)
     except (pa.ArrowException, OSError) as e:
         raise ConfigError(f"{path}: not a readable parquet file: {_line(e)}") from None
-    return table.num_rows, {f: _arrow_bags(table[f], f"{path}: feature {f!r}") for f in features}
+    return table.num_rows, {f: _arrow_bags(table[f], f"{path}: feature {f!r}", sep.of(f)) for f in features}
 
 
-def _read_csv(path: Path, features: list[str], max_rows: int, sep: str, delimiter: str,
+def _read_csv(path: Path, features: list[str], max_rows: int, sep: str, multi_hot: _Split,
               fmt: str, optional: list[str] = ()) -> tuple[int, dict[str, Bags]]:
     _check_text(path, fmt)
 
@@ -351,7 +370,8 @@ def _read_csv(path: Path, features: list[str], max_rows: int, sep: str, delimite
     floats = [f for f in features if df[f].dtype.kind == "f" and not _integral(df[f].dropna().to_numpy())]
     if floats:
         df[floats] = read(usecols=floats, nrows=max_rows or None, dtype=str, low_memory=False)[floats]
-    out = {f: _arrow_bags(pa.array(df[f], from_pandas=True), f"{path}: feature {f!r}", delimiter) for f in features}
+    out = {f: _arrow_bags(pa.array(df[f], from_pandas=True), f"{path}: feature {f!r}", multi_hot.of(f))
+           for f in features}
     return len(df), out
 
 
@@ -471,16 +491,65 @@ def _read_kjt(path: Path, features: list[str], max_rows: int, optional: list[str
 
 
 # ---------------------------------------------------------------------- columns -> bags
-def _arrow_bags(arr: pa.Array | pa.ChunkedArray, where: str, delimiter: str | None = None) -> Bags:
-    """A column's bags: a scalar id per row (null or empty text: none), a list of ids, or (`delimiter`) text
-    of ids joined by it. Ids of a split string that are all integers become integers."""
+class _Split:
+    """One read's multi-hot rule (`multi_hot_sep`) and its record of the columns it split."""
+
+    def __init__(self, sep: str, record: dict[str, str] | None) -> None:
+        self.sep, self.record = sep, record if record is not None else {}
+
+    def of(self, feature: str) -> _Column:
+        return _Column(self, feature)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Column:
+    rule: _Split
+    feature: str
+
+    def separator(self, arr: pa.Array, where: str) -> str | None:
+        """The separator to split this text column by (None: its values are whole ids), warning where the
+        values hold a separator that is not used."""
+        def holding(c: str) -> pa.Array:
+            return pc.fill_null(pc.match_substring(arr, c), False)
+
+        seen = [c for c in MULTI_HOT_SEPS if pc.any(holding(c)).as_py()]
+        sep = self.rule.sep
+
+        def example(c: str) -> str:
+            return str(arr.filter(holding(c))[0].as_py())[:40]
+
+        if sep == "auto":
+            joined = [c for c in seen if c != " "]
+            if len(joined) > 1:
+                raise ConfigError(f"{where}: its text holds several separators {joined} (e.g. {example(joined[0])!r}"
+                                  f", {example(joined[1])!r}); name the one joining its ids: --multi-hot-sep SEP, "
+                                  "or none to read each value as one id")
+            use = joined[0] if joined else None
+        else:
+            use = sep if sep != "none" and sep in seen else None
+        for c in seen:
+            if c != use and not (use and c in use):
+                warnings.warn(f"{where}: read as whole ids, but its values hold {c!r} (e.g. {example(c)!r}); if "
+                              f"they are ids joined by it: --multi-hot-sep {c!r}", ReadWarning, stacklevel=2)
+        if use is not None:
+            self.rule.record[self.feature] = use
+        return use
+
+
+def _arrow_bags(arr: pa.Array | pa.ChunkedArray, where: str, column: _Column | None = None) -> Bags:
+    """A column's bags: a scalar id per row (null or empty text: none), a list of ids, or text of ids joined by
+    a separator (`_Column.separator`; each id trimmed of spaces). Ids of a split string that are all integers
+    become integers."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     split = False
-    if delimiter and _is_text(arr.type) and len(arr) and pc.any(pc.match_substring(arr, delimiter)).as_py():
-        arr, split = pc.split_pattern(arr, delimiter), True
+    sep = column.separator(arr, where) if column is not None and _is_text(arr.type) and len(arr) else None
+    if sep is not None:
+        parts = pc.split_pattern(arr, sep)
+        arr, split = pa.ListArray.from_arrays(parts.offsets, pc.utf8_trim_whitespace(parts.values),
+                                              mask=parts.is_null()), True
     t = arr.type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         if not _is_scalar(t.value_type):

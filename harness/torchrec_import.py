@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,12 @@ POOLINGS = {"SUM": "sum", "MEAN": "mean", "NONE": "none"}
 FLOP_BATCH = 4  # samples in the meta batch the flop counter sees (FLOPs per sample are its share)
 
 
-def load_factory(entry: str, folder: str | Path | None = None) -> nn.Module:
-    """Steps 1: the module FACTORY returns, built on the meta device; ConfigError (one line) otherwise. MODULE is
-    looked for in `folder` first (default: the current one)."""
+def load_callable(entry: str, what: str = "FACTORY", folder: str | Path | None = None) -> Callable[..., Any]:
+    """MODULE:NAME's callable; ConfigError (one line) otherwise. MODULE is looked for in `folder` first (default:
+    the current one)."""
     mod_name, sep, fn_name = entry.partition(":")
     if not sep or not mod_name or not fn_name:
-        raise ConfigError(f"{entry}: expected MODULE:FACTORY (e.g. mymodels.ranker:build_model)")
+        raise ConfigError(f"{entry}: expected MODULE:{what} (e.g. mymodels.ranker:{what.lower()})")
     sys.path.insert(0, str(folder or Path.cwd()))
     try:
         module = importlib.import_module(mod_name)
@@ -48,9 +49,15 @@ def load_factory(entry: str, folder: str | Path | None = None) -> nn.Module:
         raise ConfigError(f"{entry}: cannot import {mod_name!r}: {type(e).__name__}: {_line(e)}") from None
     finally:
         sys.path.pop(0)
-    factory = getattr(module, fn_name, None)
-    if not callable(factory):
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
         raise ConfigError(f"{entry}: {mod_name!r} has no callable {fn_name!r}")
+    return fn
+
+
+def load_factory(entry: str, folder: str | Path | None = None) -> nn.Module:
+    """Steps 1: the module FACTORY returns, built on the meta device; ConfigError (one line) otherwise."""
+    factory = load_callable(entry, "FACTORY", folder)
     try:
         with torch.device("meta"):
             model = factory()
@@ -139,8 +146,12 @@ class _PooledZeros(nn.Module):
                 for k, d in zip(self.keys, self.dims, strict=True)}
 
 
-def measure_dense(entry: str, model: nn.Module, dense_features: int) -> DenseModel:
-    """Step 3 for any other module: parameters outside the collections, forward FLOPs per sample."""
+def measure_dense(entry: str, model: nn.Module, dense_features: int, example_inputs: str = "",
+                  guessed: bool = False) -> DenseModel:
+    """Step 3 for any other module: parameters outside the collections, forward FLOPs per sample. The forward is
+    called as forward(dense, kjt), or with what `example_inputs` (MODULE:FUNCTION) returns for (dense, kjt): a
+    tuple of positional arguments or a dict of keyword ones. `guessed`: `dense_features` was read off the
+    first Linear, not given."""
     from torch.utils.flop_counter import FlopCounterMode
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -155,13 +166,34 @@ def measure_dense(entry: str, model: nn.Module, dense_features: int) -> DenseMod
                                                                               dtype=torch.int64),
                                               lengths=torch.ones(len(keys) * FLOP_BATCH, dtype=torch.int64))
     dense = torch.zeros(FLOP_BATCH, dense_features, device="meta")
+    args, kwargs = (dense, kjt), {}
+    called = f"forward(dense[{FLOP_BATCH}, {dense_features}], KeyedJaggedTensor)"
+    if example_inputs:
+        fn = load_callable(example_inputs, "FUNCTION")
+        try:
+            got = fn(dense, kjt)
+        except Exception as e:
+            raise ConfigError(f"{example_inputs}: raised {type(e).__name__}: {_line(e)}") from None
+        if isinstance(got, dict):
+            args, kwargs = (), got
+        elif isinstance(got, tuple | list):
+            args = tuple(got)
+        else:
+            raise ConfigError(f"{example_inputs}: returned {type(got).__name__}; expected the forward's arguments "
+                              "as a tuple (positional) or a dict (keyword)")
+        called = f"forward(*{example_inputs}(dense[{FLOP_BATCH}, {dense_features}], KeyedJaggedTensor))"
     counter = FlopCounterMode(display=False)
     try:
         with counter, torch.no_grad():
-            model(dense, kjt)
+            model(*args, **kwargs)
     except Exception as e:
-        raise ConfigError(f"{entry}: cannot count the dense part's FLOPs: forward(dense[{FLOP_BATCH}, "
-                          f"{dense_features}], KeyedJaggedTensor) raised {type(e).__name__}: {_line(e)}") from None
+        fix = ("" if example_inputs else
+               "; if it takes another number of dense inputs: --dense-features N (" +
+               (f"{dense_features} is the first Linear's width" if guessed else f"{dense_features} given") +
+               "); if it takes other arguments (a dict, the KeyedJaggedTensor first): --example-inputs "
+               "MODULE:FUNCTION, FUNCTION(dense, kjt) returning them as a tuple or a dict")
+        raise ConfigError(f"{entry}: cannot count the dense part's FLOPs: {called} raised {type(e).__name__}: "
+                          f"{_line(e)}{fix}") from None
     return DenseModel(params=int(params), flops_per_sample=int(counter.get_total_flops() // FLOP_BATCH),
                       module=f"{type(model).__module__}.{type(model).__qualname__}")
 
@@ -179,8 +211,9 @@ def stand_in_top(wl: Workload, flops_per_sample: int) -> list[int]:
     return [lo, 1]
 
 
-def import_workload(entry: str, name: str = "", dense_features: int = 0) -> Workload:
-    """Steps 1-3: the workload of the model FACTORY builds (pooling 1 and uniform ids until profiled)."""
+def import_workload(entry: str, name: str = "", dense_features: int = 0, example_inputs: str = "") -> Workload:
+    """Steps 1-3: the workload of the model FACTORY builds (pooling 1 and uniform ids until profiled);
+    `example_inputs`: `measure_dense`'s."""
     model = load_factory(entry)
     tables, n_colls = tables_of(entry, model), len(collections(model))  # (before measure_dense takes them out)
     dims = sorted({t.dim for t in tables})
@@ -194,7 +227,7 @@ def import_workload(entry: str, name: str = "", dense_features: int = 0) -> Work
                                    "collections": n_colls}, where=entry)
     first = next((x for x in model.modules() if isinstance(x, nn.Linear)), None)
     n_dense = dense_features or (first.in_features if first is not None else 0)
-    measured = measure_dense(entry, model, n_dense)
+    measured = measure_dense(entry, model, n_dense, example_inputs, guessed=not dense_features)
     wl = Workload(wl_name, tables, n_dense, [dims[0]], [1], "dot", factory=entry, dense_model=measured,
                   collections=n_colls)
     wl.top_mlp = stand_in_top(wl, measured.flops_per_sample)

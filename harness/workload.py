@@ -135,6 +135,7 @@ class DataSample:
     trace_sha256: str = ""  # the trace's content: two traces at one path are different workloads
     scores: tuple[str, ...] = ()  # weighted tables whose scores the data had (in the trace);
     #   the other weighted tables' are synthetic (`data.id_scores`)
+    multi_hot: tuple[tuple[str, str], ...] = ()  # (feature, separator) of each text column split into ids
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> DataSample:
@@ -144,7 +145,11 @@ class DataSample:
         scores = d.get("scores", ())
         if not isinstance(scores, list | tuple) or not all(isinstance(x, str) for x in scores):
             raise ConfigError(f"{where}: data.scores must be a list of table names, got {scores!r}")
-        return cls(**{**d, "scores": tuple(scores)})
+        multi = d.get("multi_hot", ())
+        if not isinstance(multi, list | tuple) or not all(
+                isinstance(x, list | tuple) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in multi):
+            raise ConfigError(f"{where}: data.multi_hot must be a list of [feature, separator] pairs, got {multi!r}")
+        return cls(**{**d, "scores": tuple(scores), "multi_hot": tuple(tuple(x) for x in multi)})
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,37 @@ MODELS = textwrap.dedent('''
     def ranker():
         return Ranker()
 
+    class DictRanker(Ranker):
+        """The same model, its forward taking one dict (a batch as many pipelines hand it over)."""
+
+        def forward(self, batch):
+            return super().forward(batch["dense"], batch["sparse"])
+
+    def dict_ranker():
+        return DictRanker()
+
+    def dict_inputs(dense, kjt):
+        return ({"dense": dense, "sparse": kjt},)
+
+    def bad_inputs(dense, kjt):
+        return dense
+
+    class OneDense(nn.Module):
+        """One dense input, scaled before the head: the first Linear is not the dense input's."""
+
+        def __init__(self):
+            super().__init__()
+            self.ebc = EmbeddingBagCollection(tables=[
+                EmbeddingBagConfig(name="catalog", num_embeddings=1000, embedding_dim=16, feature_names=["item"])])
+            self.head = nn.Sequential(nn.Linear(17, 8), nn.ReLU(), nn.Linear(8, 1))
+            self.scale = nn.Parameter(torch.ones(1))
+
+        def forward(self, dense, kjt):
+            return self.head(torch.cat([dense * self.scale, self.ebc(kjt).values()], dim=1))
+
+    def one_dense():
+        return OneDense()
+
     def broken():
         raise RuntimeError("no GPU config found")
 
@@ -115,7 +146,29 @@ def test_import_custom_module_measures_its_dense_part(models: str) -> None:
     assert wl.dense_features == 5
     stand_in = dense_cost(wl).flops_fwd
     assert abs(stand_in - wl.dense_model.flops_per_sample) / wl.dense_model.flops_per_sample < 0.01
-    assert isinstance(torch.nn.Module, type)
+    assert wl.dense_model.module == f"{models}.Ranker" and isinstance(mod, torch.nn.Module)
+
+
+def test_a_forward_it_cannot_call_names_the_fix_and_the_fix_imports_it(models: str, tmp_path: Path) -> None:
+    """One dense input where the first Linear takes 17: the failure names --dense-features (and why it tried
+    17), and --dense-features 1 imports it. A forward taking a dict: the failure names --example-inputs, and
+    a FUNCTION(dense, kjt) returning the dict imports it with the same FLOPs as the plain forward."""
+    from cubic_harness.torchrec_import import import_workload
+
+    code, lines = cli("workload", "from-torchrec", f"{models}:one_dense", "-o", str(tmp_path / "a.json"))
+    assert code == 2 and len(lines) == 1, lines
+    assert "--dense-features N (17 is the first Linear's width)" in lines[0] and "--example-inputs" in lines[0]
+    wl = import_workload(f"{models}:one_dense", dense_features=1)
+    assert wl.dense_features == 1 and wl.dense_model.flops_per_sample == 2 * (17 * 8 + 8 * 1)
+    code, lines = cli("workload", "from-torchrec", f"{models}:dict_ranker", "-o", str(tmp_path / "b.json"))
+    assert code == 2 and len(lines) == 1 and "--example-inputs MODULE:FUNCTION" in lines[0], lines
+    code, lines = cli("workload", "from-torchrec", f"{models}:dict_ranker", "--example-inputs",
+                      f"{models}:dict_inputs", "-o", str(tmp_path / "b.json"))
+    assert code == 0, lines
+    got, plain = json.loads((tmp_path / "b.json").read_text()), import_workload(f"{models}:ranker")
+    assert got["dense_model"]["flops_per_sample"] == plain.dense_model.flops_per_sample
+    code, lines = cli("workload", "from-torchrec", f"{models}:dict_ranker", "--example-inputs", f"{models}:bad_inputs")
+    assert code == 2 and len(lines) == 1 and "expected the forward's arguments" in lines[0], lines
 
 
 @pytest.mark.parametrize("entry, says", [
@@ -244,7 +297,8 @@ def test_from_model_and_data_to_a_trial_on_profiled_and_replayed_ids(models: str
         res = run_trial(cfg)
         assert res.status == "ok", res.error
         assert res.env["ids"]["id_source"] == source and res.env["ids"]["data"] == "sample.csv"
-        assert res.loss_last == res.loss_last  # a number: the ranks trained on the user's ids
+        # the ranks trained on the user's ids: every step's loss a finite number, near the label entropy
+        assert len(res.losses) == 4 and all(0 < x < 2 for x in res.losses), res.losses
 
 
 def test_bad_data_is_one_line_exit_2_and_leaves_the_workload(models: str, tmp_path: Path) -> None:

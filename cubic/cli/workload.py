@@ -79,6 +79,10 @@ def from_torchrec(
     dense_features: int = typer.Option(0, "--dense-features", min=0,
                                        help="Dense inputs of a model TorchRec does not know (default: the first "
                                             "Linear's width)."),
+    example_inputs: str = typer.Option("", "--example-inputs",
+                                       help="MODULE:FUNCTION: FUNCTION(dense, kjt) returns your forward's arguments "
+                                            "(a tuple, or a dict of keyword arguments), for a forward that takes "
+                                            "a dict or another order than (dense, kjt)."),
 ) -> None:
     """Build the model on the meta device and write its tables, features and dense part as a workload."""
     import logging
@@ -87,7 +91,7 @@ def from_torchrec(
 
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     try:
-        wl = import_workload(factory, name, dense_features)
+        wl = import_workload(factory, name, dense_features, example_inputs)
         if output is not None:
             _write_json(output, wl.to_dict())
     except ConfigError as e:
@@ -112,10 +116,15 @@ def profile(
     batch_sizes: str = typer.Option("1024,4096", "--batch-sizes",
                                     help="Comma-separated batch sizes to measure in-batch reuse at."),
     max_rows: int = typer.Option(0, "--max-rows", min=0, help="Read at most this many rows (0: all)."),
+    multi_hot_sep: str = typer.Option("auto", "--multi-hot-sep",
+                                      help="What joins the ids of a multi-hot text column: auto (the one of | , ; "
+                                           "^ its values hold), none (each value is one id), or the separator."),
 ) -> None:
     """Profile each table's ids in the data (bag lengths, skew, in-batch reuse) into the workload, and save the
     sample's own rows as a trace beside it (id_source profile, or trace to replay them)."""
-    from cubic_harness.profile import profile_data
+    import warnings
+
+    from cubic_harness.profile import ReadWarning, profile_data
     from cubic_harness.workload import Workload
 
     out = output or workload
@@ -125,13 +134,22 @@ def profile(
             raise ValueError
     except ValueError:
         _fail(f"--batch-sizes {batch_sizes!r}: expected positive integers separated by commas")
+    if not multi_hot_sep:
+        _fail("--multi-hot-sep '': expected auto, none or the separator joining a column's ids (e.g. '^')")
     try:
         wl, _ = Workload.from_json_file(workload)
-        profiled = profile_data(data, wl, fmt=fmt, batch_sizes=sizes, max_rows=max_rows,
-                                trace_path=out.with_name(out.stem + ".trace.npz"))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", ReadWarning)
+            profiled = profile_data(data, wl, fmt=fmt, batch_sizes=sizes, max_rows=max_rows,
+                                    trace_path=out.with_name(out.stem + ".trace.npz"), multi_hot_sep=multi_hot_sep)
+        for w in said:
+            if issubclass(w.category, ReadWarning):
+                typer.echo(f"warning: {w.message}", err=True)
         _write_json(out, profiled.to_dict() | {"data": _relative_trace(profiled)})
     except ConfigError as e:
         _fail(str(e))
+    for feature, sep in profiled.data.multi_hot:
+        typer.echo(f"{feature}: multi-hot, ids joined by {sep!r}", err=True)
     _summary(profiled, f"{data.name}: {profiled.data.sample_rows:,} rows profiled ({profiled.data.format})")
     typer.echo(f"wrote {out} (id_source: profile; set id_source: trace to replay the sample itself)", err=True)
 
