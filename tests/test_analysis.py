@@ -126,7 +126,7 @@ def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
     assert best.is_monotonic_increasing and best.iloc[-1] == pytest.approx(df.loc[df["ok"], "qps"].max())
     imp = analysis.knob_importance(df)
     assert set(imp.index) == set(analysis.varying_knobs(df))
-    assert (imp >= 0).all() and (imp.sum() == pytest.approx(1.0) or imp.sum() == 0)
+    assert (imp >= 0).all() and imp.sum() == pytest.approx(1.0)  # the fixture's trials vary: shares of it
     # ranked by the one speed-up every view shows: paired re-measurements where the confirm re-measured a trial
     top = analysis.top_k(df, k=3)
     ok = analysis.usable(df)

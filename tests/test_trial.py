@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -40,7 +41,8 @@ def test_ok_trial_fills_the_result_schema():
     # learns nothing (learning rates 1e-12) scores 1.00-1.02, the entropy of the label rate
     r = run_trial(tiny_cfg(world_size=2, warmup_steps=200, measure_steps=60, windows=3))
     assert r.status == "ok", r.error
-    assert r.qps > 0 and len(r.window_qps) == 3 and r.qps_cv >= 0
+    assert r.qps > 0 and len(r.window_qps) == 3 and r.qps == statistics.median(r.window_qps)
+    assert r.qps_cv == pytest.approx(statistics.pstdev(r.window_qps) / statistics.mean(r.window_qps))
     assert r.step_ms_p90 >= r.step_ms_p50 > 0
     assert r.peak_mem_mb > 100
     assert 0 < r.ne < 0.9 and r.loss_first > 0
