@@ -409,3 +409,52 @@ def test_a_production_plan_is_the_baseline_of_a_tune(tmp_path):
     assert exported["plan_changes"] == [{"table": a.name, "baseline": layout(b), "winner": layout(a)}
                                         for a, b in zip(winner.tables, prod.tables, strict=True)
                                         if (a.kind, a.shards) != (b.kind, b.shards)]
+
+
+SPACE_WITH_REFERENCE = """\
+name: ref
+workload: {preset: criteo-mlperf-mini}
+baseline: {world_size: 8, device: cuda, kernel: triton, ranks_per_node: 8, batch_size: 2048, sharding: table_wise}
+knobs:
+  sharding: [table_wise, column_wise, plan, torchrec_planner]
+  batch_size: [2048, 4096]
+objective: {metric: qps}
+trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}
+budget: {trials: 6, confirm_top_k: 2}
+"""
+
+
+def test_a_tune_offering_torchrecs_planner_shows_the_winners_speedup_over_it(tmp_path):
+    """Where a space's sharding knob offers `torchrec_planner`, trial 1 is the baseline as TorchRec's own planner
+    plans it (phase `reference`), and the summary, the report's line and the export show what the winner gives
+    over it beside the speed-up over the baseline; a space without it runs no such trial."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cubic.cli.app import app
+    from cubic.results import analysis
+    from cubic.results.report import summary_line
+
+    (tmp_path / "space.yaml").write_text(SPACE_WITH_REFERENCE)
+    run = tmp_path / "run"
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "h100-8", "--space",
+                                 str(tmp_path / "space.yaml"), "--run-dir", str(run), "--no-live"])
+    assert r.exit_code == 0, r.output[-2000:]
+    df = analysis.load_study(run)
+    ref_row = df[df["phase"] == "reference"]
+    assert list(ref_row["number"]) == [1] and ref_row["sharding"].iloc[0] == "torchrec_planner"
+    win = df.attrs["winner"]
+    ref = win["vs_torchrec_planner"]
+    assert ref["trial"] == 1 and ref["qps"] == pytest.approx(float(ref_row["qps"].iloc[0]))
+    assert ref["speedup"] == pytest.approx(win["qps"] / ref["qps"]) and ref["speedup"] >= 1.0
+    assert f"vs TorchRec's planner: {ref['speedup']:.2f}x its plan of the baseline (trial #1" in r.output
+    assert f"{ref['speedup']:.2f}x TorchRec's planner's plan of it (trial #1)" in summary_line(df)
+    exported = json.loads(CliRunner().invoke(app, ["export", str(run), "--format", "json"]).stdout)
+    assert exported["vs_torchrec_planner"] == ref
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(SPACE_WITH_REFERENCE.replace(", torchrec_planner]", "]"))
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", "h100-8", "--space", str(plain),
+                                 "--run-dir", str(tmp_path / "plain"), "--no-live"])
+    assert r.exit_code == 0 and "vs TorchRec's planner" not in r.output
+    assert "reference" not in set(analysis.load_study(tmp_path / "plain")["phase"])

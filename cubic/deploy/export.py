@@ -84,7 +84,9 @@ def to_yaml(rec: dict[str, Any]) -> str:
     head = [f"# cubic export: study {rec['study']!r}, trial #{rec['trial']}"
             f" ({'confirmed winner' if rec['confirmed'] else 'best measured trial, not confirmed'})",
             f"# qps {w.get('qps', float('nan')):.1f}"
-            + (f", {sp:.3f}x the baseline" if sp and sp == sp else ""),
+            + (f", {sp:.3f}x the baseline" if sp and sp == sp else "")
+            + (f", {ref['speedup']:.3f}x TorchRec's planner's plan of it (trial #{ref['trial']})"
+               if (ref := w.get("vs_torchrec_planner") or {}).get("speedup") else ""),
             "# run it again: cubic trial --config THIS_FILE"]
     return "\n".join(head) + "\n" + yaml.safe_dump(rec["config"], sort_keys=False, default_flow_style=None)
 
@@ -120,6 +122,7 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "spread": {"qps_min_max": spread, "window_qps": window, "confirm_qps": confirm},
         "speedup": w.get("speedup"),
         "baseline_qps": w.get("baseline_qps", rec["baseline_qps"]),
+        "vs_torchrec_planner": w.get("vs_torchrec_planner"),  # its plan of the baseline, where the tune ran it
         "quality": {k: ua.get(k) for k in ("quality_ok", "quality_reason", "confirm_ne", "quality_eval_ne",
                                            "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
                                            "quality_resolved", "quality_ci", "quality_verdict")},

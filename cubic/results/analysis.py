@@ -396,4 +396,6 @@ def summary(df: pd.DataFrame) -> dict[str, Any]:
             "winner_trial": win["trial"] if win else None, "winner_qps": win["qps"] if win else None,
             "speedup": win.get("speedup") if win else None,
             "winner_baseline_qps": (win.get("baseline_qps") or df.attrs.get("baseline_qps")) if win else None,
-            "confirmed": bool(win) and win.get("confirmed", True)}
+            "confirmed": bool(win) and win.get("confirmed", True),
+            # TorchRec's planner's plan of the baseline (`cubic.tune.summary.reference`), where the tune ran it
+            "vs_torchrec_planner": (win or {}).get("vs_torchrec_planner")}

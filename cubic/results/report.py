@@ -87,7 +87,10 @@ def _speedup_text(s: dict[str, Any]) -> str:
     sp_txt = f"<b>{sp:.2f}x</b> the baseline ({base:,.0f} samples/s)" if sp and sp == sp and base else \
         "baseline not measured"
     conf = "confirmed" if s["confirmed"] else "best measured, not yet confirmed"
-    return f"Winner: trial #{s['winner_trial']} ({conf}) at {s['winner_qps']:,.0f} samples/s = {sp_txt}"
+    ref = s.get("vs_torchrec_planner") or {}
+    ref_txt = (f"; <b>{ref['speedup']:.2f}x</b> TorchRec's planner's plan of the baseline (trial #{ref['trial']}, "
+               f"{ref['qps']:,.0f} samples/s)" if ref.get("speedup") else "")
+    return f"Winner: trial #{s['winner_trial']} ({conf}) at {s['winner_qps']:,.0f} samples/s = {sp_txt}{ref_txt}"
 
 
 def render_html(df: pd.DataFrame, k: int = 5) -> str:
@@ -221,6 +224,9 @@ def summary_line(df: pd.DataFrame) -> str:
     sp = s["speedup"]
     sp_txt = f"{sp:.2f}x over the baseline" if sp and sp == sp else "baseline not measured"
     line = f"winner: trial #{s['winner_trial']} at {s['winner_qps']:,.0f} samples/s, {sp_txt}"
+    ref = s.get("vs_torchrec_planner") or {}
+    if ref.get("speedup"):
+        line += f", {ref['speedup']:.2f}x TorchRec's planner's plan of it (trial #{ref['trial']})"
     if "env_backend" in df and (df["env_backend"] == "sim").any():  # say so: a prediction, not a measurement
         clusters = sorted({str(c) for c in df.get("env_cluster", pd.Series(dtype=str)).dropna()})
         frameworks = sorted({str(f) for f in df.get("env_framework", pd.Series(dtype=str)).dropna()} - {"harness"})

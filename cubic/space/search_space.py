@@ -36,6 +36,7 @@ from cubic_harness.schema import validate
 from cubic_harness.workload import Workload
 
 ENUMERATE_LIMIT = 400_000  # spaces up to this many raw points are enumerated once (grid, pools)
+REFERENCE_PLANNER = "torchrec_planner"  # the plan a TorchRec user gets by default
 
 _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
         ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}
@@ -107,6 +108,17 @@ class SearchSpace:
 
     def baseline_params(self) -> dict[str, Any]:
         return {k: getattr(self.baseline, k) for k in self.knobs}
+
+    def reference_params(self) -> dict[str, Any] | None:
+        """The baseline planned by TorchRec's own planner, where the space's `sharding` knob offers it: every
+        tune of such a space runs it once, after the baseline, and says what the winner gains over the plan a
+        TorchRec user gets by default (`cubic.tune.summary.reference`). None where it is not offered, is the
+        baseline, or is no valid configuration of the space."""
+        kn = self.knobs.get("sharding")
+        if kn is None or REFERENCE_PLANNER not in kn.choices or self.baseline.sharding == REFERENCE_PLANNER:
+            return None
+        params = self.canonical({**self.baseline_params(), "sharding": REFERENCE_PLANNER})
+        return params if self.valid(params) else None
 
     def canonical(self, params: dict[str, Any]) -> dict[str, Any]:
         """Params with every knob whose condition fails set to its default (fixpoint over knobs)."""

@@ -37,6 +37,7 @@ from cubic_harness.config import json_safe
 FLAT_KEYS = ("status", "error", "qps", "qps_cv", "step_ms_p50", "peak_mem_mb", "ne")
 INTERRUPTED = "interrupted"
 NOT_RUN = (INTERRUPTED, "skipped")  # FAIL statuses that did not spend budget
+REFERENCE = "reference"  # the phase of the baseline planned by TorchRec's own planner (`SearchSpace.reference_params`)
 BACKOFF = "backoff"  # the phase of a confirm back-off trial (`cubic.tune.confirm`): not a search trial
 
 

@@ -34,7 +34,7 @@ from cubic.quality.store import QualityStore, ReusingRunner
 from cubic.search.samplers import distributions, make_sampler
 from cubic.space.search_space import SearchSpace
 from cubic.study.lease import TunerLease, describe
-from cubic.study.record import NOT_RUN
+from cubic.study.record import NOT_RUN, REFERENCE
 from cubic.study.store import Store, safe_url
 from cubic.tune.checks import QualityChecks
 from cubic.tune.confirm import Confirm
@@ -120,10 +120,14 @@ class Tuner:
         return summary(self.ctx, self.checks, confirmed, self.searcher, self.view.tau)
 
     def _queue_baseline(self) -> None:
-        for t in self.store.records(TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING, TrialState.RUNNING):
-            if t.config_key == self.ctx.base_key and t.status not in NOT_RUN:
-                return
-        self.store.enqueue(self.space.baseline_params(), {"phase": "baseline"})
+        """The baseline first, then TorchRec's planner's plan of it where the space offers that (`reference`),
+        each unless it ran or waits already."""
+        held = {t.config_key for t in self.store.records(TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING,
+                                                         TrialState.RUNNING) if t.status not in NOT_RUN}
+        ref = self.space.reference_params()
+        for params, phase in ((self.space.baseline_params(), "baseline"), (ref, REFERENCE)):
+            if params is not None and self.space.config(params).key() not in held:
+                self.store.enqueue(params, {"phase": phase})
 
     # ------------------------------------------------------------------ 3. search
     def _search(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from cubic.quality.store import ReusingRunner
-from cubic.study.record import BACKOFF, NOT_RUN, TrialRecord
+from cubic.study.record import BACKOFF, NOT_RUN, REFERENCE, TrialRecord
 from cubic.study.store import safe_url
 from cubic.tune.checks import QualityChecks
 from cubic.tune.confirm import median_finite
@@ -55,6 +55,22 @@ def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], sea
     return out
 
 
+def reference(ctx: Tuning, win: dict[str, Any] | None, best: dict[str, Any] | None) -> dict[str, Any] | None:
+    """TorchRec's planner's plan of the baseline (the `reference` trial, where the space offers it): its qps
+    (the confirm's median where it re-measured it, else its one search measurement) and what the winner (else
+    the best measured trial) and the baseline give over it."""
+    ref = next((t for t in ctx.store.records(TrialState.COMPLETE) if t.run.get("phase") == REFERENCE
+                and t.value), None)
+    if ref is None:
+        return None
+    q = median_finite(ref.confirm_qps) or ref.value
+    top = win or best
+    base_q = win.get("baseline_qps") if win else None
+    return {"trial": ref.number, "qps": q, "re_measured": bool(median_finite(ref.confirm_qps)),
+            "speedup": top["qps"] / q if top and top.get("qps") else None,
+            "baseline_speedup": base_q / q if base_q else None}
+
+
 def baseline_qps(ctx: Tuning, confirmed: list[TrialRecord]) -> float | None:
     """The baseline's re-measured median; its search measurement where the confirm did not re-measure it."""
     base = ctx.baseline_of(confirmed)
@@ -73,20 +89,23 @@ def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], se
     space, store = ctx.space, ctx.store
     base_q = baseline_qps(ctx, confirmed)
     win = winner(ctx, checks, confirmed, searcher, base_q)
-    store.set_winner(win)
     ran = [t for t in store.records(TrialState.COMPLETE, TrialState.FAIL) if t.ran]
     done = [t for t in ran if t.state == TrialState.COMPLETE]
     top = max(done, key=lambda t: t.value or 0.0, default=None)
     best = None if top is None else {
         "trial": top.number, "qps": top.value, "short_config": short_config(space, top.params),
         "speedup": top.value / base_q if base_q else None}
+    ref = reference(ctx, win, best)
+    if win and ref:  # stored with the winner: the report and the export show it beside the baseline's
+        win["vs_torchrec_planner"] = ref
+    store.set_winner(win)
     runner = ctx.runner
     return {
         "study": store.name, "storage": safe_url(store.rdb.url), "best_measured": best,
         "run_dir": str(store.run_dir) if store.run_dir else None, "searcher": searcher,
         "budget": ctx.budget, "trials": len(ran),
         "ok": len(done), "failed": sum(t.state == TrialState.FAIL for t in ran),
-        "proxy_tau": proxy_tau, "winner": win,
+        "proxy_tau": proxy_tau, "winner": win, "torchrec_planner": ref,
         "screen": checks.screen_summary(),
         "quality_runs": ({"ran": runner.ran, "reused": runner.reused} if isinstance(runner, ReusingRunner) else None),
         "backoff": [t.number for t in ran if t.run.get("phase") == BACKOFF],

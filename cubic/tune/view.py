@@ -213,6 +213,11 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
                       f"(re-measured {w['qps_spread'][0]:,.0f}-{w['qps_spread'][1]:,.0f}){sp}")
     elif s["confirmed"]:
         console.print("[bold]winner[/]: none confirmed (no configuration passed the re-measurement and quality gate)")
+    ref = s.get("torchrec_planner")
+    if ref and ref.get("speedup"):
+        how = "re-measured" if ref["re_measured"] else "measured once"
+        console.print(f"vs TorchRec's planner: {ref['speedup']:.2f}x its plan of the baseline (trial #{ref['trial']}"
+                      f", {ref['qps']:,.0f} qps, {how})")
     if not w and s.get("best_measured"):
         b = s["best_measured"]
         sp = f" = {b['speedup']:.2f}x the baseline" if b.get("speedup") else ""
