@@ -120,7 +120,10 @@ def test_probe_mlp_and_apply_fp8() -> None:
     probes = probe_mlp(mlp, batches)
     assert [p.name for p in probes] == ["0", "2.0", "3"]
     assert [(p.in_features, p.out_features) for p in probes] == [(32, 64), (64, 32), (32, 1)]
-    assert probes[1].act_stats["absmax"] >= 0  # layer 2.0 saw post-ReLU activations
+    with torch.no_grad():  # layer 2.0's inputs: the first layer's output after its ReLU, over both batches
+        seen = torch.cat([mlp[1](mlp[0](b)) for b in batches])
+    assert probes[1].act_stats["absmax"] == pytest.approx(float(seen.abs().max()))
+    assert probes[1].act_stats["rms"] == pytest.approx(float(seen.pow(2).mean().sqrt()), rel=1e-5)
     assert isinstance(mlp[0], nn.Linear)  # probing does not touch the model
 
     auto = apply_fp8(mlp, json.loads(json.dumps(probes_to_json(probes))), "fp8_auto")
