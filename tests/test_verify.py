@@ -200,7 +200,7 @@ def test_target_torchrec_keeps_only_what_torchrec_runs(tmp_path: Path) -> None:
     s = load_space(tmp_path / "t.yaml")
     assert s.knobs["kernel"].choices == ("fbgemm", "native", "torch")  # cubic's own through its sharder
     assert set(s.knobs["sharding"].choices) == {"table_wise", "column_wise", "size_greedy", "lookup_greedy",
-                                                "size_lookup_greedy"}
+                                                "size_lookup_greedy", "plan", "torchrec_planner"}
     assert s.knobs["comm_precision"].choices == ("fp32", "bf16", "fp16") and s.knobs["pipeline_depth"].choices == (0, 1)
     assert s.knobs["sharding_group_size"].choices == (0, 1)  # 2D runs as DMPCollection, merging by averaging
     assert s.knobs["sparse_sync"].choices == ("weight_avg",) and s.target_dropped["sparse_sync"] == ["grad_allreduce"]
