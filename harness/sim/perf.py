@@ -74,28 +74,13 @@ class ModelError(ValueError):
 
 
 # ---------------------------------------------------------------------- embedding bytes
-def lookup_share(t: TableSpec, start: int, stop: int, profiled: bool) -> float:
-    """Share of t's lookups on rows [start, stop): the rows' share for drawn ids (spread over the rows), the
-    profiled row blocks' share where ids follow a data sample (whoever holds the hot block is busiest)."""
-    if start <= 0 and stop >= t.rows:  # the whole table (table- and column-wise shards)
-        return 1.0
-    if profiled and t.profile:
-        return idstats.share_of_rows(t.profile, start, stop, t.rows)
-    return (stop - start) / t.rows
-
-
 def rows_touched(t: TableSpec, rows: int, frac: float, draws: float, profiled: bool) -> float:
     """The distinct rows `draws` lookups touch in a shard of `rows` rows holding `frac` of t's lookups: hot
     rows are touched again, not new ones, as a profile repeats them or as Zipf ids do (their ranks scattered
-    over the rows, so a shard holds its share of every rank); uniform ids, the birthday count."""
-    table_draws = draws / max(frac, 1e-12)  # the table's draws that put `draws` on this shard
-    if profiled and t.profile:
-        distinct = idstats.expected_distinct(t.profile, table_draws)
-    elif t.id_dist == "zipf":
-        distinct = zipf_distinct(t.rows, t.zipf_alpha, table_draws)
-    else:
-        return rows * -math.expm1(-draws / max(1, rows))
-    return min(rows, distinct * rows / t.rows)
+    over the rows, so a shard holds its share of every rank); uniform ids, the birthday count. One shard of
+    `rows_touched_many`."""
+    return float(rows_touched_many([t], np.zeros(1, dtype=np.int64), np.array([rows]), np.array([frac]),
+                                   np.array([draws / max(frac, 1e-12)]), profiled)[0])
 
 
 def rows_touched_many(tables: list[TableSpec], table: np.ndarray, rows: np.ndarray, frac: np.ndarray,
@@ -146,15 +131,6 @@ def _zipf_ranks(rows: int, a: float) -> tuple[np.ndarray, np.ndarray]:
         edges = np.concatenate([edges, tail[tail > edges[-1]]])
     counts = np.diff(edges)
     return counts, np.diff(zipf_cdf(edges, rows, a)) / counts
-
-
-@functools.lru_cache(maxsize=4096)
-def zipf_distinct(rows: int, a: float, draws: float) -> float:
-    """E[distinct rows among `draws` Zipf(a) draws over `rows`]: sum over ranks of 1 - (1 - p_r)^draws."""
-    if draws <= 0:
-        return 0.0
-    counts, probs = _zipf_ranks(rows, a)
-    return float(np.sum(counts * -np.expm1(draws * np.log1p(-np.minimum(probs, 1 - 1e-15)))))
 
 
 def id_bytes(wl: Workload) -> float:
@@ -608,7 +584,7 @@ def _spans(W: int, G: int, placement: str, c: Cluster) -> tuple[coll.Span, coll.
 
 
 @dataclass(frozen=True)
-class _Loads:
+class _ShardLoads:
     """What each group position's model-parallel shards ask of it, summed per position (arrays of G), and the
     shards themselves as arrays (plan order): a row-wise plan at 1,024 ranks holds 800k shards, so these
     are numpy sums, not a loop over shard objects."""
@@ -655,8 +631,9 @@ class _Loads:
                      self.shard_ids[i], self.shard_dim[i], wl.tables, wl.profiled)
 
 
-def _position_loads(cfg: TrialConfig, plan: ShardingPlan, s: Speeds) -> _Loads:
-    """`_Loads` of `plan`: each shard's lookups (its share of its table's, `lookup_share`), bytes and ms."""
+def _position_loads(cfg: TrialConfig, plan: ShardingPlan, s: Speeds) -> _ShardLoads:
+    """`_ShardLoads` of `plan`: each shard's lookups (its share of its table's: the profiled row blocks'
+    share, else its rows'), bytes and ms."""
     wl, G, B, R = cfg.workload, cfg.group_size, cfg.batch_size, cfg.world_size // cfg.group_size
     wb, sb, cb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer], DTYPE_BYTES[cfg.comm_precision]
     um = R if (R > 1 and cfg.sparse_sync == "grad_allreduce") else 1
@@ -695,7 +672,7 @@ def _position_loads(cfg: TrialConfig, plan: ShardingPlan, s: Speeds) -> _Loads:
         touched, union = both[:n], both[n:]
     width = np.zeros(G, dtype=np.int64)
     np.maximum.at(width, rank, dim)
-    return _Loads(
+    return _ShardLoads(
         fwd=per_pos(ms(lookup_bytes(ids, bags, dim, wb), "fwd")),
         bwd=per_pos(ms(update_bytes(ids * um, bags * um, dim, wb, sb), "bwd")),
         cols=per_pos(dim), ids=per_pos(ids * idb), lens=per_pos(float(bags * ID_BYTES)),
@@ -845,7 +822,7 @@ def _overlapped(inp: float, latency: float, cfg: TrialConfig, c: Cluster, s: Spe
     return max(0.0, inp - latency) * busy, 0.0
 
 
-def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], ld: _Loads, dp_tables: list[int],
+def _memory(cfg: TrialConfig, c: Cluster, dc: DenseCost, pool: list[float], ld: _ShardLoads, dp_tables: list[int],
             wa_sparse: bool, union_frac: list[float], host_merge: bool) -> tuple[float, list[float]]:
     """A rank's peak memory beyond its shards' weights and optimizer state, in bytes: (what every group
     position holds, what position p holds on top). What the harness allocates (harness/train.py,
