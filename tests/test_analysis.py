@@ -135,6 +135,15 @@ def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
     own = ok["confirm_qps_median"].where(ok["speedup_remeasured"], ok["qps"]) / df.attrs["baseline_qps"]
     paired = ok["confirm_paired_speedup"].where(ok["speedup_remeasured"])
     assert ok["speedup"].tolist() == pytest.approx(paired.fillna(own).tolist())
+    # a trial measured once never ranks above one the confirm re-measured, however high its one figure
+    once = ok[ok["confirm_qps_median"].isna()]
+    assert len(once) and ok["confirm_qps_median"].notna().any(), "the fixture holds both kinds"
+    lucky = df.copy()
+    lucky.loc[lucky["number"] == once["number"].iloc[0], "speedup"] = 10.0
+    ranked = analysis.top_k(lucky, k=len(ok))
+    re_measured = ranked["confirm_qps_median"].notna()
+    assert re_measured.iloc[0] and not re_measured[re_measured.idxmin():].any()  # all re-measured first
+    assert ranked.loc[~re_measured, "speedup"].iloc[0] == 10.0
     # tiny inputs are normal early in a tune: no exception, just nothing to rank
     one = df[df["number"] == 0]
     assert (analysis.knob_importance(one) == 0).all()

@@ -34,3 +34,42 @@ def test_configurations_faster_than_the_winner_left_unresolved_are_named_once_th
     assert lines[0].endswith("(2 more faster than the winner are not resolved either)")
     assert "quality runs: 7 trained, 12 reused from the quality store" in out
     assert "winner: trial #19 (cfg19): 46,000 qps" in out and "1.15x the baseline" in out
+
+
+def test_the_quality_cell_is_one_short_line_and_a_model_judged_once_is_shown_once() -> None:
+    """Three layouts of one model share one judgement: the summary gives its numbers once (the first row)
+    and points the others at it, and no cell carries the judgement's prose (the report has it)."""
+    prose = ("passed: eval NE +0.054% vs baseline over 4 paired seed(s) (per seed +0.026%..+0.088%) <= 0.10%; "
+             "90% interval +0.021%..+0.087% (paired s.e. 0.014%); baseline seed-to-seed sd 3.118% (changes "
+             "emb_precision, dense_precision, comm_precision)")
+    rows = [{**_confirmed(n, 30_000.0 - n, "passed", True), "quality_eval_diff": 0.00054,
+             "quality_ci": [0.00021, 0.00087], "quality_seeds": 4, "quality_confidence": 0.9,
+             "quality_reason": prose, "same_model_as": None if n == 14 else 14} for n in (14, 10, 19)]
+    rows.append({**_confirmed(41, 28_000.0, "passed", True), "quality_reason": "numerics unchanged (only "
+                 "layout/kernel/pipelining knobs differ): no quality run needed", "quality_eval_diff": None})
+    s = {"study": "s", "trials": 10, "ok": 10, "failed": 0, "searcher": "cubic", "proxy_tau": None, "screen": [],
+         "quality_runs": None, "confirmed": rows, "best_measured": None, "winner": None,
+         "storage": "sqlite:///x", "run_dir": None}
+    console = Console(width=300, record=True)
+    print_summary(console, s)
+    out = console.export_text()
+    cells = {n: next(ln for ln in out.splitlines() if ln.lstrip().startswith(f"{n} ")) for n in (14, 10, 19, 41)}
+    assert cells[14].rstrip().endswith("ok: eval NE +0.054%, 90% CI +0.02%..+0.09%, 4 seeds"), cells[14]
+    assert cells[10].rstrip().endswith("ok: same model as #14") and cells[19].rstrip().endswith("same model as #14")
+    assert cells[41].rstrip().endswith("ok: numerics unchanged: no quality run needed"), cells[41]
+    assert "seed-to-seed" not in out and "paired s.e." not in out
+
+
+def test_the_live_line_shows_one_quality_signal_the_held_out_verdict_before_the_estimate() -> None:
+    """A trial the in-run estimate puts past the tolerance but held-out runs passed shows no failure: the
+    searcher goes by the held-out verdict (`TrialRecord.feasible`), and so does what the reader sees."""
+    import optuna
+
+    from cubic.study.record import TrialRecord
+    from cubic.tune.view import quality_flag
+
+    ft = optuna.trial.create_trial(params={}, distributions={}, value=1.0)
+    assert quality_flag(TrialRecord(ft, quality_est_ok=False, quality_heldout_ok=True)) == ""
+    assert quality_flag(TrialRecord(ft, quality_est_ok=False)) == "in-run NE estimate past the tolerance"
+    assert quality_flag(TrialRecord(ft, quality_est_ok=True, quality_heldout_ok=False)) == \
+        "held-out eval NE fails the gate"

@@ -151,9 +151,10 @@ HEADS = {"number": "trial", "phase": "phase", "qps": "search qps", "confirm_qps_
          "quality_eval_diff": "held-out NE diff", "ne": "in-run NE (est.)"}
 SPEEDUP_NOTE = ("speed-up: where the confirm re-measured a configuration, the median ratio of its re-measurements "
                 "to the baseline's run right before each; else the search measurement over the baseline's; the "
-                "banner, plots, export and notebook use the same figure. Held-out verdict and NE diff: the "
-                "confirm's quality runs, paired by seed with the baseline. In-run NE: an estimate over the trial's "
-                "own first samples, which only guides the search.")
+                "banner, plots, export and notebook use the same figure. Configurations the confirm "
+                "re-measured rank above those measured once (\"re-measured\" empty). Held-out verdict and NE "
+                "diff: the confirm's quality runs, paired by seed with the baseline; in a study without them, "
+                "in-run NE: an estimate over the trial's own first samples.")
 
 
 def _cell(col: str, v: Any) -> str:

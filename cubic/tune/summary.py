@@ -109,10 +109,30 @@ def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], se
         "screen": checks.screen_summary(),
         "quality_runs": ({"ran": runner.ran, "reused": runner.reused} if isinstance(runner, ReusingRunner) else None),
         "backoff": [t.number for t in ran if t.run.get("phase") == BACKOFF],
-        "confirmed": [{"trial": t.number, "short_config": short_config(space, t.params),
-                       "backoff": t.run.get("phase") == BACKOFF,
-                       "qps": t.value, "confirm_qps": t.confirm_qps, "confirm_speedup": t.confirm_speedup(base_q),
-                       "quality_ok": t.quality_ok,
-                       "quality_verdict": t.quality_verdict, "quality_eval_diff": t.quality_eval_diff,
-                       "quality_ci": t.quality_ci, "quality_reason": t.quality_reason} for t in confirmed],
+        "confirmed": confirmed_rows(ctx, confirmed, base_q),
     }
+
+
+def confirmed_rows(ctx: Tuning, confirmed: list[TrialRecord], base_q: float | None) -> list[dict[str, Any]]:
+    """One row per confirmed configuration. `same_model_as`: the earlier row whose configuration trains the
+    same model (equal `numerics_key`) and was judged by the same quality runs, so the summary shows that
+    verdict once."""
+    space, qr = ctx.space, ctx.policy.quality_runs
+    first_of: dict[tuple, int] = {}
+    rows = []
+    for t in confirmed:
+        judged = t.quality_eval_diff is not None or "eval NE" in (t.quality_reason or "")
+        key = ((space.numerics_key(t.params), t.quality_verdict, t.quality_eval_diff, t.quality_reason
+                if t.quality_eval_diff is None else None) if judged else None)
+        rows.append({"trial": t.number, "short_config": short_config(space, t.params),
+                     "backoff": t.run.get("phase") == BACKOFF,
+                     "qps": t.value, "confirm_qps": t.confirm_qps, "confirm_speedup": t.confirm_speedup(base_q),
+                     "quality_ok": t.quality_ok, "quality_verdict": t.quality_verdict,
+                     "quality_eval_diff": t.quality_eval_diff, "quality_ci": t.quality_ci,
+                     "quality_seeds": sum(x is not None for x in t.quality_eval_ne) or None,
+                     "quality_confidence": qr.confidence if qr is not None else None,
+                     "quality_reason": t.quality_reason,
+                     "same_model_as": first_of.get(key) if key is not None else None})
+        if key is not None:
+            first_of.setdefault(key, t.number)
+    return rows

@@ -4,6 +4,7 @@ Kendall tau, ETA; one line per trial when not on a terminal) and the final summa
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Any
 
@@ -43,6 +44,16 @@ def fmt_s(s: float | None) -> str:
         return "?"
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def quality_flag(t: TrialRecord) -> str:
+    """The one quality signal a finished trial carries while searching (`TrialRecord.feasible`'s precedence),
+    named for its source; empty where nothing rules it out."""
+    if t.quality_heldout_ok is False:
+        return "held-out eval NE fails the gate"
+    if t.quality_heldout_ok is None and t.quality_est_ok is False:
+        return "in-run NE estimate past the tolerance"
+    return ""
 
 
 class TuneView:
@@ -90,7 +101,7 @@ class TuneView:
             qps, phase, pred = (confirm.qps if ok else None), "confirm", None
         row = {"n": t.number, "phase": phase, "cfg": short_config(self.space, t.params), "status": status,
                "qps": qps, "pred": pred, "best": self.best[0] if self.best else None, "error": error,
-               "ne_fails": confirm is None and t.quality_est_ok is False}
+               "quality": quality_flag(t) if confirm is None else ""}
         self.rows.append(row)
         if not self.live_on:
             self.console.print(self._line(row), highlight=False, soft_wrap=True)
@@ -142,18 +153,18 @@ class TuneView:
         pred = f" (pred {r['pred']:,.0f})" if r["pred"] else ""
         err = f" - {r['error'][:120]}" if r["status"] != "ok" and r["error"] else ""
         best = f"{r['best']:,.0f}" if r["best"] else "-"
-        ne = "  (NE fails the gate)" if r.get("ne_fails") else ""
-        return f"#{r['n']:<3} {r['phase']:<9} {r['cfg'][:56]:<56} {qps:>14}{pred}  best {best}{err}{ne}"
+        q = f"  ({r['quality']})" if r.get("quality") else ""
+        return f"#{r['n']:<3} {r['phase']:<9} {r['cfg'][:56]:<56} {qps:>14}{pred}  best {best}{err}{q}"
 
     def _render(self) -> Group:
         t = Table(box=None, pad_edge=False, header_style="bold")
         for col, just in (("#", "right"), ("phase", "left"), ("config (vs baseline)", "left"),
-                          ("qps", "right"), ("predicted", "right"), ("best", "right")):
+                          ("qps", "right"), ("predicted", "right"), ("best", "right"), ("quality", "left")):
             t.add_column(col, justify=just)  # type: ignore[arg-type]
         for r in self.rows[-16:]:
             qps = Text(f"{r['qps']:,.0f}") if r["qps"] else Text(f"{r['status']} {r['error'][:40]}", style="red")
             t.add_row(str(r["n"]), r["phase"], r["cfg"][:64], qps, f"{r['pred']:,.0f}" if r["pred"] else "",
-                      f"{r['best']:,.0f}" if r["best"] else "")
+                      f"{r['best']:,.0f}" if r["best"] else "", Text(r.get("quality", ""), style="yellow"))
         return Group(Text(self.header(), style="bold"), t, Text(self.status, style="dim"))
 
 
@@ -163,6 +174,42 @@ class TuneView:
 def _median(xs: list[float] | None) -> float:
     xs = [x for x in xs or [] if x is not None]
     return statistics.median(xs) if xs else 0.0
+
+
+VERDICT_HEAD = {"passed": "ok", "failed": "REJECTED", NOT_RESOLVED: "NOT RESOLVED"}
+EVAL_NE = re.compile(r"eval NE (?P<diff>[+-][\d.]+%) vs baseline (?:over|after) (?P<n>\d+)")
+CELL_MAX = 72  # characters of a reason without numbers of its own; the report holds the rest
+
+
+def quality_cell(c: dict[str, Any]) -> str:
+    """A confirmed configuration's quality in one short line: the verdict, the paired held-out eval NE
+    difference, its interval and seeds; a model judged once is shown once (`same_model_as`)."""
+    verdict, d = c.get("quality_verdict"), c.get("quality_eval_diff")
+    if c.get("same_model_as") is not None:
+        head = VERDICT_HEAD.get(verdict) or ("ok" if c.get("quality_ok") else "REJECTED")
+        return f"{head}: same model as #{c['same_model_as']}"
+    if d is not None and verdict in VERDICT_HEAD:
+        ci, conf, n = c.get("quality_ci"), c.get("quality_confidence"), c.get("quality_seeds")
+        iv = (f", {conf:.0%} CI {ci[0]:+.2%}..{ci[1]:+.2%}" if ci and conf else
+              f", CI {ci[0]:+.2%}..{ci[1]:+.2%}" if ci else "")
+        seeds = f", {n} seeds" if n else ""
+        return f"{VERDICT_HEAD[verdict]}: eval NE {d:+.3%}{iv}{seeds}"
+    head = "ok" if c.get("quality_ok") else "REJECTED"
+    reason = c.get("quality_reason") or ""
+    m = EVAL_NE.search(reason)
+    if m:  # judged by held-out runs before the confirm (the screen, a check while searching, an early reject)
+        where = " (screen)" if reason.startswith("quality screen") else " (while searching)"
+        return f"{head}: eval NE {m['diff']}, {m['n']} seed{'s' * (m['n'] != '1')}{where}"
+    why = reason.split(" (changes ")[0].split("; ")[0].split(": it cannot win")[0]
+    why = why.replace(" (only layout/kernel/pipelining knobs differ)", "")
+    return f"{head}: {why[:CELL_MAX - 1] + '…' if len(why) > CELL_MAX else why}"
+
+
+def remeasured_cell(qps: list[float]) -> str:
+    """Each re-measurement, or past three (the baseline, beside every candidate) their median and range."""
+    if len(qps) <= 3:
+        return ", ".join(f"{q:,.0f}" for q in qps) or "-"
+    return f"{statistics.median(qps):,.0f} (median of {len(qps)}, {min(qps):,.0f}-{max(qps):,.0f})"
 
 
 def print_summary(console: Console, s: dict[str, Any]) -> None:
@@ -190,10 +237,12 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
         for c in s["confirmed"]:
             cq, sp = c["confirm_qps"] or [], c.get("confirm_speedup")
             t.add_row(str(c["trial"]) + (" (back-off)" if c.get("backoff") else ""), c["short_config"],
-                      f"{c['qps']:,.0f}", ", ".join(f"{q:,.0f}" for q in cq) or "-",
-                      f"{sp:.2f}x" if sp else "-", c["quality_reason"] if c.get("quality_verdict") ==
-                      NOT_RESOLVED else ("ok" if c["quality_ok"] else "REJECTED") + f": {c['quality_reason']}")
+                      f"{c['qps']:,.0f}", remeasured_cell(cq),
+                      f"{sp:.2f}x" if sp else "-", quality_cell(c))
         console.print(t)
+        if any(c.get("quality_eval_diff") is not None for c in s["confirmed"]):
+            console.print("quality: held-out eval NE vs the baseline, paired by seed, with its interval; every "
+                          "reason in full: cubic report RUN_DIR", style="dim")
     w = s["winner"]
     # faster than the winner, not crowned: say so where the winner is read (the fastest; the others by count)
     left = sorted((c for c in s["confirmed"] if c.get("quality_verdict") == NOT_RESOLVED and c["confirm_qps"]
