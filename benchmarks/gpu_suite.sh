@@ -46,7 +46,8 @@ for s in $STEPS; do
       \"triton\", triton.__version__, \"numpy\", numpy.__version__, torch.cuda.get_device_name())'"
     ;;
   tests)
-    run tests 240 "$PY" -m pytest -q -p no:cacheprovider -k "not fresh" \
+    # (with the interpreter's CPU cases in a fresh process: test_cpu_cases_in_fresh_interpreter_process)
+    run tests 420 "$PY" -m pytest -q -p no:cacheprovider \
       tests/test_kernel_triton.py tests/test_fp8.py tests/test_gpu.py
     grep -E "passed|failed|error" "$LOG" | tail -n 3
     ;;

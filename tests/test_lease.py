@@ -133,9 +133,10 @@ def test_a_holder_whose_lease_was_taken_stops_at_its_next_check(tmp_path: Path, 
     assert holder(rdb, sid)["owner"] == "y"
 
 
-def _race(url: str, sid: str, go: float, q: mp.Queue, done) -> None:
+def _race(url: str, sid: str, go, q: mp.Queue, done) -> None:
     rdb = open_storage(url)
-    time.sleep(max(0.0, go - time.time()))
+    rdb.engine.connect().close()  # connected before the start: the race is on the lease, not the import
+    go.wait(120)  # every racer starts together, however long each took to get here
     try:
         TunerLease(rdb, sid, "s").acquire()  # never released: the winner holds it until every racer has tried
         q.put("won")
@@ -157,7 +158,7 @@ def test_tuners_starting_at_the_same_moment_get_exactly_one_lease(tmp_path: Path
                     conn.execute(TABLE.delete().where(TABLE.c.study == sid))
             q: mp.Queue = ctx.Queue()
             done = ctx.Event()
-            go = time.time() + 4.0
+            go = ctx.Barrier(3)
             procs = [ctx.Process(target=_race, args=(url, sid, go, q, done)) for _ in range(3)]
             for p in procs:
                 p.start()

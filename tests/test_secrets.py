@@ -101,15 +101,26 @@ def test_a_bad_or_unreachable_storage_url_is_one_line_exit_2_without_its_passwor
 
 
 def test_a_store_failing_mid_tune_is_one_redacted_line(tmp_path: Path, monkeypatch) -> None:
-    """A driver error after the store opened (the server went away) names no password either."""
-    from cubic import tune as tune_mod
+    """A driver error after trials ran (the server went away while the tune stores its fourth trial) ends the
+    tune in one line that names no password either; the trials stored before it are kept."""
+    from cubic.study.store import Store
 
-    def fail(self):
-        raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception(
-            f"connection to postgresql://alice:{PW}@db.example/cubic lost; password={PW}"))
+    finish, stored = Store.finish, []
 
-    monkeypatch.setattr(tune_mod.Tuner, "run", fail)
+    def finish_until_the_server_goes(self, trial, result):
+        if len(stored) == 3:
+            raise sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception(
+                f"connection to postgresql://alice:{PW}@db.example/cubic lost; password={PW}"))
+        stored.append(trial.number)
+        return finish(self, trial, result)
+
+    monkeypatch.setattr(Store, "finish", finish_until_the_server_goes)
     code, lines, out = _cli("tune", "--no-live", "--space", str(space_file(tmp_path, FAST)), "--run-dir",
                             str(tmp_path / "run"), "--backend", "sim", "--cluster", "local")
+    assert stored == [0, 1, 2], out  # mid-tune: three trials ran and were stored before the failure
     assert code == 1 and len(lines) == 1 and "the trial store failed" in lines[0], out
     assert PW not in out and "postgresql://alice:***@db.example/cubic" in lines[0], out
+    import optuna
+
+    kept = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'run' / 'study.db'}").trials
+    assert [t.number for t in kept if t.state == optuna.trial.TrialState.COMPLETE] == [0, 1, 2]

@@ -19,7 +19,8 @@ from cubic_harness.workload import Workload
 from tests.helpers import tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-ANCHOR = ROOT.parent / "shared" / "anchors" / "workload-small.json"
+ANCHOR = ROOT / "tests" / "data" / "anchor_workload_small.json"  # the reference's anchor format, kept here
+SHARED_ANCHOR = ROOT.parent / "shared" / "anchors" / "workload-small.json"  # where the reference keeps it
 FAST = ["--set", "batch_size=64", "--set", "warmup_steps=1", "--set", "measure_steps=3", "--set", "windows=1"]
 
 
@@ -121,10 +122,14 @@ def test_plan_over_memory_cap_is_an_oom_trial():
     assert r.status == "oom" and "mem_cap_mb" in r.error
 
 
+def test_the_kept_anchor_is_the_references_own() -> None:
+    if not SHARED_ANCHOR.exists():
+        pytest.skip(f"{SHARED_ANCHOR} is not beside this clone: the kept copy is not compared")
+    assert json.loads(ANCHOR.read_text()) == json.loads(SHARED_ANCHOR.read_text())
+
+
 def test_cli_trial_json_on_anchor_workload_format(tmp_path):
-    wl = json.loads(ANCHOR.read_text()) if ANCHOR.exists() else {
-        "tables": 8, "rows": 200000, "dim": 64, "pooling": 20, "dense": 13, "bottom_mlp": [256, 128, 64],
-        "top_mlp": [512, 256, 1], "local_batch": 1024, "world": 2, "threads_per_rank": 1}
+    wl = json.loads(ANCHOR.read_text())
     wl.update(tables=3, rows=[1000, 50, 300], pooling=[2, 1, 3], warmup_steps=1, timed_steps=3)
     f = tmp_path / "w.json"
     f.write_text(json.dumps(wl))
@@ -319,7 +324,9 @@ def test_comm_overlap_reports_exposed_and_hidden_communication_apart():
     time it ran beside compute is reported on its own (`comm_hidden_ms`), which a step without overlap lacks."""
     r = run_trial(tiny_cfg(world_size=2, comm_overlap="forward_backward", measure_steps=8))
     assert r.status == "ok", r.error
-    assert r.extra["comm_hidden_ms"] > 0 and r.breakdown_ms["comm"] >= 0
+    # (how the exposed waits compare with the plain run's is timing on a shared machine: not asserted here;
+    # benchmarks/bench_overlap.py measures it side by side)
+    assert r.extra["comm_hidden_ms"] > 0 and "comm" in r.breakdown_ms
     assert r.config["comm_overlap"] == "forward_backward"
     plain = run_trial(tiny_cfg(world_size=2, measure_steps=8))
     assert "comm_hidden_ms" not in plain.extra and "comm_overlap" not in plain.config  # the key stored before

@@ -17,17 +17,19 @@ from optuna.trial import TrialState
 
 from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
 
-# Rank 1 crashes / allocates past the cap / hangs at three batch sizes (the test hook, cubic_harness.faults, set
-# in the tuner's environment and handed to its Ray workers): grid search visits each once after the baseline.
+# Rank 1 crashes / allocates past the cap / hangs / is killed (SIGKILL, as the OOM killer does) at four batch
+# sizes (the test hook, cubic_harness.faults, set in the tuner's environment and handed to its Ray workers);
+# batch 1048576 is predicted at ~8.9 GB a rank, over the cap, and never launched. Grid search visits each once
+# after the baseline.
 FAULTS = """\
 name: faults
 workload: {preset: tiny}
 baseline: {world_size: 2, sharding: table_wise, batch_size: 32, kernel: torch}
 knobs:
-  batch_size: [32, 40, 48, 56]
+  batch_size: [32, 40, 48, 56, 64, 1048576]
 constraints: {mem_cap_mb: 1500}
 trial: {warmup_steps: 1, measure_steps: 2, windows: 1, timeout_s: 30, repeats: 1}
-budget: {trials: 4, confirm_top_k: 0}
+budget: {trials: 6, confirm_top_k: 0}
 """
 
 
@@ -100,22 +102,30 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
 
 
 
-def test_crash_oom_and_timeout_become_failed_trials_and_the_study_completes(tmp_path: Path) -> None:
+def test_crash_oom_timeout_kill_and_predicted_oom_become_failed_trials_and_the_study_completes(
+        tmp_path: Path) -> None:
+    """Through `cubic tune` on Ray: each failure is a failed trial with its reason, and the tune goes on."""
     run = tmp_path / "run"
     r = cubic_tune("--space", str(space_file(tmp_path, FAULTS)), "--run-dir", str(run), "--searcher", "grid",
-                   env={"CUBIC_INJECT_FAULT": "batch_size=40:crash,batch_size=48:oom,batch_size=56:hang"})
+                   env={"CUBIC_INJECT_FAULT": "batch_size=40:crash,batch_size=48:oom,batch_size=56:hang,"
+                                              "batch_size=64:kill"})
     assert r.returncode == 0, r.stdout + r.stderr
-    fault = {32: "none", 40: "crash", 48: "oom", 56: "hang"}
+    fault = {32: "none", 40: "crash", 48: "oom", 56: "hang", 64: "kill", 1048576: "predicted"}
     trials = {fault[t.params["batch_size"]]: t for t in load(run, "faults").get_trials()}
-    assert set(trials) == {"none", "crash", "oom", "hang"}
+    assert set(trials) == set(fault.values())
     assert trials["none"].state == TrialState.COMPLETE
-    for fault, status in (("crash", "error"), ("oom", "oom"), ("hang", "timeout")):
-        t = trials[fault]
-        assert t.state == TrialState.FAIL, fault
-        assert t.user_attrs["status"] == status, (fault, t.user_attrs["error"])
-        assert t.user_attrs["error"] and "\n" not in t.user_attrs["error"]
+    for kind, status, why in (("crash", "error", ""), ("oom", "oom", ""), ("hang", "timeout", ""),
+                               ("kill", "oom", "rank 1 killed by signal 9 (likely the OOM killer) without a report"),
+                               ("predicted", "oom", "not launched: predicted peak memory")):
+        t = trials[kind]
+        assert t.state == TrialState.FAIL, kind
+        assert t.user_attrs["status"] == status, (kind, t.user_attrs["error"])
+        assert t.user_attrs["error"] and "\n" not in t.user_attrs["error"] and why in t.user_attrs["error"]
         assert t.user_attrs["result"]["status"] == status
-    assert "3 failed" in r.stdout
+    assert trials["predicted"].user_attrs["result"]["env"]["launched"] is False  # refused before any rank ran
+    assert all(trials[f].user_attrs["result"]["env"].get("launched", True) for f in fault.values()
+               if f not in ("predicted", "none"))
+    assert "5 failed" in r.stdout
 
 
 # ---------------------------------------------------------------------- bad input: exit 2, one line
