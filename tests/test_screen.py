@@ -197,3 +197,41 @@ def test_the_confirm_spends_no_quality_run_on_a_candidate_that_cannot_beat_the_b
     assert not small.quality_eval_ne
     trained = [c.batch_size for c in runner.submitted if c.eval_samples > 0]
     assert trained and set(trained) == {64}  # the baseline's pairs and noise floor only
+
+
+ON_DEMAND_SPACE = LARGE_BATCH.replace("name: lb", "name: od").replace("  batch_size: [64, 256]\n", """\
+  batch_size: [64, 256, 4]         # 4x: faster, fails alone; 16x smaller: far slower, never the incumbent
+  pipeline_depth: [0, 1]           # layout only: trials for the incumbent to outlast
+""").replace("tolerance: 0.002}", "tolerance: 0.002, screen: on_demand}") + """trial: {warmup_steps: 1, \
+measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}
+budget: {trials: 6, confirm_top_k: 1}
+"""
+
+
+# ~1 min, in the default tier: 6 trials, run in-process with small quality runs
+def test_an_on_demand_screen_judges_only_the_changes_an_incumbent_carries(tmp_path: Path) -> None:
+    """`screen: on_demand`: the 4x batch, once its trial has outlasted the next two, is screened alone and
+    ruled out (its trials fail with it); the 16x smaller batch, which no incumbent carries, costs no run."""
+    from rich.console import Console
+
+    from cubic.results import analysis
+    from cubic.study.store import Store, open_storage, storage_url
+    from cubic.tune import Tuner
+    from tests.test_memory import InlineRunner
+
+    (tmp_path / "s.yaml").write_text(ON_DEMAND_SPACE)
+    space = load_space(tmp_path / "s.yaml")
+    assert space.quality_runs.screen == "on_demand"
+    assert {s.label for s in single_changes(space)} == {"global_batch=8", "global_batch=512"}
+    runner = InlineRunner()
+    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
+    console = Console(record=True, width=200)
+    Tuner(space, store, runner, searcher="grid", console=console, live=False).run()
+    screen = {s["value"]: s for s in store.study.user_attrs[ATTR]}
+    assert screen[512]["ok"] is False and len(screen[512]["eval_ne"]) >= 1, screen[512]
+    assert screen[8]["ok"] is None and screen[8]["eval_ne"] == [], screen[8]  # never paid for
+    trained = {c.batch_size for c in runner.submitted if c.eval_samples > 0}
+    assert 4 not in trained and 256 in trained, trained
+    recs = analysis.records(tmp_path)
+    assert all(r.quality_heldout_ok is False for r in recs if r.params["batch_size"] == 256)
+    assert "(a change of the incumbent #" in console.export_text()

@@ -1,4 +1,5 @@
-"""The quality screen: each numerics change of a space judged alone by held-out quality, before the search.
+"""The quality screen: each numerics change of a space judged alone by held-out quality, before the search, or
+on demand when a settled incumbent carries it (`QualityRuns.screen`; `cubic.tune.checks` runs it).
 
 Why: a tune's fastest configurations are often fast *because* they change numerics (a 4x batch, SGD
 tables, low precision), and held-out quality runs judged them one model at a time. Three tunes of the
@@ -21,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cubic.quality.rules import EARLY_REJECT, judge, paired_mean
-from cubic.space.quality_runs import QualityRuns
+from cubic.space.quality_runs import OFF, QualityRuns
 from cubic.space.search_space import SearchSpace
 
 ATTR = "quality_screen"  # the study's user attr: a list of Screened.to_dict()
 LR_KNOBS = ("emb_lr", "dense_lr")
 VERDICTS = {True: "passes", False: "ruled out", None: "undecided"}
+NOT_RUN = "not run"  # an on-demand screen's change no settled incumbent carried
 
 
 @dataclass
@@ -47,7 +49,8 @@ class Screened:
 
     @property
     def verdict(self) -> str:
-        return VERDICTS[self.ok]
+        """passes | ruled out | undecided, or "not run" where an on-demand screen never needed it."""
+        return VERDICTS[self.ok] if self.ok is not None or self.eval_ne else NOT_RUN
 
     @property
     def label(self) -> str:
@@ -68,7 +71,7 @@ def single_changes(space: SearchSpace) -> list[Screened]:
     sharding types that are not column-wise are one change), in knob order; none where the space has
     no quality runs or turns the screen off."""
     qr = space.quality_runs
-    if qr is None or not qr.screen:
+    if qr is None or qr.screen == OFF:
         return []
     lr_knobs = set(LR_KNOBS) & set(space.knobs)
     base = space.baseline_params()

@@ -16,7 +16,9 @@ from typing import Any
 
 import pandas as pd
 
+from cubic.quality.screen import NOT_RUN
 from cubic.results import analysis, plots
+from cubic.results.plan_why import CHANGED_SHOWN, plan_why
 from cubic_harness.errors import write_text
 
 CSS = """
@@ -120,6 +122,7 @@ def render_html(df: pd.DataFrame, k: int = 5) -> str:
         parts += ["<h2>Winning configuration</h2>", f'<table class="kv">{kv}</table>',
                   '<p class="muted">export it with '
                   '<code>cubic export RUN_DIR --format yaml|json|torchrec</code></p>']
+    parts += _plan_why_html(df)
     ver = analysis.verdict_table(df)
     if len(ver):
         parts += ["<h2>Quality verdicts of the confirmed configurations</h2>",
@@ -133,6 +136,27 @@ def render_html(df: pd.DataFrame, k: int = 5) -> str:
                   "configurations with a change ruled out were not searched</p>", _table(scr)]
     parts += ["<h2>Trials without a measurement</h2>", _table(analysis.failed(df)), "</body></html>"]
     return "\n".join(parts)
+
+
+def _plan_why_html(df: pd.DataFrame) -> list[str]:
+    """The winner's plan against the baseline's, modelled: the figure, the critical ranks, the changed tables."""
+    why = plan_why(df)
+    if why is None:
+        return []
+    base, win = why["views"]
+    head = (f"modelled on {why['cluster']}: the baseline {base['step_ms']:.2f} ms a step, critical rank "
+            f"{base['critical']} ({base['imbalance']:.2f}x the mean rank's lookups); the winner "
+            f"{win['step_ms']:.2f} ms, critical rank {win['critical']} ({win['imbalance']:.2f}x)")
+    changed = why["changed"]
+    rows = "".join(f"<tr><td>{html.escape(c['table'])}</td><td>{html.escape(c['baseline'])}</td>"
+                   f"<td>{html.escape(c['winner'])}</td></tr>" for c in changed[:CHANGED_SHOWN])
+    more = (f'<p class="muted">... and {len(changed) - CHANGED_SHOWN} more (cubic export RUN_DIR --format json '
+            "lists every one)</p>" if len(changed) > CHANGED_SHOWN else "")
+    table = (f"<table><tr><th>table</th><th>baseline</th><th>winner</th></tr>{rows}</table>{more}" if changed
+             else '<p class="muted">the winner lays every table out as the baseline does</p>')
+    return ["<h2>Why the winner's plan wins</h2>", f'<p class="muted">{html.escape(head)}</p>',
+            f'<img alt="why the plan wins" src="{figure_data_uri(plots.plan_why(why))}">',
+            f"<h3>{len(changed)} of {why['tables']} tables laid out differently</h3>", table]
 
 
 def top_table(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
@@ -213,8 +237,10 @@ def screen_line(df: pd.DataFrame) -> str | None:
     def part(v: str) -> str:
         rows = scr[scr["verdict"] == v]
         return ", ".join(f"{r.change} ({r.eval_ne_diff:+.2%})" for r in rows.itertuples()) or "none"
-    return f"quality screen (each change alone, eval NE vs baseline): passes {part('passes')}; " \
-           f"ruled out {part('ruled out')}"
+    unrun = (scr["verdict"] == NOT_RUN).sum()
+    return (f"quality screen (each change alone, eval NE vs baseline): passes {part('passes')}; "
+            f"ruled out {part('ruled out')}" + (f"; {unrun} not run (no settled incumbent carried them)"
+                                                 if unrun else ""))
 
 
 def summary_line(df: pd.DataFrame) -> str:

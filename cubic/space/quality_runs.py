@@ -11,6 +11,13 @@ from typing import Any
 
 from cubic_harness.config import TrialConfig
 
+UPFRONT, ON_DEMAND, OFF = "upfront", "on_demand", "off"
+#: When the quality screen judges each numerics change alone: every change before the search (`upfront`);
+#: only the changes of an incumbent that outlasted the next trials, while searching (`on_demand`: a change
+#: no fast configuration carries costs no run); never (`off`). A space's `screen: true|false` is
+#: upfront|off.
+SCREENS = (UPFRONT, ON_DEMAND, OFF)
+
 
 @dataclass(frozen=True)
 class QualityRuns:
@@ -33,7 +40,7 @@ class QualityRuns:
     eval_samples: int = 1 << 16
     seeds: int = 3
     tolerance: float = 0.001
-    screen: bool = True  # judge each numerics change alone before the search (cubic/quality/screen.py)
+    screen: str = UPFRONT  # when each numerics change is judged alone (SCREENS; cubic/quality/screen.py)
     confidence: float = 0.9  # two-sided, of the mean paired difference; the verdict needs it on one side
     max_seeds: int = 6  # the sequential verdict's seed budget per candidate (and the baseline)
 

@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 
 from cubic.space import numerics
-from cubic.space.quality_runs import QualityRuns
+from cubic.space.quality_runs import OFF, UPFRONT, QualityRuns
 from cubic.space.spec import NOT_KNOBS, Budget, Constraints, Objective, SpaceFile, TrialSection
 from cubic_harness.config import CHOICES, RETIRED, TrialConfig
 from cubic_harness.errors import ConfigError, read_text
@@ -526,6 +526,8 @@ def _build(ld: _Loader, raw: dict[str, Any], f: SpaceFile, check_choices: bool =
     quality_runs = None
     if raw.get("quality") is not None:
         given = {k: v for k, v in f.quality.model_dump().items() if v is not None}  # the rest: QualityRuns'
+        if isinstance(given.get("screen"), bool):
+            given["screen"] = UPFRONT if given["screen"] else OFF
         seeds = given.get("seeds", QualityRuns.seeds)
         quality_runs = QualityRuns(**{"max_seeds": max(QualityRuns.max_seeds, seeds), **given})
         if quality_runs.max_seeds < quality_runs.seeds:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, create_model
 
 from cubic.space.lr_scaling import LRS, RULES
+from cubic.space.quality_runs import SCREENS
 from cubic_harness.config import CHOICES, TrialConfig
 from cubic_harness.schema import Strict
 
@@ -104,7 +105,7 @@ class Quality(Strict):
     eval_samples: PosInt | None = None
     seeds: PosInt | None = None
     tolerance: NonNeg | None = None
-    screen: bool | None = None
+    screen: bool | Literal[SCREENS] | None = None  # type: ignore[valid-type]  # true: upfront, false: off
     confidence: Annotated[float, Field(ge=0.5, lt=1)] | None = None
     max_seeds: PosInt | None = None
 

@@ -3,9 +3,11 @@
 Three sources of a quality verdict, cheapest first (which one counts: `TrialRecord.feasible`):
 1. The in-run estimate (`estimate`): each finished numerics-changing trial's NE over the baseline's
    samples, from its own per-step losses (`cubic.quality.rules.matched_ne`); free.
-2. The screen (`next_run` before the search proposes anything): each numerics change alone, judged by
-   held-out quality runs against the baseline's (`cubic.quality.screen`); a change that fails is out of the
-   search, and every trial that uses it fails with it.
+2. The screen (`next_run`): each numerics change alone, judged by held-out quality runs against the
+   baseline's (`cubic.quality.screen`); a change that fails is out of the search, and every trial that uses
+   it fails with it. `upfront`: every change before the search proposes anything. `on_demand`: only the
+   changes an incumbent carries, once it has outlasted `SETTLE` later trials; a change no fast
+   configuration carries is never paid for, nor is an incumbent the next trials beat.
 3. Held-out checks of the incumbent (`next_run` while searching): the fastest trial faster than the
    baseline that no held-out run has judged, when it changes numerics. Why while searching and not only at
    confirm: the searcher's feasibility model learns from the verdict, so one rejected 4x-batch incumbent
@@ -24,14 +26,17 @@ from typing import Any
 from optuna.trial import TrialState
 
 from cubic.execution.runner import Pending
-from cubic.quality.rules import EARLY_REJECT, judge, matched_ne, paired_mean, sequential, within
+from cubic.quality.rules import EARLY_REJECT, Verdict, judge, matched_ne, paired_mean, sequential, within
 from cubic.quality.screen import ATTR as SCREEN_ATTR
 from cubic.quality.screen import Screened, decide, failing_changes, single_changes
 from cubic.quality.screen import load as load_screen
+from cubic.space.quality_runs import ON_DEMAND
 from cubic.study.record import TrialRecord
 from cubic.tune.context import Tuning
 from cubic.tune.work import CheckRun, ScreenRun
 from cubic_harness.config import TrialConfig, TrialResult, json_safe
+
+SETTLE = 2  # later trials an incumbent must outlast before on-demand held-out runs judge it (`settled`)
 
 
 class QualityChecks:
@@ -114,16 +119,20 @@ class QualityChecks:
             return None
         if len(bne) < qr.seeds:
             return self._submit_check(base, len(bne), "the baseline (pairs and noise floor)")
-        scr = next((x for x in self.screen if x.ok is None), None)
-        if scr is not None:  # before the search proposes anything: each numerics change alone
+        top = max((t for t in done if t is not base and t.quality_heldout_ok is not False
+                   and (t.value or 0.0) > (base.value or 0.0)), key=lambda t: t.value or 0.0, default=None)
+        on_demand = qr.screen == ON_DEMAND
+        if on_demand and (top is None or not self.settled(top, done)):
+            return None  # no held-out run for an incumbent the next trials may still beat
+        scr = self.due_screen(top if on_demand else None)
+        if scr is not None:  # each numerics change alone: before the search, or the incumbent's on demand
             n = len(scr.eval_ne)
             p = self.ctx.runner.submit(self.quality_config(scr.params, n), tag=ScreenRun(scr, n))
             view.note(f"quality screen: {scr.label} alone, seed {n + 1}/{qr.seeds}, {qr.samples:,} samples "
-                      f"({sum(x.ok is not None for x in self.screen) + 1} of {len(self.screen)} changes)"
+                      + (f"(a change of the incumbent #{top.number})" if on_demand and top is not None else
+                         f"({sum(x.ok is not None for x in self.screen) + 1} of {len(self.screen)} changes)")
                       + reused(p))
             return p
-        top = max((t for t in done if t is not base and t.quality_heldout_ok is not False
-                   and (t.value or 0.0) > (base.value or 0.0)), key=lambda t: t.value or 0.0, default=None)
         if (top is None or top.quality_heldout_ok is not None or not space.differs_in_numerics(top.params)
                 or space.numerics_key(top.params) in self.judged):
             return None
@@ -131,6 +140,21 @@ class QualityChecks:
         if n == 0 and len(self.judged) >= max(space.confirm_top_k + 1, self.ctx.budget // 4):
             return None
         return self._submit_check(top, n, "the incumbent")
+
+    def due_screen(self, incumbent: TrialRecord | None) -> Screened | None:
+        """The screen's next change to run: the first undecided one, or with the screen on demand
+        (`incumbent` given) the first undecided change the incumbent carries."""
+        undecided = [x for x in self.screen if x.ok is None]
+        if incumbent is None:
+            return undecided[0] if undecided else None
+        carried = self.ctx.space.numerics_changes(incumbent.params)
+        return next((x for x in undecided if x.change in carried), None)
+
+    @staticmethod
+    def settled(t: TrialRecord, done: list[TrialRecord]) -> bool:
+        """t has stayed the fastest through `SETTLE` trials that finished after it (or it is the last
+        word of a search that ran out of proposals: the confirm judges it then)."""
+        return sum(o.number > t.number for o in done) >= SETTLE
 
     def quality_config(self, params: dict[str, Any], seed: int) -> TrialConfig:
         """The quality run of params' model at `seed`: the config `SearchSpace.model_params` picks for that
@@ -252,7 +276,7 @@ class QualityChecks:
         ne = t.quality_eval_ne
         bne = base.quality_eval_ne if base is not None else []
         if None in ne or None in bne or early_reject(t, qr, base) is not None:
-            return "failed", None
+            return Verdict.FAILED, None
         return sequential(ne, bne, qr)
 
     def screen_summary(self) -> list[dict[str, Any]]:
