@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any
 
 from cubic.space.quality_runs import QualityRuns
@@ -57,6 +58,17 @@ def matched_ne(losses: Sequence[float], cfg: TrialConfig, base_losses: Sequence[
     entropy = (sum(base_losses[w0:w0 + m0]) / m0) / base_ne
     ne = (sum(losses[first:first + count]) / count) / entropy
     return ne if math.isfinite(ne) else None
+
+
+class Verdict(StrEnum):
+    """A quality verdict on held-out runs paired by seed. Stored as its text ("passed", ...), which is what a
+    study's records hold, so a StrEnum reads back equal."""
+
+    PASSED = "passed"  # the interval wholly within the tolerance
+    FAILED = "failed"  # wholly past it (or a run failed, or far past it early)
+    UNDECIDED = "undecided"  # `judge`: the interval straddles the tolerance
+    MORE = "more"  # `sequential`: another paired seed is wanted
+    NOT_RESOLVED = "not resolved"  # `sequential`: undecided at the seed budget, or with no chance left to pass
 
 
 def within(ne: float, base_ne: float, tolerance: float) -> bool:
@@ -112,8 +124,8 @@ def judge(cand_ne: Sequence[float], base_ne: Sequence[float], tolerance: float,
     se = statistics.stdev(diffs) / math.sqrt(n) if n > 1 else None
     half = None if se is None else float(student_t.ppf(0.5 + confidence / 2, n - 1)) * se
     ci = None if half is None else [d - half, d + half]
-    verdict = ("undecided" if ci is None else "passed" if ci[1] <= tolerance else
-               "failed" if ci[0] > tolerance else "undecided")
+    verdict = (Verdict.UNDECIDED if ci is None else Verdict.PASSED if ci[1] <= tolerance else
+               Verdict.FAILED if ci[0] > tolerance else Verdict.UNDECIDED)
     noise = noise_floor(base_ne)
     ok = d <= tolerance
     spread = f" (per seed {min(diffs):+.3%}..{max(diffs):+.3%})" if n > 1 else ""
@@ -124,11 +136,10 @@ def judge(cand_ne: Sequence[float], base_ne: Sequence[float], tolerance: float,
     reason = (f"eval NE {d:+.3%} vs baseline over {n} paired seed(s){spread} "
               f"{'<=' if ok else '>'} {tolerance:.2%}; {floor}")
     return {"ok": ok, "diff": d, "diffs": diffs, "se": se, "ci": ci, "confidence": confidence, "verdict": verdict,
-            "resolved": verdict != "undecided", "noise": noise, "reason": reason}
+            "resolved": verdict != Verdict.UNDECIDED, "noise": noise, "reason": reason}
 
 
-MORE = "more"  # `sequential`'s answer while the verdict wants another paired seed
-NOT_RESOLVED = "not resolved"
+MORE, NOT_RESOLVED = Verdict.MORE, Verdict.NOT_RESOLVED  # the names the tuner's modules import
 FUTILE = 0.05  # below this chance to pass within the seed budget, a candidate's seeds stop (`pass_chance`)
 FUTILE_FROM = 3  # pairs before that rule applies: a spread measured on two pairs is itself a guess
 

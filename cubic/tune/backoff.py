@@ -28,9 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cubic.quality.rules import Verdict
 from cubic.space.search_space import SearchSpace
 
-PASSED, FAILED, SLOW, CRASHED = "passed", "failed", "slow", "crashed"  # what judging a variant found
+PASSED, FAILED = Verdict.PASSED, Verdict.FAILED  # what judging a variant found: its quality verdict,
+SLOW, CRASHED = "slow", "crashed"  # or that it was no faster, or did not run
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from cubic.quality.rules import (
     FUTILE,
     MORE,
     NOT_RESOLVED,
+    Verdict,
     covering,
     matched_ne,
     noise_floor,
@@ -113,7 +114,7 @@ class Confirm:
             state, _ = self.checks.sequential(t, self.base)
             if state == MORE:
                 return None
-            if state != "passed":  # rejected for its model: its speed no longer matters
+            if state != Verdict.PASSED:  # rejected for its model: its speed no longer matters
                 return False
             return True if t.confirm_qps else None
         if not t.confirm_ne or self.base is None or not self.base.confirm_ne:
@@ -227,7 +228,7 @@ class Confirm:
         key = space.numerics_key(t.params)
         rejected = next((o for o in self.screened if o is not t and len(o.quality_eval_ne) >= max(1, self.qdone(t))
                          and not self.qinflight.get(o.number) and space.numerics_key(o.params) == key
-                         and self.checks.sequential(o, self.base)[0] not in (MORE, "passed")), None)
+                         and self.checks.sequential(o, self.base)[0] not in (MORE, Verdict.PASSED)), None)
         if rejected is not None:
             self.ctx.store.update(t, **rejected.heldout())
             self.ctx.view.note(f"quality: #{t.number} trains what #{rejected.number} trains: rejected with it, "
@@ -455,7 +456,7 @@ class Confirm:
         for t in targets:
             ok, why = self.gate(t)
             self.ctx.store.update(t, quality_ok=ok, quality_reason=why,
-                                  quality_verdict=t.quality_verdict or ("passed" if ok else "failed"))
+                                  quality_verdict=t.quality_verdict or (Verdict.PASSED if ok else Verdict.FAILED))
         for t in self.ranked:  # rejected by a check while searching: the verdict's reason, for the report
             if t.quality_heldout_ok is False and t.quality_reason is None:
                 why = (f"quality screen: {', '.join(t.quality_screened_out)} alone fails held-out quality"
@@ -531,7 +532,7 @@ class Confirm:
                           f"under {FUTILE:.0%}")
                 head = (f"NOT RESOLVED after {n} paired seeds ({budget}): the interval straddles the tolerance, "
                         "so it is not crowned")
-            return state == "passed", f"{head}: {j['reason']} (changes {', '.join(changed)})"
+            return state == Verdict.PASSED, f"{head}: {j['reason']} (changes {', '.join(changed)})"
         ne_t = median_finite(t.confirm_ne)
         ne_b = median_finite(base.confirm_ne) if base is not None else None
         if ne_t is None or ne_b is None or ne_b <= 0:

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cubic.quality.rules import NOT_RESOLVED
+from cubic.quality.rules import NOT_RESOLVED, Verdict
 from cubic.search.proxy import kendall_tau
 from cubic.space.search_space import SearchSpace
 from cubic.study.record import TrialRecord
@@ -176,7 +176,7 @@ def _median(xs: list[float] | None) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-VERDICT_HEAD = {"passed": "ok", "failed": "REJECTED", NOT_RESOLVED: "NOT RESOLVED"}
+VERDICT_HEAD = {Verdict.PASSED: "ok", Verdict.FAILED: "REJECTED", NOT_RESOLVED: "NOT RESOLVED"}
 EVAL_NE = re.compile(r"eval NE (?P<diff>[+-][\d.]+%) vs baseline (?:over|after) (?P<n>\d+)")
 CELL_MAX = 72  # characters of a reason without numbers of its own; the report holds the rest
 
