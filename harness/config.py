@@ -8,10 +8,12 @@ YAML key -> TrialConfig field -> harness function -> TrialResult.config).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cubic_harness.errors import ConfigError
@@ -61,9 +63,28 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "comm_overlap": ("none", "forward", "forward_backward"),
     "device": ("cpu", "cuda"),
 }
-#: Bytes per element of every precision a knob can name (tables, dense, comm): the planner's memory and the
-#: performance model's bytes both read this one table.
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_auto": 2, "fp8_all": 1}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One precision a knob can name (tables, dense, the wire): what every module needs to know of it."""
+
+    name: str
+    bytes: int  # per element, in memory or on the wire: the planner's memory and the performance model's bytes
+    torch: str | None  # its torch dtype's attribute name (kernels' `DTYPES`, checked against this by a test)
+    torchrec: str | None  # its member name in TorchRec's `DataType` and `CommType` (None: TorchRec has none)
+
+
+#: The precisions, once: each module derives its own view (bytes, torch dtypes, TorchRec's names) from here.
+PRECISIONS: dict[str, Precision] = {p.name: p for p in (
+    Precision("fp32", 4, "float32", "FP32"),
+    Precision("fp16", 2, "float16", "FP16"),
+    Precision("bf16", 2, "bfloat16", "BF16"),
+    Precision("fp8_auto", 2, None, None),  # dense only: fp8 in the Linears the probe approves (harness/fp8.py)
+    Precision("fp8_all", 1, None, None),  # dense only: every Linear in fp8
+)}
+DTYPE_BYTES = {n: p.bytes for n, p in PRECISIONS.items()}
+TORCHREC_TYPES = {n: p.torchrec for n, p in PRECISIONS.items() if p.torchrec}  # DataType / CommType names
 SHARDING_TYPES = CHOICES["sharding"][:5]
 PLANNERS = CHOICES["sharding"][5:]
 
@@ -250,8 +271,20 @@ class TrialConfig:
     def key(self) -> str:
         """Canonical JSON of the whole config: equal configs have equal keys. Retired fields are in it at
         the one value stored trials had, so a stored trial's key is unchanged and a resumed study neither
-        loses nor re-runs it."""
-        return json.dumps({**RETIRED, **self.to_dict()}, sort_keys=True)
+        loses nor re-runs it. A plan file is keyed by its content as well as its path: an edited file is
+        another configuration, not a duplicate of the trial that ran the old plan."""
+        d = {**RETIRED, **self.to_dict()}
+        if self.plan_file:
+            d["plan_file"] = [self.plan_file, file_digest(self.plan_file)]
+        return json.dumps(d, sort_keys=True)
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 of a file's bytes ("missing" where it cannot be read: loading it says why, in one line)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return "missing"
 
 
 #: Knobs added after studies were stored: at these values they stay out of `to_dict` (and `key()`), so a

@@ -91,6 +91,9 @@ class TableSpec:
     # any other plan that breaks one is refused (harness/sharding/planner.py `check_constraints`).
     sharding_types: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
+    # Tables with the same label live whole (table-wise) on one rank together: features a model reads side by
+    # side, or tables an operator wants on one host. Empty: no such constraint.
+    together: str = ""
 
     @property
     def bytes_fp32(self) -> int:
@@ -118,7 +121,7 @@ class TableSpec:
 
 #: TableSpec keys added for imported models, left out of `to_dict` at these defaults (stored keys stay).
 TABLE_EXTRAS: dict[str, Any] = {"features": [], "pooling_type": "sum", "data_type": "fp32", "weighted": False,
-                                "profile": None, "sharding_types": [], "ranks": []}
+                                "profile": None, "sharding_types": [], "ranks": [], "together": ""}
 POOLING_TYPES = ("sum", "mean", "none")
 
 
@@ -321,9 +324,17 @@ class Workload:
         return presets[name]()
 
     # ------------------------------------------------------------------ derived
+    def together(self) -> dict[str, list[int]]:
+        """Each `together` label's tables, by index (`TableSpec.together`)."""
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(self.tables):
+            if t.together:
+                groups.setdefault(t.together, []).append(i)
+        return groups
+
     def constrained(self) -> list[TableSpec]:
         """The tables with plan constraints (`sharding_types`, `ranks`): a config checks them against its group."""
-        return [t for t in self.tables if t.sharding_types or t.ranks]
+        return [t for t in self.tables if t.sharding_types or t.ranks or t.together]
 
     @property
     def num_tables(self) -> int:
@@ -402,6 +413,12 @@ class Workload:
                 raise ConfigError(f"{where}: table {t.name!r} sharding_types must be a list of sharding kinds")
             if not isinstance(t.ranks, list) or not all(_is_int(r) and r >= 0 for r in t.ranks):
                 raise ConfigError(f"{where}: table {t.name!r} ranks must be a list of group positions (>= 0)")
+            if not isinstance(t.together, str):
+                raise ConfigError(f"{where}: table {t.name!r} together={t.together!r} must be a label (text) that "
+                                  "the tables kept on one rank share")
+            if t.together and t.sharding_types and "table_wise" not in t.sharding_types:
+                raise ConfigError(f"{where}: table {t.name!r} together={t.together!r} keeps it whole on one rank "
+                                  f"(table-wise), which its sharding_types {t.sharding_types} leave out")
         feats = collections.Counter(f for t in self.tables for f in t.feature_names)
         dup = next((f for f, n in feats.items() if n > 1), None)
         if dup is not None:

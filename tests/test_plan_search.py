@@ -262,6 +262,40 @@ def test_a_plan_that_breaks_a_tables_constraint_is_refused_in_one_line():
     assert plan.tables[0].kind == "row_wise" and {s.rank for s in plan.tables[1].shards} == {1}
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_tables_kept_together_are_planned_whole_on_one_rank_and_the_plan_still_wins(seed):
+    """`together`: random groups of tables that must live whole on one rank together. The plan keeps every
+    group so (and the other constraints), and is priced no slower than any rival that keeps them too; a rival
+    that splits a group is refused in one line naming the label."""
+    rng = random.Random(200 + seed)
+    wl = generated(seed)
+    picked = rng.sample(range(wl.num_tables), min(wl.num_tables, 6))
+    for k, i in enumerate(picked):
+        wl.tables[i].together = f"g{k % 2}"
+    cfg = gpu_cfg(wl, 8)
+    cost = TableCosts(load_cluster(shipped_cluster("h100-8.yaml")))
+    plan = make_plan(cfg, cost)
+    assert check_constraints(cfg, plan) is plan
+    for members in wl.together().values():
+        placed = {(plan.tables[i].kind, tuple(s.rank for s in plan.tables[i].shards)) for i in members}
+        assert len(placed) == 1 and next(iter(placed))[0] == "table_wise" and len(next(iter(placed))[1]) == 1
+    mine, refused = cost.step_ms(cfg, plan), 0
+    for name in UNIFORM_RIVALS:
+        try:
+            rival = make_plan(dataclasses.replace(cfg, sharding=name), cost)
+        except ConfigError as e:
+            refused += "must be table-wise on one rank" in str(e) and "\n" not in str(e)
+            continue
+        assert mine <= cost.step_ms(cfg, rival) * (1 + 1e-9), name
+    assert refused, "no rival split a group: the case shows nothing"
+
+
+def test_a_together_label_on_a_table_that_may_not_be_table_wise_is_one_line():
+    wl = {"tables": [{"name": "t0", "rows": 100, "dim": 64, "together": "a", "sharding_types": ["row_wise"]}]}
+    with pytest.raises(ConfigError, match=re.escape("table 't0' together='a' keeps it whole on one rank")):
+        TrialConfig.from_dict({"workload": wl, "world_size": 2}).validate()
+
+
 @pytest.mark.parametrize("table,says", [
     ({"sharding_types": ["diagonal"]}, "table t0 sharding_types: 'diagonal' is no sharding kind"),
     ({"ranks": [0, 5]}, "table t0 ranks=[0, 5]: a sharding group of 2 has positions 0..1"),
@@ -312,6 +346,23 @@ def test_a_plan_file_in_every_shape_runs_and_prices_exactly_that_plan(tmp_path):
         assert res.status == "ok", (shape, res.error)
         assert res.plan == mixed.to_list(), shape
         assert res.step_ms_p50 == pytest.approx(TableCosts(c).step_ms(cfg, mixed), rel=1e-12)
+
+
+def test_a_plan_file_is_keyed_by_its_content(tmp_path):
+    """Edit the production plan in place and the configuration that runs it is another one (a resumed study
+    runs it, rather than taking the old plan's trial for it); the same bytes give the same key."""
+    import json
+
+    c = load_cluster(shipped_cluster("h100-8.yaml"))
+    cfg = gpu_cfg(Workload.preset("criteo-mlperf-mini"), 8)
+    f = tmp_path / "prod.json"
+    f.write_text(json.dumps({"plan": make_plan(cfg.replace(sharding="table_wise"), TableCosts(c)).to_list()}))
+    given = cfg.replace(sharding="file", plan_file=str(f))
+    before = given.key()
+    assert given.key() == before
+    f.write_text(json.dumps({"plan": make_plan(cfg.replace(sharding="column_wise"), TableCosts(c)).to_list()}))
+    assert given.key() != before
+    assert TrialConfig.from_dict(given.to_dict()).key() == given.key()
 
 
 @pytest.mark.parametrize("edit,says", [
@@ -409,6 +460,23 @@ def test_a_production_plan_is_the_baseline_of_a_tune(tmp_path):
     assert exported["plan_changes"] == [{"table": a.name, "baseline": layout(b), "winner": layout(a)}
                                         for a, b in zip(winner.tables, prod.tables, strict=True)
                                         if (a.kind, a.shards) != (b.kind, b.shards)]
+    # why the winner's plan wins: both trials priced again on the study's cluster give each trial's own step
+    why = exported["plan_why"]
+    results = {t.number: json.loads(t.user_attrs["result"]) if isinstance(t.user_attrs.get("result"), str)
+               else t.user_attrs.get("result", {}) for t in trials}
+    base_v, win_v = why["views"]
+    won = exported["provenance"]["trial"]
+    assert why["cluster"] == c.name and (base_v["name"], win_v["name"]) == ("baseline #0", f"winner #{won}")
+    assert base_v["step_ms"] == pytest.approx(results[0]["step_ms_p50"], rel=1e-9)
+    assert win_v["step_ms"] == pytest.approx(results[won]["step_ms_p50"], rel=1e-9)
+    for v in (base_v, win_v):
+        assert len(v["lookups_ms"]) == 8 and v["lookups_ms"][v["critical"]] == max(v["lookups_ms"])
+        assert set(v["phases_ms"]) >= {"lookups", "all_to_all", "all_reduce", "dense"}
+    rep = CliRunner().invoke(app, ["report", str(tmp_path / "run")])
+    assert rep.exit_code == 0, rep.output[-2000:]
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "Why the winner&#x27;s plan wins" in page or "Why the winner's plan wins" in page
+    assert f"{len(exported['plan_changes'])} of {wl.num_tables} tables laid out differently" in page
 
 
 SPACE_WITH_REFERENCE = """\

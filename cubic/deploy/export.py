@@ -19,9 +19,10 @@ from typing import Any
 import yaml
 
 from cubic.results import analysis
+from cubic.results.plan_why import plan_why
 from cubic.study import record
 from cubic.study.store import storage_url
-from cubic_harness.config import TrialConfig, json_safe
+from cubic_harness.config import TORCHREC_TYPES, TrialConfig, json_safe
 from cubic_harness.errors import ConfigError, write_text
 
 FORMATS = ("yaml", "json", "torchrec")
@@ -30,8 +31,6 @@ METRICS = ("qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_f
 # TorchRec names (torchrec 1.8): the train pipeline that keeps `pipeline_depth` batches' input
 # distribution in flight; TrainPipelineBase only overlaps the host-to-device copy.
 TRAIN_PIPELINES = {0: "TrainPipelineBase", 1: "TrainPipelineSparseDist", 2: "PrefetchTrainPipelineSparseDist"}
-# torchrec.distributed.fbgemm_qcomm_codec.CommType names
-COMM_TYPES = {"fp32": "FP32", "bf16": "BF16", "fp16": "FP16"}
 EMB_OPTIMIZERS = {"rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
                   "momentum_scaled_rowwise_adagrad": "torchrec.optim.RowWiseAdagrad",
                   "sgd": "torch.optim.SGD"}
@@ -60,7 +59,7 @@ def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) 
     return {"study": df.attrs["study"], "storage": df.attrs["storage"], "trial": trial.number, "attrs": ua,
             "result": result, "winner": win, "config": cfg, "baseline_qps": df.attrs.get("baseline_qps"),
             "baseline_trial": base_trial, "baseline_plan": base_plan or [],
-            "confirmed": bool(win.get("confirmed", True))}
+            "confirmed": bool(win.get("confirmed", True)), "plan_why": plan_why(df)}
 
 
 def plan_changes(rec: dict[str, Any]) -> list[dict[str, str]]:
@@ -128,6 +127,9 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
                                            "quality_resolved", "quality_ci", "quality_verdict")},
         "sharding_plan": res.get("plan") or [],
         "plan_changes": plan_changes(rec),  # what the winner's plan changes from the baseline's, per table
+        # the baseline's and the winner's modelled step by phase and rank, and the critical rank of each
+        "plan_why": ({k: v for k, v in rec["plan_why"].items() if k != "changed"} if rec.get("plan_why")
+                     else None),
         "provenance": {
             "study": rec["study"], "storage": analysis.safe_url(rec["storage"]), "trial": rec["trial"],
             # "sim": a prediction (env.cluster says for which cluster), not a measurement
@@ -154,7 +156,7 @@ def train_pipeline_for(depth: int, device: str) -> str:
 
 def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for the loader)."""
-    from cubic_harness.torchrec_trial import EMB_DATA_TYPES, placement_of, torchrec_job  # torch: not for every export
+    from cubic_harness.torchrec_trial import placement_of, torchrec_job  # torch: not for every export
 
     cfg = TrialConfig.from_dict(rec["config"])
     wl = cfg.workload
@@ -167,7 +169,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     if not plan:
         notes.append("the winning trial recorded no sharding plan: sharding_types left to TorchRec's planner")
     tables, constraints, placements = [], {}, {}
-    dtype = EMB_DATA_TYPES[cfg.emb_precision]
+    dtype = TORCHREC_TYPES[cfg.emb_precision]
     # cubic's kernels pool in fp32 whatever the dense precision (bf16 autocast lives inside the MLPs, and
     # the all-to-all carries comm_precision: qcomms_config below); BF16 here would halve traffic unmeasured
     out_dtype = "FP32"
@@ -255,8 +257,8 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
                            "module": "torchrec.distributed.train_pipeline",
                            "pipeline_depth": cfg.pipeline_depth,
                            **({"dmp_collection_sync_interval_batches": cfg.sparse_sync_interval} if two_d else {})},
-        "qcomms_config": {"forward_precision": COMM_TYPES[cfg.comm_precision],
-                          "backward_precision": COMM_TYPES[cfg.comm_precision]},
+        "qcomms_config": {"forward_precision": TORCHREC_TYPES[cfg.comm_precision],  # CommType names
+                          "backward_precision": TORCHREC_TYPES[cfg.comm_precision]},
         # DistributedModelParallel(data_parallel_wrapper=DefaultDataParallelWrapper(allreduce_comm_precision=...))
         "ddp": job["ddp"],
         "embedding_optimizer": {"class": EMB_OPTIMIZERS[cfg.emb_optimizer], "lr": cfg.emb_lr,

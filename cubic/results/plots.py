@@ -111,7 +111,8 @@ def breakdown(df: pd.DataFrame, k: int = 5) -> Figure:
     ax = fig.add_subplot()
     ax.set_title("Step time breakdown (ms per step)")
     ok = analysis.usable(df)
-    top = ok.sort_values(["speedup", "qps"], ascending=False).head(k)  # as the report's top table
+    order = list(analysis.top_k(df, k)["number"])  # as the report's top table: re-measured ones first
+    top = ok.set_index("number", drop=False).loc[order]
     base = analysis.baseline_rows(df)
     base = base[base["ok"]].head(1)
     rows = pd.concat([top, base[~base["number"].isin(top["number"])]])
@@ -228,6 +229,43 @@ def speed_vs_quality(df: pd.DataFrame) -> Figure:
     ax.set_ylabel("speed-up (re-measured)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return fig
+
+
+WHY_PHASES = {"lookups": "tab:blue", "all_to_all": "tab:orange", "all_reduce": "tab:red", "dp_sync": "tab:pink",
+              "replica_sync": "tab:brown", "dense": "tab:green", "other": "0.7"}
+
+
+def plan_why(why: dict) -> Figure:
+    """The baseline's and the winner's modelled step by phase (left) and each rank's lookups, its critical
+    rank marked (right): where the winner's plan saves its time (`cubic.results.plan_why`)."""
+    views = why["views"]
+    fig = Figure(figsize=(10, 3.2), layout="constrained")
+    left_ax, right_ax = fig.subplots(1, 2, width_ratios=[1, 1.4])
+    left_ax.set_title(f"Modelled step by phase (ms, {why['cluster']})")
+    names = [v["name"] for v in views][::-1]
+    acc = np.zeros(len(views))
+    for ph, color in WHY_PHASES.items():
+        w = np.array([v["phases_ms"].get(ph, 0.0) for v in views][::-1])
+        if w.any():
+            left_ax.barh(names, w, left=acc, color=color, label=ph)
+            acc += w
+    left_ax.legend(fontsize=7, loc="lower right")
+    left_ax.grid(axis="x", alpha=0.3)
+    right_ax.set_title("Lookups per rank (ms, forward + backward); * critical")
+    n = max(len(v["lookups_ms"]) for v in views)
+    width = 0.8 / len(views)
+    for i, v in enumerate(views):
+        x = np.arange(len(v["lookups_ms"])) + (i - (len(views) - 1) / 2) * width
+        bars = right_ax.bar(x, v["lookups_ms"], width=width, label=v["name"],
+                            color=("tab:gray", "tab:green")[i % 2]) if n <= 64 else None
+        if bars is None:  # many ranks: a line per plan
+            right_ax.plot(np.arange(len(v["lookups_ms"])), v["lookups_ms"], label=v["name"])
+        c = v["critical"]
+        right_ax.annotate("*", (x[c] if n <= 64 else c, v["lookups_ms"][c]), ha="center", va="bottom", fontsize=14)
+    right_ax.set_xlabel("rank (group position)")
+    right_ax.legend(fontsize=7)
+    right_ax.grid(axis="y", alpha=0.3)
     return fig
 
 

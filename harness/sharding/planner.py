@@ -103,7 +103,15 @@ def check_constraints(cfg: TrialConfig, plan: ShardingPlan) -> ShardingPlan:
         if t.ranks and not set(ranks) <= set(t.ranks):
             raise ConfigError(f"sharding={cfg.sharding}: table {t.name} planned on ranks {ranks[:8]}; its ranks "
                               f"allow {t.ranks}")
+    for label, members in cfg.workload.together().items():
+        where = {cfg.workload.tables[i].name: (plan.tables[i].kind, sorted({s.rank for s in plan.tables[i].shards}))
+                 for i in members}
+        if len({(k, tuple(r)) for k, r in where.values()}) > 1 or next(iter(where.values()))[0] != "table_wise":
+            shown = ", ".join(f"{n} {k} on {r[:4]}" for n, (k, r) in where.items())
+            raise ConfigError(f"sharding={cfg.sharding}: tables together={label!r} must be table-wise on one rank; "
+                              f"planned {shown}")
     return plan
+
 
 
 def _fixed_kinds(cfg: TrialConfig, cost: TableCost, check_memory: bool) -> ShardingPlan:

@@ -93,6 +93,8 @@ def options(cfg: TrialConfig, t, allowed: Iterable[str]) -> list[Option]:
     G, W, dim = cfg.group_size, cfg.world_size, t.dim
     rpn = min(cfg.ranks_per_node, G)
     allowed = set(allowed) & set(t.sharding_types or allowed)
+    if t.together:  # kept whole on one rank with the tables that share its label
+        allowed &= {"table_wise"}
     if t.ranks:
         ok = set(t.ranks)
         allowed.discard("data_parallel")  # replicated on every rank
@@ -346,6 +348,7 @@ class _Search:
         self.order = sorted(range(wl.num_tables), key=lambda i: (-(whole[i][0] + whole[i][1]), i))
         self.offset = 0.0  # `_offset`, once the rivals are priced
         self.col_ms, self.id_ms = self._slopes()
+        self.together = {i: members for members in wl.together().values() for i in members}
 
     def empty(self) -> _Loads:
         loads = _Loads(self.cfg, self.cost, self.room)
@@ -379,21 +382,40 @@ class _Search:
             nodes = [ps for ps in self.nodes if not t.ranks or set(ps) <= set(t.ranks)]
             node = min(nodes, key=lambda ps: (float(load[list(ps)].max()), ps[0]))
             part = self.pricer.fixed(i, option, node)
+        elif i in self.together:
+            return self._place_together(loads, i, option)
         else:
             return self._place_free(loads, i, option, t)
         return part if loads.fits(part) else None
 
-    def _place_free(self, loads: _Loads, i: int, option: Option, t) -> _Part | None:
+    def _place_together(self, loads: _Loads, i: int, option: Option) -> _Part | None:
+        """A table kept with others: on the position one of them already holds, else (the group's first)
+        on the least-loaded position where every table of the group fits and may live."""
+        members = self.together[i]
+        placed = [j for j in members if j != i and j in loads.parts]
+        if placed:
+            part = self.pricer.whole_rows(i, option, loads.parts[placed[0]].pos[:1])
+            return part if loads.fits(part) else None
+        tables = self.cfg.workload.tables
+        ranks = [set(tables[j].ranks) for j in members if tables[j].ranks]
+        need = sum(tables[j].rows * (tables[j].dim * self.pricer.wb + self.pricer.sb) for j in members)
+        return self._place_free(loads, i, option, tables[i], need, sorted(set.intersection(*ranks)) if ranks
+                                else None)
+
+    def _place_free(self, loads: _Loads, i: int, option: Option, t, need: float | None = None,
+                    ranks: list[int] | None = None) -> _Part | None:
         """Table-wise and column shards: each on the least-loaded position that holds it, a table's column
         shards on distinct positions. Its shards are alike, so that is the `parts` least-loaded positions
-        with room (ties to the lower position), in one sort."""
+        with room (ties to the lower position), in one sort. `need` and `ranks`: a group's memory and
+        positions, where the table is the first of tables kept together."""
         w = t.dim // option.parts
-        need = t.rows * (w * self.pricer.wb + self.pricer.sb)
+        need = t.rows * (w * self.pricer.wb + self.pricer.sb) if need is None else need
+        ranks = t.ranks if ranks is None else ranks
         order = loads.by_pressure()
         if self.room is not None:
             order = order[loads.mem[order] + loads.dp_mem + need <= self.room]
-        if t.ranks:  # the table's allowed positions only
-            order = order[np.isin(order, t.ranks)]
+        if ranks:  # the table's allowed positions only
+            order = order[np.isin(order, ranks)]
         picked = order[:option.parts]
         if picked.size < option.parts:
             return None

@@ -36,10 +36,12 @@ class PlanView:
     critical: int
     busiest: list[PositionLoad]
     imbalance: float  # critical position's lookups over the mean position's
+    lookups_ms: tuple[float, ...] = ()  # every position's lookups, forward + backward (its load)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "step_ms": self.step_ms, "phases_ms": self.phases_ms, "critical": self.critical,
-                "imbalance": self.imbalance, "busiest": [vars(p) for p in self.busiest]}
+                "imbalance": self.imbalance, "busiest": [vars(p) for p in self.busiest],
+                "lookups_ms": list(self.lookups_ms)}
 
 
 def view(name: str, cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> PlanView:
@@ -56,7 +58,7 @@ def view(name: str, cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> PlanVie
     mean = sum(load) / len(load)
     return PlanView(name, est.step_ms, phases, order[0],
                     [PositionLoad(p, fwd[p], bwd[p], est.mem_mb[p]) for p in order[:TOP_POSITIONS]],
-                    load[order[0]] / mean if mean > 0 else 1.0)
+                    load[order[0]] / mean if mean > 0 else 1.0, tuple(load))
 
 
 def compare(cfg: TrialConfig, plans: dict[str, ShardingPlan], c: Cluster) -> tuple[list[PlanView],
@@ -66,3 +68,12 @@ def compare(cfg: TrialConfig, plans: dict[str, ShardingPlan], c: Cluster) -> tup
     names = list(plans)
     diff = plan_diff(plans[names[1]], plans[names[0]]) if len(names) > 1 else []
     return views, diff
+
+
+def versus(runs: dict[str, tuple[TrialConfig, ShardingPlan]], c: Cluster) -> tuple[list[PlanView],
+                                                                                   list[TableChange]]:
+    """Each named run's view, each priced with its own configuration (a winner and a baseline differ in
+    more than the plan: batch, precisions, kernel), and what the last run's plan changes from the first's."""
+    views = [view(n, cfg, p, c) for n, (cfg, p) in runs.items()]
+    plans = [p for _, p in runs.values()]
+    return views, plan_diff(plans[0], plans[-1]) if len(plans) > 1 else []
