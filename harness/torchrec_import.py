@@ -26,12 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from cubic_harness.config import TORCHREC_TYPES
 from cubic_harness.dense_cost import dense_cost
 from cubic_harness.errors import ConfigError
 from cubic_harness.workload import DenseModel, TableSpec, Workload
 
-#: TorchRec's data types and pooling modes in the workload's words.
-DATA_TYPES = {"FP32": "fp32", "FP16": "fp16", "BF16": "bf16", "INT8": "int8", "INT4": "int4", "INT2": "int2"}
+#: TorchRec's data types and pooling modes in the workload's words (the integer types cubic does not train:
+#: named, then refused).
+DATA_TYPES = {**{tr: n for n, tr in TORCHREC_TYPES.items()}, "INT8": "int8", "INT4": "int4", "INT2": "int2"}
 POOLINGS = {"SUM": "sum", "MEAN": "mean", "NONE": "none"}
 FLOP_BATCH = 4  # samples in the meta batch the flop counter sees (FLOPs per sample are its share)
 

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cubic_harness import torchrec_compat as compat
 from cubic_harness.torchrec_import import DATA_TYPES
 from cubic_kernels import OptimSpec, make_kernel
 
@@ -164,7 +165,7 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
             slices = []
             for w in self._kernel.weights():
                 s = TableBatchedEmbeddingSlice(w.view(-1), 0, w.numel(), w.shape[0], w.shape[1])
-                s._in_backward_optimizers = [EmptyFusedOptimizer()]  # TorchRec's mark of a fused-updated weight
+                compat.mark_updated_in_backward(s, EmptyFusedOptimizer())
                 slices.append(s)
             self._param_per_table = dict(zip(names, slices, strict=True))
             self._optim = _Done(self._kernel, names, slices)
@@ -206,9 +207,9 @@ def cubic_sharder(backend: str, qcomm_codecs_registry: Any = None) -> Any:
             return super()._create_embedding_kernel(config, device, pg, sharding_type, env)
 
     def _lookup(sharding: Any, device: Any, feature_processor: Any) -> Any:
-        return _CubicLookup(grouped_configs=sharding._grouped_embedding_configs, pg=sharding._pg,
-                            device=device if device is not None else sharding._device,
-                            feature_processor=feature_processor, env=sharding._env)
+        args = compat.sharding_lookup_args(sharding)
+        return _CubicLookup(**{**args, "device": device if device is not None else args["device"]},
+                            feature_processor=feature_processor)
 
     class _Tw(TwPooledEmbeddingSharding):
         def create_lookup(self, device: Any = None, fused_params: Any = None, feature_processor: Any = None) -> Any:

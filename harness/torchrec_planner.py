@@ -16,11 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from cubic_harness.config import SHARDING_TYPES, TrialConfig
+from cubic_harness.config import SHARDING_TYPES, TORCHREC_TYPES, TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan, ascending_columns
 from cubic_harness.sim.cluster import Cluster
-from cubic_harness.torchrec_trial import EMB_DATA_TYPES
 
 #: TorchRec's sharding types as cubic's kinds: a table-column-wise table is column shards inside one node,
 #: which cubic's harness runs as column shards on those ranks.
@@ -45,7 +44,7 @@ def torchrec_plan(cfg: TrialConfig, cluster: Cluster | None, allowed: Iterable[s
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     wl = cfg.workload
-    dtype = getattr(DataType, EMB_DATA_TYPES[cfg.emb_precision])
+    dtype = getattr(DataType, TORCHREC_TYPES[cfg.emb_precision])
     configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
                                   feature_names=[f"{t.name}.f{k}" for k in range(len(t.feature_names))],
                                   data_type=dtype) for t in wl.tables]

@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cubic_harness.config import CHOICES, SHARDING_TYPES, TrialConfig, TrialResult
+from cubic_harness import torchrec_compat as compat
+from cubic_harness.config import CHOICES, SHARDING_TYPES, TORCHREC_TYPES, TrialConfig, TrialResult
 from cubic_harness.errors import ConfigError, debugging
 from cubic_harness.trial import (
     TORCHREC_PRELOAD,
@@ -117,7 +118,6 @@ INSTEAD = {"kernel": "TorchRec ran FBGEMM's fused TBE",
            "comm_overlap": "the all-to-all was waited on where the model reads the embeddings",
            "sparse_sync": "DMPCollection averaged the replicas' weights and optimizer state after every step",
            "emb_optimizer": "row-wise AdaGrad ran, its replicas merged by DMPCollection's averaging"}
-EMB_DATA_TYPES = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}  # emb_precision -> torchrec.types.DataType
 TWO_D_KNOBS = ("sparse_sync", "emb_optimizer")  # substitutions only where replicas exist
 
 
@@ -199,7 +199,7 @@ def torchrec_job(cfg: TrialConfig, plan: list[dict], notes: list[str]) -> dict[s
     which the export (cubic/deploy/export.py) writes beside its own."""
     wl = cfg.workload
     by_name = {p.get("name") or wl.tables[p["table"]].name: p for p in plan}
-    dtype = EMB_DATA_TYPES[cfg.emb_precision]
+    dtype = TORCHREC_TYPES[cfg.emb_precision]
     tables, placements = [], {}
     for i, t in enumerate(wl.tables):
         tables.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim,
@@ -227,6 +227,7 @@ def check_runs_in_torchrec(cfg: TrialConfig, cwd: str | None = None) -> None:
     build; the backend runs no substitute."""
     if not torchrec_available():
         raise ConfigError(f"--backend torchrec needs TorchRec: {INSTALL_HINT}")
+    compat.check()
     if cfg.device != "cpu":  # its ranks run gloo on CPU tensors (`_train`): a CUDA config would not run as named
         raise ConfigError(f"device={cfg.device}: the TorchRec backend trains on CPU (gloo); on CUDA use cubic's "
                           "harness (--backend real) and `cubic export -f torchrec`")
@@ -316,6 +317,11 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
     placements, subs = plan_for_torchrec(cfg, export)
     out: dict[str, Any] = {"status": "error", "error": "no rank reported", "qps": 0.0, "window_qps": [],
                            "substitutions": subs}
+    try:
+        compat.check()
+    except ConfigError as e:
+        out["error"] = str(e)
+        return out
     status, error, got = _launch(cfg, export, placements)
     if status != "ok":
         out.update(status=status, error=error)
@@ -571,7 +577,7 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
     # the tables' kernel: cubic's own through its sharder where TorchRec runs it (CPU), else FBGEMM's
     kernel = "fbgemm" if torchrec_unsupported("kernel", cfg.kernel, cfg.device) else cfg.kernel
     # the pooled all-to-all's precision, forward and backward: TorchRec's QComms codecs (they run on gloo too)
-    comm = CommType[cfg.comm_precision.upper()]
+    comm = CommType[TORCHREC_TYPES[cfg.comm_precision]]
     qcomms = None if cfg.comm_precision == "fp32" else get_qcomm_codecs_registry(
         QCommsConfig(forward_precision=comm, backward_precision=comm), device=device)
     if kernel == "fbgemm":
@@ -597,8 +603,9 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
                                     use_inter_host_allreduce=dc["use_inter_host_allreduce"],
                                     custom_all_reduce=average, data_parallel_wrapper=ddp,
                                     also_sync=sharders[0].replica_state if kernel != "fbgemm" else lambda _: [])
-        replica_pg.append(dmp._default_ctx.replica_pg)
-        mine = dmp._default_ctx.device_mesh["shard"].mesh.tolist()  # this rank's sharding group, global ranks
+        ctx = compat.dmp_context(dmp)
+        replica_pg.append(ctx.replica_pg)
+        mine = ctx.device_mesh["shard"].mesh.tolist()  # this rank's sharding group, global ranks
         # grad_allreduce keeps the replicas equal after every step: DMPCollection's nearest is sync() every step
         every = dc["sync_interval_batches"] if cfg.sparse_sync == "weight_avg" else 1
     else:
@@ -668,7 +675,7 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
         evaluation = eval_metrics(both[0].numpy(), both[1].numpy())
     # a fingerprint of this rank's table shards: after the last sync a position's replicas hold the same numbers
     # (the tensors DMPCollection's sync() merges)
-    shards = [*(t for ts in dmp._default_ctx.weights_by_dtype.values() for t in ts),
+    shards = [*(t for ts in compat.dmp_context(dmp).weights_by_dtype.values() for t in ts),
               *dmp.also_sync(False)] if dc else []
     checksum = float(sum(t.double().abs().sum() for t in shards))
     loss_t, peak = torch.tensor(losses, dtype=torch.float64), torch.tensor([rss_mb()], dtype=torch.float64)
@@ -686,7 +693,7 @@ def _train(cfg: TrialConfig, job: dict, placements: dict, rank: int, port: int) 
             "checksum": checksum,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
             # the dense gradients' comm hooks DDP runs (allreduce_comm_precision: torch's fp16/bf16_compress_hook)
-            "ddp_hooks": [h.__name__ for h, _ in getattr(dmp._dmp_wrapped_module, "_comm_hooks", [])],
+            "ddp_hooks": compat.ddp_hook_names(dmp),
             # what summarize() reads, as a harness rank reports it
             "step_s": step_s, "losses": (loss_t / W).tolist(), "peak_mem_mb": float(peak.item()),
             "ne": (bce / n) / -(p * math.log(p) + (1 - p) * math.log(1 - p)), "breakdown_ms": {},

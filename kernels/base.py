@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 
 OPTIMIZERS = ("rowwise_adagrad", "sgd")
+# the storage precisions by name; the harness's table of every precision (cubic_harness.config.PRECISIONS)
+# names these torch dtypes too, and tests/test_precision.py holds the two together
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

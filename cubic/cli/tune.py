@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -58,94 +60,25 @@ def tune(
     import sqlalchemy
     from rich.console import Console
 
-    from cubic.execution.runner import RayRunner
-    from cubic.search.samplers import SEARCHERS
-    from cubic.space.search_space import load_space
-    from cubic.study.store import Store, check_run_dir, open_storage, redact, storage_url
-    from cubic.tune import Tuner
+    from cubic.study.store import redact
     from cubic.tune.view import print_summary
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # --live through a pipe (`| tee log` on a terminal) draws the table with terminal codes, as asked
     console = Console() if sys.stdout.isatty() else Console(width=130, force_terminal=bool(live))
-    runner = None
+    req = TuneRequest(space=space, run_dir=run_dir, storage=storage, trials=trials, searcher=searcher,
+                      address=address, seed=seed, live=live, backend=backend, cluster=cluster, framework=framework,
+                      warm_start=tuple(warm_start), quality_store=quality_store)
+    tuner = None
     try:
-        if searcher not in SEARCHERS:
-            raise ConfigError(f"--searcher {searcher!r}: choose one of {list(SEARCHERS)}")
-        if address is not None and not address.strip():
-            raise ConfigError("--address '': empty; give HOST:PORT, ray://HOST:PORT or auto, or leave it out "
-                              "for a local Ray")
-        if trials is not None and trials < 1:
-            raise ConfigError(f"--trials {trials}: must be >= 1")
-        from cubic.cli.trial import sim_cluster_of
-
-        sim_cluster = sim_cluster_of(backend, cluster, framework)
-        if sim_cluster is not None and address is not None:
-            raise ConfigError("--address: simulated trials run in this process, not on Ray; leave it out")
-        sp = load_space(space or default_space())
-        if sim_cluster is not None:
-            from cubic_harness.sim.backend import check_holds
-
-            check_holds(sp.baseline, sim_cluster, f"{space or default_space()}: baseline")
-        if backend == "torchrec":
-            from cubic_harness.torchrec_trial import check_runs_in_torchrec
-
-            if sp.target != "torchrec":
-                raise ConfigError(f"--backend torchrec: {space or default_space()} has target {sp.target!r}; a "
-                                  "TorchRec tune needs a space with `target: torchrec`, which keeps only the knob "
-                                  "values TorchRec runs (e.g. search_spaces/dlrm_cpu_torchrec.yaml)")
-            try:
-                check_runs_in_torchrec(sp.baseline)
-            except ConfigError as e:
-                raise ConfigError(f"{space}: baseline: {e}") from None
-        warm = []  # read (and judged) before this tune's own store is made: bad input writes nothing
-        if warm_start:
-            from cubic.search.warm_start import load_warm_start
-
-            if searcher != "cubic":
-                raise ConfigError(f"--warm-start: only the cubic searcher learns from other studies, not {searcher}")
-            for src in warm_start:
-                warm += load_warm_start(src, sp)
-        qstore = None
-        if quality_store is not None and sim_cluster is not None:
-            raise ConfigError("--quality-store: a simulated tune runs no quality runs; leave it out")
-        if quality_store is not None:  # opened before the study's store: a bad one writes nothing
-            from cubic.quality.store import open_quality_store
-
-            qstore = open_quality_store(quality_store)
-        if run_dir is None and storage is None:
-            run_dir = Path("runs") / (f"{sp.name}-sim-{sim_cluster.name}" if sim_cluster is not None else
-                                      f"{sp.name}-torchrec" if backend == "torchrec" else sp.name)
-        if run_dir is not None:
-            check_run_dir(run_dir, holds_store=storage is None)
-            try:
-                run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
-        url = storage or storage_url(run_dir, must_exist=False)
-        rdb = open_storage(url, None if storage else f"--run-dir {run_dir}")
-        sim_label = None if sim_cluster is None else f"sim:{sim_cluster.name}" + (
-            "" if framework == "harness" else f"+{framework}")  # predictions of another framework: their own study
-        store = Store(sp, rdb, run_dir, backend=sim_label or backend)
-        if sim_cluster is not None:
-            from cubic.execution.sim_runner import SimRunner
-
-            runner = SimRunner(sim_cluster)
-        else:
-            runner = RayRunner(address, sp.isolation, backend).check()
-        if qstore is None and sim_cluster is None and sp.quality_runs is not None:
-            from cubic.quality.store import QualityStore
-
-            qstore = QualityStore(rdb.url)
-        tuner = Tuner(sp, store, runner, searcher=searcher, budget=trials, seed=seed, console=console, live=live,
-                      warm_start=warm, quality_store=qstore)
+        tuner = build(req, console)
         summary = tuner.run()
     except ConfigError as e:  # never a storage URL's password, even in a driver's words
-        print(f"error: {redact(' '.join(str(e).split()), storage, quality_store, *warm_start)}", file=sys.stderr)
+        print(f"error: {redact(' '.join(str(e).split()), *req.secrets)}", file=sys.stderr)
         raise typer.Exit(2) from None
     except sqlalchemy.exc.SQLAlchemyError as e:
         # the store failed mid-tune (its server went away): one redacted line, not a driver's traceback
-        msg = redact(" ".join(str(getattr(e, "orig", None) or e).split()), storage, quality_store, *warm_start)[:300]
+        msg = redact(" ".join(str(getattr(e, "orig", None) or e).split()), *req.secrets)[:300]
         print(f"error: the trial store failed ({type(e).__name__}: {msg}); run the same command again to resume",
               file=sys.stderr)
         raise typer.Exit(1) from None
@@ -153,6 +86,126 @@ def tune(
         print("interrupted: run the same command again to resume", file=sys.stderr)
         raise typer.Exit(130) from None
     finally:
-        if runner is not None:
-            runner.stop()
+        if tuner is not None:
+            tuner.runner.stop()
     print_summary(console, summary)
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What `cubic tune` was asked, typed (its options' meanings are the CLI's help)."""
+
+    space: Path | None = None
+    run_dir: Path | None = None
+    storage: str | None = None
+    trials: int | None = None
+    searcher: str = "cubic"
+    address: str | None = None
+    seed: int = 0
+    live: bool | None = None
+    backend: str = "real"
+    cluster: str | None = None
+    framework: str = "harness"
+    warm_start: tuple[str, ...] = ()
+    quality_store: str | None = None
+
+    @property
+    def secrets(self) -> tuple[str | None, ...]:
+        """The URLs whose passwords an error message must not show."""
+        return (self.storage, self.quality_store, *self.warm_start)
+
+
+def check(req: TuneRequest) -> None:
+    """ConfigError (one line) for options that cannot go together, before anything is read or opened."""
+    from cubic.search.samplers import SEARCHERS
+
+    if req.searcher not in SEARCHERS:
+        raise ConfigError(f"--searcher {req.searcher!r}: choose one of {list(SEARCHERS)}")
+    if req.address is not None and not req.address.strip():
+        raise ConfigError("--address '': empty; give HOST:PORT, ray://HOST:PORT or auto, or leave it out "
+                          "for a local Ray")
+    if req.trials is not None and req.trials < 1:
+        raise ConfigError(f"--trials {req.trials}: must be >= 1")
+    if req.warm_start and req.searcher != "cubic":
+        raise ConfigError(f"--warm-start: only the cubic searcher learns from other studies, not {req.searcher}")
+
+
+def build(req: TuneRequest, console: Any) -> Any:
+    """The `Tuner` `req` asks for, with its space, store, runner and quality store opened (its runner started:
+    the caller stops it). Bad input is a ConfigError (one line) raised before this tune's store is written."""
+    from cubic.cli.trial import sim_cluster_of
+    from cubic.execution.runner import RayRunner
+    from cubic.space.search_space import load_space
+    from cubic.study.store import Store, check_run_dir, open_storage, storage_url
+    from cubic.tune import Tuner
+
+    check(req)
+    sim_cluster = sim_cluster_of(req.backend, req.cluster, req.framework)
+    if sim_cluster is not None and req.address is not None:
+        raise ConfigError("--address: simulated trials run in this process, not on Ray; leave it out")
+    where = req.space or default_space()
+    sp = load_space(where)
+    if sim_cluster is not None:
+        from cubic_harness.sim.backend import check_holds
+
+        check_holds(sp.baseline, sim_cluster, f"{where}: baseline")
+    if req.backend == "torchrec":
+        check_torchrec_space(sp, where)
+    warm = []  # read (and judged) before this tune's own store is made: bad input writes nothing
+    if req.warm_start:
+        from cubic.search.warm_start import load_warm_start
+
+        for src in req.warm_start:
+            warm += load_warm_start(src, sp)
+    qstore = None
+    if req.quality_store is not None and sim_cluster is not None:
+        raise ConfigError("--quality-store: a simulated tune runs no quality runs; leave it out")
+    if req.quality_store is not None:  # opened before the study's store: a bad one writes nothing
+        from cubic.quality.store import open_quality_store
+
+        qstore = open_quality_store(req.quality_store)
+    run_dir = req.run_dir
+    if run_dir is None and req.storage is None:
+        run_dir = Path("runs") / (f"{sp.name}-sim-{sim_cluster.name}" if sim_cluster is not None else
+                                  f"{sp.name}-torchrec" if req.backend == "torchrec" else sp.name)
+    if run_dir is not None:
+        check_run_dir(run_dir, holds_store=req.storage is None)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--run-dir {run_dir}: cannot create: {e.strerror}") from None
+    url = req.storage or storage_url(run_dir, must_exist=False)
+    rdb = open_storage(url, None if req.storage else f"--run-dir {run_dir}")
+    sim_label = None if sim_cluster is None else f"sim:{sim_cluster.name}" + (
+        "" if req.framework == "harness" else f"+{req.framework}")  # another framework's predictions: own study
+    store = Store(sp, rdb, run_dir, backend=sim_label or req.backend)
+    if sim_cluster is not None:
+        from cubic.execution.sim_runner import SimRunner
+
+        runner = SimRunner(sim_cluster)
+    else:
+        runner = RayRunner(req.address, sp.isolation, req.backend).check()
+    try:
+        if qstore is None and sim_cluster is None and sp.quality_runs is not None:
+            from cubic.quality.store import QualityStore
+
+            qstore = QualityStore(rdb.url)
+        return Tuner(sp, store, runner, searcher=req.searcher, budget=req.trials, seed=req.seed, console=console,
+                     live=req.live, warm_start=warm, quality_store=qstore)
+    except BaseException:
+        runner.stop()
+        raise
+
+
+def check_torchrec_space(sp: Any, where: Path) -> None:
+    """A TorchRec tune's space: `target: torchrec`, and a baseline TorchRec runs as it says."""
+    from cubic_harness.torchrec_trial import check_runs_in_torchrec
+
+    if sp.target != "torchrec":
+        raise ConfigError(f"--backend torchrec: {where} has target {sp.target!r}; a TorchRec tune needs a space "
+                          "with `target: torchrec`, which keeps only the knob values TorchRec runs (e.g. "
+                          "search_spaces/dlrm_cpu_torchrec.yaml)")
+    try:
+        check_runs_in_torchrec(sp.baseline)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: baseline: {e}") from None

@@ -184,6 +184,9 @@ class ReusingRunner:
     def has_room(self, pending: list[Pending]) -> bool:
         return self.runner.has_room([p for p in pending if not p.reused])
 
+    def stop(self) -> None:
+        self.runner.stop()
+
     def wait(self, pending: list[Pending], timeout: float = 1.0) -> list[tuple[Pending, TrialResult]]:
         done = [(p, r) for p, r in self._answered if any(p is q for q in pending)]
         if done:
