@@ -363,7 +363,7 @@ def top_k(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     ok = usable(df)
     remeasured = ok["confirm_qps_median"].notna() if "confirm_qps_median" in ok else False
     ok = ok.assign(_re=remeasured).sort_values(["_re", "speedup", "qps"], ascending=False).head(k)
-    held = "quality_verdict" in ok and df["quality_verdict"].notna().any()
+    held = "quality_eval_diff" in df and df["quality_eval_diff"].notna().any()  # held-out runs judged some
     cols = ["number", "phase", "qps", "confirm_qps_median", "speedup", "qps_cv", "peak_mem_mb", "quality_verdict",
             "quality_eval_diff", *([] if held else ["ne"]), *varying_knobs(df)]
     cols = [c for c in cols if c in ok and not (c.startswith(("confirm_", "quality_")) and ok[c].isna().all())]
