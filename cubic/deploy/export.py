@@ -59,7 +59,7 @@ def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) 
     return {"study": df.attrs["study"], "storage": df.attrs["storage"], "trial": trial.number, "attrs": ua,
             "result": result, "winner": win, "config": cfg, "baseline_qps": df.attrs.get("baseline_qps"),
             "baseline_trial": base_trial, "baseline_plan": base_plan or [],
-            "confirmed": bool(win.get("confirmed", True)), "plan_why": plan_why(df)}
+            "confirmed": bool(win.get("confirmed", True)), "frame": df}
 
 
 def plan_changes(rec: dict[str, Any]) -> list[dict[str, str]]:
@@ -128,7 +128,7 @@ def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "sharding_plan": res.get("plan") or [],
         "plan_changes": plan_changes(rec),  # what the winner's plan changes from the baseline's, per table
         # the baseline's and the winner's modelled step by phase and rank, and the critical rank of each
-        "plan_why": ({k: v for k, v in rec["plan_why"].items() if k != "changed"} if rec.get("plan_why")
+        "plan_why": ({k: v for k, v in why.items() if k != "changed"} if (why := plan_why(rec["frame"]))
                      else None),
         "provenance": {
             "study": rec["study"], "storage": analysis.safe_url(rec["storage"]), "trial": rec["trial"],
