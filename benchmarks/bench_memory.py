@@ -8,7 +8,7 @@ Nothing is fitted here: the model's only measured memory constant is the calibra
 (a bare one-rank trial's peak RSS, `cubic calibrate`).
 
 Three sets of configurations (nothing is fitted on any of them; the model's terms are what the harness
-allocates, buffer by buffer, see `cubic_harness.sim.perf._memory`):
+allocates, buffer by buffer, see `cubic_harness.sim.memory`):
 
   dev: 10 configurations the model's terms were checked on while they were written (the criteo-mlperf-mini
       and small-zipf workloads, batch sizes 1536-6144);
