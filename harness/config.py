@@ -279,6 +279,26 @@ class TrialConfig:
         return json.dumps(d, sort_keys=True)
 
 
+def inert_knobs(cfg: TrialConfig) -> frozenset[str]:
+    """The knobs whose value changes neither what trains nor how it runs for `cfg`: every value of
+    each trains the same model at the same speed, so a search space counts them as one configuration
+    and a backend need not run (or refuse) their value. Each is inert where what it sets is absent:
+
+    - `sparse_sync` and `group_placement` with one replica (`sharding_group_size` 0 or the world):
+      no replicas to keep in sync, and one sharding group of every rank, side by side or strided;
+    - `sparse_sync_interval` without a weight_avg merge (one replica, or `grad_allreduce`, which
+      applies one exact update every step): it only spaces the merges.
+
+    `emb_optimizer` is never inert (SGD and row-wise AdaGrad train differently everywhere); only its
+    `momentum_scaled_rowwise_adagrad` value trains as `rowwise_adagrad` without a weight_avg merge,
+    its scaling being the merge's rule (harness/sharding/replica_sync.py)."""
+    if cfg.replicas == 1:
+        return frozenset({"sparse_sync", "group_placement", "sparse_sync_interval"})
+    if cfg.sparse_sync != "weight_avg":
+        return frozenset({"sparse_sync_interval"})
+    return frozenset()
+
+
 def file_digest(path: str) -> str:
     """SHA-256 of a file's bytes ("missing" where it cannot be read: loading it says why, in one line)."""
     try:

@@ -136,7 +136,7 @@ def test_a_tables_bag_is_cut_into_one_piece_per_feature() -> None:
     """The harness pools a table's features as one bag; TorchRec looks each feature up apart: sample i's bag of
     table t is cut into consecutive pieces, one per feature, and nothing is lost or reordered."""
     require("torchrec")
-    from cubic_harness.torchrec_trial import _kjt
+    from cubic_harness.torchrec_train import _kjt
 
     # 2 tables, 3 samples: table 0 bags [10 11 12], [13], [] ; table 1 bags [20], [21 22], [23 24 25 26]
     ids = torch.tensor([10, 11, 12, 13, 20, 21, 22, 23, 24, 25, 26])

@@ -75,7 +75,7 @@ def _add_profile(output: Path, framework: str, short: bool, console, given: bool
     from cubic_harness.errors import ConfigError
     from cubic_harness.sim.calibrate import torchrec_profile
     from cubic_harness.sim.cluster import load_cluster
-    from cubic_harness.torchrec_trial import torchrec_available
+    from cubic_harness.torchrec_rules import torchrec_available
 
     try:
         if not output.exists():

@@ -132,7 +132,7 @@ def trial(
         sources = [str(p) for p in (space, config, workload) if p] + (["--set"] if set_ else [])
         cfg.validate(" + ".join(sources) or "config")
         if backend == "torchrec":
-            from cubic_harness.torchrec_trial import check_runs_in_torchrec
+            from cubic_harness.torchrec_rules import check_runs_in_torchrec
 
             check_runs_in_torchrec(cfg)
         if sim_cluster is None:

@@ -199,7 +199,7 @@ def build(req: TuneRequest, console: Any) -> Any:
 
 def check_torchrec_space(sp: Any, where: Path) -> None:
     """A TorchRec tune's space: `target: torchrec`, and a baseline TorchRec runs as it says."""
-    from cubic_harness.torchrec_trial import check_runs_in_torchrec
+    from cubic_harness.torchrec_rules import check_runs_in_torchrec
 
     if sp.target != "torchrec":
         raise ConfigError(f"--backend torchrec: {where} has target {sp.target!r}; a TorchRec tune needs a space "

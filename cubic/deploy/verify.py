@@ -29,7 +29,7 @@ from cubic_harness.errors import ConfigError
 
 
 def _require_torchrec() -> None:
-    from cubic_harness.torchrec_trial import INSTALL_HINT, torchrec_available
+    from cubic_harness.torchrec_rules import INSTALL_HINT, torchrec_available
 
     if not torchrec_available():
         raise ConfigError(f"cubic verify needs TorchRec: {INSTALL_HINT}")
@@ -37,7 +37,7 @@ def _require_torchrec() -> None:
 
 def _candidate(df: pd.DataFrame, row: pd.Series, label: str, study: str) -> dict[str, Any]:
     """A study row as verify needs it: its config, plan and TorchRec export (ConfigError if it has none)."""
-    from cubic_harness.torchrec_trial import UnsupportedConfig, plan_for_torchrec
+    from cubic_harness.torchrec_rules import UnsupportedConfig, plan_for_torchrec
 
     where = f"{study} trial #{int(row['number'])}"
     if not row["config"]:
