@@ -1,16 +1,20 @@
 """Every file the repository ships is checked as a user would use it: each search space loads and its baseline
 runs (for real on this CPU, or simulated on its cluster), each cluster file loads and prices a trial, and the
-space `make tune` runs trains its baseline and a configuration of today's winning family for real."""
+space `make tune` runs trains its baseline and a configuration of today's winning family for real;
+the knobs' doc lists the values the config allows."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cubic.space.search_space import load_space
-from cubic_harness.config import TrialConfig
+from cubic_harness.config import CHOICES, TrialConfig, inert_knobs
+from cubic_harness.errors import ConfigError
 from cubic_harness.sim.backend import simulate
 from cubic_harness.sim.cluster import load_cluster, resolve
 from cubic_harness.trial import run_trial
@@ -36,6 +40,9 @@ def test_every_search_space_loads_and_its_baseline_runs(path: Path) -> None:
     space = load_space(path)
     base = space.baseline
     assert space.knobs and base.validate()
+    for k, kn in space.knobs.items():  # what the loader enforces, said here of every shipped file
+        assert set(kn.choices) <= set(CHOICES.get(k, kn.choices)), (k, kn.choices)
+    assert all(getattr(base, k) in allowed for k, allowed in CHOICES.items())
     if base.workload.name in SIMULATED_ONLY or path.name == "dlrm_cpu.yaml":
         return
     if base.device == "cuda":  # no GPU here
@@ -70,3 +77,48 @@ def test_make_tunes_space_trains_its_baseline_and_a_winner_like_configuration() 
         assert {k: res.config[k] for k in ("kernel", "emb_precision", "dense_precision", "comm_precision")} == {
             k: getattr(cfg, k) for k in ("kernel", "emb_precision", "dense_precision", "comm_precision")}
     assert dataclasses.asdict(base.workload) == dataclasses.asdict(space.workload)
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
+def test_every_when_that_restates_the_inert_rule_agrees_with_it(path: Path) -> None:
+    """Each space applies `inert_knobs` itself; the shipped files keep the `when:` lines that
+    restate it, so studies made with them keep their fingerprint. Such a line must say exactly what
+    the rule says on every valid configuration (sampled: the large spaces have up to 400k)."""
+    space = load_space(path, check_choices=False)
+    rng = np.random.default_rng(0)
+    valid = []
+    for _ in range(400):
+        params = {k: kn.choices[int(rng.integers(len(kn.choices)))]
+                  for k, kn in space.knobs.items()}
+        cfg = dataclasses.replace(space.baseline, **params)
+        try:
+            valid.append(cfg.validate(workload=False))
+        except ConfigError:
+            continue
+    ruled = {k for cfg in valid for k in inert_knobs(cfg)
+             if k in space.knobs and space.knobs[k].when}
+    seen: dict[str, set[bool]] = {k: set() for k in ruled}
+    for cfg in valid:
+        inert = inert_knobs(cfg)
+        for k in ruled:
+            holds = all(c.holds(vars(cfg)) for c in space.knobs[k].when)
+            assert holds == (k not in inert), (k, " and ".join(map(str, space.knobs[k].when)), cfg)
+            seen[k].add(holds)
+    assert all(v == {True, False} for v in seen.values()), seen  # both sides of each rule were seen
+
+
+def test_the_knobs_doc_lists_exactly_the_allowed_values() -> None:
+    """docs/knobs.md gives each categorical knob's values as the first words of its bullet: they are
+    exactly `CHOICES`', every knob of `CHOICES` has such a bullet, and no bullet lists values of a
+    knob outside it."""
+    text = (ROOT / "docs" / "knobs.md").read_text()
+    bullets = re.findall(r"^- \*\*(.+?)\*\*: (.*(?:\n  .*)*)", text, flags=re.M)
+    listed: dict[str, set[str]] = {}
+    for head, body in bullets:
+        names = re.findall(r"`(\w+)`", head)
+        m = re.match(r"(\w+(?:, \w+)+)(?=[.:;]|\s\(|$)", " ".join(body.split()))
+        if m is None:
+            continue
+        assert len(names) == 1, f"{head}: a list of values belongs to one knob's bullet"
+        listed[names[0]] = set(m.group(1).split(", "))
+    assert listed == {k: {str(v) for v in allowed} for k, allowed in CHOICES.items()}

@@ -198,3 +198,61 @@ def test_comm_overlap_is_a_knob_that_changes_no_numerics(tmp_path: Path) -> None
     (tmp_path / "b.yaml").write_text(text.replace("forward_backward]", "sometimes]"))
     with pytest.raises(ConfigError, match=r"comm_overlap.*'sometimes' is not allowed"):
         load_space(tmp_path / "b.yaml")
+
+
+def test_inert_knobs_change_neither_what_trains_nor_its_price() -> None:
+    """`inert_knobs`, the one rule: with one replica the 2D knobs set nothing, and without a
+    weight_avg merge the interval spaces nothing; the optimizer always matters. Every value of an
+    inert knob prices the same (the simulator reads each knob only where it acts), while the same
+    knob matters where it is not inert."""
+    from cubic_harness.config import CHOICES, TrialConfig, inert_knobs
+    from cubic_harness.sim.backend import simulate
+    from cubic_harness.sim.cluster import resolve
+
+    one = TrialConfig(world_size=8, device="cuda", kernel="triton")
+    two_d = {"sparse_sync", "sparse_sync_interval", "group_placement"}
+    whole = one.replace(sharding_group_size=8, sparse_sync="weight_avg")  # one group of the world
+    assert inert_knobs(one) == inert_knobs(whole) == two_d
+    gather = one.replace(sharding_group_size=2)
+    avg = gather.replace(sparse_sync="weight_avg")
+    assert inert_knobs(gather) == {"sparse_sync_interval"} and inert_knobs(avg) == frozenset()
+    assert not any("emb_optimizer" in inert_knobs(c.replace(emb_optimizer=o))
+                   for c in (one, gather, avg) for o in CHOICES["emb_optimizer"])
+    cluster = resolve("h100-8")
+    values = {"sparse_sync": CHOICES["sparse_sync"], "group_placement": CHOICES["group_placement"],
+              "sparse_sync_interval": (1, 8)}
+
+    def priced(cfg: TrialConfig) -> tuple:
+        r = simulate(cfg, cluster)
+        assert r.status == "ok", r.error
+        return r.qps, r.peak_mem_mb, tuple(sorted(r.breakdown_ms.items()))
+
+    for cfg in (one, gather, avg):
+        for k in inert_knobs(cfg):
+            assert len({priced(cfg.replace(**{k: v})) for v in values[k]}) == 1, (cfg.replicas, k)
+    assert len({priced(avg.replace(sparse_sync_interval=v)) for v in (1, 8)}) == 2
+
+
+def test_a_space_applies_the_inert_rule_without_a_when(tmp_path: Path) -> None:
+    """A space counts configurations that differ only in inert knobs as one whether or not its YAML
+    restates the rule in `when:` lines: the same configurations either way."""
+    knobs = ("  sparse_sync: {choices: [grad_allreduce, weight_avg]WHEN1}\n"
+             "  sparse_sync_interval: {choices: [1, 4]WHEN2}\n"
+             "  group_placement: {choices: [intra_node, cross_node]WHEN1}\n")
+    sync = "  sparse_sync: {choices: [grad_allreduce, weight_avg], when: sharding_group_size > 0}\n"
+    base = GOOD.replace(sync, knobs)
+    said = base.replace("WHEN1", ", when: sharding_group_size > 0").replace(
+        "WHEN2", ", when: sparse_sync == weight_avg and sharding_group_size > 0")
+    (tmp_path / "said.yaml").write_text(said)
+    (tmp_path / "bare.yaml").write_text(base.replace("WHEN1", "").replace("WHEN2", ""))
+    with_when, without = load_space(tmp_path / "said.yaml"), load_space(tmp_path / "bare.yaml")
+    assert not any(kn.when for k, kn in without.knobs.items() if k != "sharding_group_size")
+    # per sharding and batch: plain model parallelism once, 2D with grad_allreduce x 2 placements,
+    # and weight_avg x 2 placements x 2 intervals
+    assert without.size() == with_when.size() == 2 * 3 * (1 + 2 + 4)
+    assert without.all_tuples == with_when.all_tuples
+    one = {"sharding": "row_wise", "batch_size": 128, "sharding_group_size": 0}
+    assert len({without.tup({**one, "sparse_sync": s, "sparse_sync_interval": i,
+                             "group_placement": p})
+                for s in ("grad_allreduce", "weight_avg") for i in (1, 4)
+                for p in ("intra_node", "cross_node")}) == 1
