@@ -66,7 +66,7 @@ def main() -> None:
         if isinstance(r.quality_verdict, str):
             return r.quality_verdict, r.quality_ci
         state, j = sequential(r.quality_eval_ne, bne_tune, qr)
-        return state, (j["ci"] if j else None)
+        return state, (j.ci if j else None)
 
     verdicts = {r.number: tune_verdict(r) for r in df.itertuples()
                 if r.number != base_row["number"] and len(r.quality_eval_ne) >= qr.seeds
@@ -102,8 +102,8 @@ def main() -> None:
         for r in judged.itertuples():
             ne = eval_ne(r.config, progress, task, f"#{r.number}")
             j = judge(ne, bne, qr.tolerance, qr.confidence)
-            fresh = {"seeds": seeds, "eval_ne": ne, "diffs": j["diffs"], "diff": j["diff"], "ci": j["ci"],
-                     "verdict": j["verdict"], "tolerance": qr.tolerance}
+            fresh = {"seeds": seeds, "eval_ne": ne, "diffs": j.diffs, "diff": j.diff, "ci": j.ci,
+                     "verdict": j.verdict, "tolerance": qr.tolerance}
             verdict, ci = verdicts[r.number]
             n = min(len(r.quality_eval_ne), len(bne_tune))
             tune = {"seeds": len(r.quality_eval_ne), "diff": paired_mean(r.quality_eval_ne[:n], bne_tune[:n]),

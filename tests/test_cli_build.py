@@ -26,7 +26,7 @@ def test_a_tune_is_built_from_a_typed_request_and_runs() -> None:
             summary = tuner.run()
         finally:
             tuner.runner.stop()
-        assert summary["study"].endswith("@sim:local") and summary["trials"] == 3
+        assert summary.study.endswith("@sim:local") and summary.trials == 3
         assert (Path(d) / "run" / "study.db").exists()
 
 

@@ -169,7 +169,7 @@ def test_confirm_judges_numerics_changes_by_quality_runs_that_agree_with_4x_long
             continue
         cfg = space.config({k: row[k] for k in space.knobs})
         long_ne = [run_trial(long.config(cfg, s)).extra["eval_ne"] for s in range(2)]
-        assert bool(row["quality_ok"]) == judge(long_ne, long_base, 0.002)["ok"], (key, row["quality_reason"])
+        assert bool(row["quality_ok"]) == judge(long_ne, long_base, 0.002).ok, (key, row["quality_reason"])
     assert not rows[(0.0001, "fp32", 0)]["quality_ok"]
     assert any(w in rows[(0.0001, "fp32", 0)]["quality_reason"] for w in (
         "rejected without the remaining quality runs", "cannot win"))
@@ -212,9 +212,9 @@ def test_a_large_batch_passes_at_its_scaled_learning_rate_where_it_fails_at_the_
         assert big.emb_lr == pytest.approx(0.01 * {"none": 1, "sqrt": 2, "linear": 4}[rule])
         ne = [run_trial(qr.config(big, s)).extra["eval_ne"] for s in range(qr.seeds)]
         verdicts[rule] = judge(ne, base_ne, qr.tolerance)
-    assert not verdicts["none"]["ok"], verdicts["none"]["reason"]
-    assert verdicts["sqrt"]["ok"], verdicts["sqrt"]["reason"]
-    assert verdicts["linear"]["ok"], verdicts["linear"]["reason"]
+    assert not verdicts["none"].ok, verdicts["none"].reason
+    assert verdicts["sqrt"].ok, verdicts["sqrt"].reason
+    assert verdicts["linear"].ok, verdicts["linear"].reason
 
 
 def test_quality_runs_train_the_budget_on_a_stream_that_does_not_repeat() -> None:
@@ -226,9 +226,9 @@ def test_quality_runs_train_the_budget_on_a_stream_that_does_not_repeat() -> Non
     assert cfg.global_batch * (cfg.warmup_steps + cfg.measure_steps) == 1 << 20
     assert cfg.workload.sample_cycle >= 1 << 20 and cfg.eval_samples == 4096 and cfg.seed == 2
     j = judge([1.002, 0.998], [1.0, 1.0], 0.001)
-    assert j["ok"] and j["diff"] == pytest.approx(0.0, abs=1e-12) and not j["resolved"]  # se 0.2%
+    assert j.ok and j.diff == pytest.approx(0.0, abs=1e-12) and not j.resolved  # se 0.2%
     j = judge([1.0030, 1.0031, 1.0029], [1.0, 1.0, 1.0], 0.001)
-    assert not j["ok"] and j["resolved"] and "> 0.10%" in j["reason"]
+    assert not j.ok and j.resolved and "> 0.10%" in j.reason
 
 
 def test_the_verdict_adds_paired_seeds_until_its_interval_clears_the_tolerance_or_says_not_resolved() -> None:
@@ -243,14 +243,14 @@ def test_the_verdict_adds_paired_seeds_until_its_interval_clears_the_tolerance_o
     # the issue's case: +0.083% +- 0.010% over two seeds looked like a pass; its 90% interval does not clear
     two = [1.00073, 1.00093]
     state, j = sequential(two, base, qr)
-    assert state == MORE and j["ci"][0] < 0.001 < j["ci"][1], j
+    assert state == MORE and j.ci[0] < 0.001 < j.ci[1], j
     assert sequential(two[:1], base, qr) == (MORE, None)  # fewer than `seeds` pairs: no verdict yet
     # the next seeds the issue measured (+0.094, -0.024%): still straddling at the budget: not resolved
     state, j = sequential(two + [1.00094, 0.99976], base, qr)
-    assert state == NOT_RESOLVED and not j["resolved"] and j["ci"][0] < 0.001 < j["ci"][1]
+    assert state == NOT_RESOLVED and not j.resolved and j.ci[0] < 0.001 < j.ci[1]
     # a change that costs nothing, consistently: passes on its first two pairs
     state, j = sequential([1.0001, 1.0002], base, qr)
-    assert state == "passed" and j["ci"][1] <= 0.001
+    assert state == "passed" and j.ci[1] <= 0.001
     # one that costs 0.3% on every seed: fails, resolved
     assert sequential([1.003, 1.0031, 1.0029], base, qr)[0] == "failed"
     # an extra seed resolves what two could not
@@ -263,7 +263,7 @@ def test_the_verdict_adds_paired_seeds_until_its_interval_clears_the_tolerance_o
     j = judge([1.0001, 1.0006, 1.0002], [1.0] * 3, 0.001, 0.9)
     d = [0.0001, 0.0006, 0.0002]
     se = statistics.stdev(d) / math.sqrt(3)
-    assert j["ci"] == pytest.approx([statistics.mean(d) - 2.919986 * se, statistics.mean(d) + 2.919986 * se])
+    assert j.ci == pytest.approx([statistics.mean(d) - 2.919986 * se, statistics.mean(d) + 2.919986 * se])
 
 
 def test_a_candidate_that_cannot_pass_within_the_seed_budget_stops_early_and_one_that_later_passed_does_not() -> None:
@@ -282,11 +282,11 @@ def test_a_candidate_that_cannot_pass_within_the_seed_budget_stops_early_and_one
     at_tolerance = [0.83740, 0.83540, 0.88956]
     assert sequential(at_tolerance[:2], base, qr)[0] == MORE  # two pairs: no futility yet
     state, j = sequential(at_tolerance, base, qr)
-    assert state == NOT_RESOLVED and j["pass_chance"] < FUTILE and j["ci"][0] < 0.001 < j["ci"][1], j
+    assert state == NOT_RESOLVED and j.pass_chance < FUTILE and j.ci[0] < 0.001 < j.ci[1], j
     later_passed = [0.83406, 0.83687, 0.88773, 0.87160, 0.84822]
     for n in (3, 4, 5):
         state, j = sequential(later_passed[:n], base, qr)
-        assert state == MORE and j["pass_chance"] > 0.15, (n, j)
+        assert state == MORE and j.pass_chance > 0.15, (n, j)
     # the formula: the final mean ~ N(d, s*sqrt(N-n)/N) must end the final half-width below the tolerance
     diffs = [0.0008, 0.0009, 0.0011]
     d, sd = statistics.mean(diffs), statistics.stdev(diffs)

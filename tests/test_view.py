@@ -1,10 +1,12 @@
-"""The tune's final summary (cubic/tune/view.py `print_summary`), rendered from the summary dict a tune returns."""
+"""The tune's final summary (cubic/tune/view.py `print_summary`), rendered from a tune's `Summary`
+(built here from its plain form, `Summary.from_dict`)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
 from cubic.quality.rules import NOT_RESOLVED
+from cubic.tune.outcome import Summary
 from cubic.tune.view import print_summary
 
 
@@ -26,7 +28,7 @@ def test_configurations_faster_than_the_winner_left_unresolved_are_named_once_th
                     "speedup": 1.15, "speedup_spread": [1.1, 1.2]},
          "storage": "sqlite:///x", "run_dir": None}
     console = Console(width=400, record=True)
-    print_summary(console, s)
+    print_summary(console, Summary.from_dict(s))
     out = console.export_text()
     lines = [ln for ln in out.splitlines() if ln.startswith("not resolved:")]
     assert len(lines) == 1, out
@@ -51,7 +53,7 @@ def test_the_quality_cell_is_one_short_line_and_a_model_judged_once_is_shown_onc
          "quality_runs": None, "confirmed": rows, "best_measured": None, "winner": None,
          "storage": "sqlite:///x", "run_dir": None}
     console = Console(width=300, record=True)
-    print_summary(console, s)
+    print_summary(console, Summary.from_dict(s))
     out = console.export_text()
     cells = {n: next(ln for ln in out.splitlines() if ln.lstrip().startswith(f"{n} ")) for n in (14, 10, 19, 41)}
     assert cells[14].rstrip().endswith("ok: eval NE +0.054%, 90% CI +0.02%..+0.09%, 4 seeds"), cells[14]

@@ -22,8 +22,10 @@ from cubic.results import analysis
 from cubic.results.plan_why import plan_why
 from cubic.study import record
 from cubic.study.store import storage_url
+from cubic.study.winner import Winner
 from cubic_harness.config import TORCHREC_TYPES, TrialConfig, json_safe
 from cubic_harness.errors import ConfigError, write_text
+from cubic_harness.torchrec_job import placement_of, torchrec_job
 
 FORMATS = ("yaml", "json", "torchrec")
 METRICS = ("qps", "qps_cv", "step_ms_p50", "step_ms_p90", "peak_mem_mb", "loss_first", "loss_last", "ne")
@@ -42,12 +44,13 @@ def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) 
     recs = record.load(storage.engine, st.study_name, st.get_trials(deepcopy=False))
     df = analysis.study_frame(st, storage, analysis.safe_url(storage_url(run_dir_or_storage_url)), records=recs)
     analysis.require_completed(df, str(run_dir_or_storage_url))
-    win = df.attrs["winner"]
-    rec = next(r for r in recs if r.number == win["trial"])
+    stored = df.attrs["winner"]
+    win = Winner.from_dict(stored)
+    rec = next(r for r in recs if r.number == win.trial)
     trial = rec.trial
     ua = dict(trial.user_attrs) | rec.findings()
     result = dict(ua.get("result") or {})
-    cfg = win.get("config") or ua.get("config") or result.get("config")
+    cfg = win.config or ua.get("config") or result.get("config")
     if not cfg:
         raise ConfigError(f"{analysis.safe_url(str(run_dir_or_storage_url))}: winning trial #{trial.number} has no "
                           "config recorded")
@@ -57,9 +60,9 @@ def winner_record(run_dir_or_storage_url: str | Path, study: str | None = None) 
     base = next((r for r in recs if r.number == base_trial), None)
     base_plan = ((dict(base.trial.user_attrs) | base.findings()).get("result") or {}).get("plan") if base else None
     return {"study": df.attrs["study"], "storage": df.attrs["storage"], "trial": trial.number, "attrs": ua,
-            "result": result, "winner": win, "config": cfg, "baseline_qps": df.attrs.get("baseline_qps"),
+            "result": result, "winner": stored, "config": cfg, "baseline_qps": df.attrs.get("baseline_qps"),
             "baseline_trial": base_trial, "baseline_plan": base_plan or [],
-            "confirmed": bool(win.get("confirmed", True)), "frame": df}
+            "confirmed": win.confirmed, "frame": df}
 
 
 def plan_changes(rec: dict[str, Any]) -> list[dict[str, str]]:
@@ -78,14 +81,14 @@ def plan_changes(rec: dict[str, Any]) -> list[dict[str, str]]:
 # ---------------------------------------------------------------------------------------------- yaml
 def to_yaml(rec: dict[str, Any]) -> str:
     """The full TrialConfig as YAML, with a comment header saying where it came from."""
-    w = rec["winner"]
-    sp = w.get("speedup")
+    w = Winner.from_dict(rec["winner"])
+    sp, ref = w.speedup, w.vs_torchrec_planner
     head = [f"# cubic export: study {rec['study']!r}, trial #{rec['trial']}"
             f" ({'confirmed winner' if rec['confirmed'] else 'best measured trial, not confirmed'})",
-            f"# qps {w.get('qps', float('nan')):.1f}"
+            f"# qps {w.qps if w.qps is not None else float('nan'):.1f}"
             + (f", {sp:.3f}x the baseline" if sp and sp == sp else "")
-            + (f", {ref['speedup']:.3f}x TorchRec's planner's plan of it (trial #{ref['trial']})"
-               if (ref := w.get("vs_torchrec_planner") or {}).get("speedup") else ""),
+            + (f", {ref.speedup:.3f}x TorchRec's planner's plan of it (trial #{ref.trial})"
+               if ref and ref.speedup else ""),
             "# run it again: cubic trial --config THIS_FILE"]
     return "\n".join(head) + "\n" + yaml.safe_dump(rec["config"], sort_keys=False, default_flow_style=None)
 
@@ -106,22 +109,23 @@ def _versions(env: dict[str, Any]) -> dict[str, Any]:
 
 def to_json_dict(rec: dict[str, Any]) -> dict[str, Any]:
     """Config + metrics + spread + speed-up + provenance: enough to trust and to reproduce the number."""
-    res, ua, w = rec["result"], rec["attrs"], rec["winner"]
+    res, ua, w = rec["result"], rec["attrs"], Winner.from_dict(rec["winner"])
     window = [float(x) for x in res.get("window_qps") or []]
     confirm = [float(x) for x in ua.get("confirm_qps") or []]
-    spread = w.get("qps_spread") or ([min(confirm), max(confirm)] if confirm else
-                                     [min(window), max(window)] if window else None)
+    spread = w.qps_spread or ([min(confirm), max(confirm)] if confirm else
+                              [min(window), max(window)] if window else None)
     env = res.get("env") or {}
     out = {
         "format": "cubic-winner/1",
         "config": rec["config"],
         "metrics": {**{m: res.get(m, ua.get(m)) for m in METRICS},
                     "breakdown_ms": res.get("breakdown_ms") or {}},
-        "qps": w.get("qps"),
+        "qps": w.qps,
         "spread": {"qps_min_max": spread, "window_qps": window, "confirm_qps": confirm},
-        "speedup": w.get("speedup"),
-        "baseline_qps": w.get("baseline_qps", rec["baseline_qps"]),
-        "vs_torchrec_planner": w.get("vs_torchrec_planner"),  # its plan of the baseline, where the tune ran it
+        "speedup": w.speedup,
+        "baseline_qps": w.baseline_qps if w.baseline_qps is not None else rec["baseline_qps"],
+        # TorchRec's planner's plan of the baseline, where the tune ran it
+        "vs_torchrec_planner": w.vs_torchrec_planner.to_dict() if w.vs_torchrec_planner else None,
         "quality": {k: ua.get(k) for k in ("quality_ok", "quality_reason", "confirm_ne", "quality_eval_ne",
                                            "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
                                            "quality_resolved", "quality_ci", "quality_verdict")},
@@ -156,8 +160,6 @@ def train_pipeline_for(depth: int, device: str) -> str:
 
 def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
     """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for the loader)."""
-    from cubic_harness.torchrec_trial import placement_of, torchrec_job  # torch: not for every export
-
     cfg = TrialConfig.from_dict(rec["config"])
     wl = cfg.workload
     plan = {}
@@ -235,11 +237,11 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
                                    for p in placements.values()):
         notes.append("TorchRec runs row_wise / table_row_wise only on CUDA; cubic's harness ran them on CPU")
     job = torchrec_job(cfg, list(plan.values()), notes)
-    w = rec["winner"]
+    w = Winner.from_dict(rec["winner"])
     out = {
         "format": "cubic-torchrec/1",
-        "source": {"study": rec["study"], "trial": rec["trial"], "qps": w.get("qps"),
-                   "speedup": w.get("speedup"), "confirmed": rec["confirmed"]},
+        "source": {"study": rec["study"], "trial": rec["trial"], "qps": w.qps,
+                   "speedup": w.speedup, "confirmed": rec["confirmed"]},
         "world_size": cfg.world_size,
         "sharding_group_size": cfg.group_size,
         "replicas": cfg.replicas,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -102,16 +103,45 @@ def noise_floor(base_ne: Sequence[float]) -> float | None:
     return statistics.stdev(base_ne) / statistics.mean(base_ne)
 
 
-def judge(cand_ne: Sequence[float], base_ne: Sequence[float], tolerance: float,
-          confidence: float = QualityRuns.confidence) -> dict[str, Any]:
-    """The gate on quality runs paired by seed: {ok (the point estimate within the tolerance), diff (mean
-    relative eval NE difference), diffs, se (its standard error over the seeds: how precisely the runs
-    measured it), ci (its `confidence` interval, Student's t over n-1 degrees of freedom), verdict ("passed":
-    the interval wholly within the tolerance, "failed": wholly past it, else "undecided"), resolved (the
-    verdict is not "undecided"), noise (the baseline's seed-to-seed spread), reason}.
+@dataclass(frozen=True)
+class Judgement:
+    """The gate on quality runs paired by seed (`judge`).
 
-    `ok` is what the screen and the checks while searching steer by; the confirm's verdict is `verdict`,
-    sequentially (`sequential`).
+    ok: the point estimate within the tolerance; diff: mean relative eval NE difference, over
+    `diffs`; se: its standard error over the seeds (how precisely the runs measured it); ci: its
+    `confidence` interval, Student's t over n-1 degrees of freedom; verdict: PASSED (the interval
+    wholly within the tolerance), FAILED (wholly past it), else UNDECIDED; resolved: the verdict is
+    not UNDECIDED; noise: the baseline's seed-to-seed spread; pass_chance: `sequential`'s futility
+    figure, where it computed one.
+
+    `ok` is what the screen and the checks while searching steer by; the confirm's verdict is
+    `verdict`, sequentially (`sequential`)."""
+
+    ok: bool
+    diff: float
+    diffs: list[float]
+    se: float | None
+    ci: list[float] | None
+    confidence: float
+    verdict: Verdict
+    resolved: bool
+    noise: float | None
+    reason: str
+    pass_chance: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its plain-JSON form (`pass_chance` only where computed)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pass_chance"}
+        return out if self.pass_chance is None else {**out, "pass_chance": self.pass_chance}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Judgement:
+        return cls(**{**d, "verdict": Verdict(d["verdict"])})
+
+
+def judge(cand_ne: Sequence[float], base_ne: Sequence[float], tolerance: float,
+          confidence: float = QualityRuns.confidence) -> Judgement:
+    """The gate on quality runs paired by seed (`Judgement` says what each figure is).
 
     Why two noise figures: a seed changes the data and the teacher too, so the baseline's seed-to-seed
     spread is mostly how hard each seed's task is, and pairing by seed cancels that; what is left, the
@@ -135,8 +165,9 @@ def judge(cand_ne: Sequence[float], base_ne: Sequence[float], tolerance: float,
         floor += f"; baseline seed-to-seed sd {noise:.3%}"
     reason = (f"eval NE {d:+.3%} vs baseline over {n} paired seed(s){spread} "
               f"{'<=' if ok else '>'} {tolerance:.2%}; {floor}")
-    return {"ok": ok, "diff": d, "diffs": diffs, "se": se, "ci": ci, "confidence": confidence, "verdict": verdict,
-            "resolved": verdict != Verdict.UNDECIDED, "noise": noise, "reason": reason}
+    return Judgement(ok=ok, diff=d, diffs=diffs, se=se, ci=ci, confidence=confidence,
+                     verdict=verdict, resolved=verdict != Verdict.UNDECIDED, noise=noise,
+                     reason=reason)
 
 
 MORE, NOT_RESOLVED = Verdict.MORE, Verdict.NOT_RESOLVED  # the names the tuner's modules import
@@ -165,23 +196,24 @@ def pass_chance(diffs: Sequence[float], tolerance: float, confidence: float, max
 
 
 def sequential(cand_ne: Sequence[float | None], base_ne: Sequence[float | None],
-               qr: QualityRuns) -> tuple[str, dict[str, Any] | None]:
+               qr: QualityRuns) -> tuple[Verdict, Judgement | None]:
     """The confirm's quality verdict from the paired seeds run so far: ("passed" | "failed", judgement) once
     the interval clears the tolerance on one side; (MORE, judgement or None) while fewer than `qr.seeds`
     pairs ran, or the interval straddles the tolerance and fewer than `qr.max_seeds` did; (NOT_RESOLVED,
     judgement) when the seed budget is spent undecided, or earlier (from `FUTILE_FROM` pairs) when its chance
-    to pass within the budget is below `FUTILE` (`pass_chance`, in the judgement as "pass_chance").
+    to pass within the budget is below `FUTILE` (`pass_chance`, in the judgement's `pass_chance`).
     A failed run (None) is the caller's to rule on."""
     n = min(len(cand_ne), len(base_ne))
     if n < qr.seeds:
         return MORE, None
     j = judge(cand_ne[:n], base_ne[:n], qr.tolerance, qr.confidence)  # type: ignore[arg-type]
-    if j["resolved"]:
-        return j["verdict"], j
+    if j.resolved:
+        return j.verdict, j
     if n >= qr.max_seeds:
         return NOT_RESOLVED, j
     if n >= FUTILE_FROM:
-        j["pass_chance"] = p = pass_chance(j["diffs"], qr.tolerance, qr.confidence, qr.max_seeds)
+        p = pass_chance(j.diffs, qr.tolerance, qr.confidence, qr.max_seeds)
+        j = replace(j, pass_chance=p)
         if p < FUTILE:
             return NOT_RESOLVED, j
     return MORE, j

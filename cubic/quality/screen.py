@@ -112,7 +112,7 @@ def decide(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> tuple[b
                            f"{qr.tolerance:.2%} tolerance")
         return None, ""
     j = judge(s.eval_ne[:qr.seeds], base_ne[:qr.seeds], qr.tolerance)  # type: ignore[arg-type]
-    return j["ok"], j["reason"]
+    return j.ok, j.reason
 
 
 def load(attrs: dict[str, Any]) -> list[Screened]:

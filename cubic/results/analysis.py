@@ -21,6 +21,7 @@ from cubic.quality.screen import Screened
 from cubic.study import record
 from cubic.study.record import TrialRecord
 from cubic.study.store import NOT_RUN, rdb_storage, redact, safe_url, storage_url
+from cubic.study.winner import Winner
 from cubic_harness.errors import ConfigError
 
 BREAKDOWN_KEYS = ("emb_fwd", "emb_bwd", "comm", "sync", "dense", "optim")
@@ -394,15 +395,16 @@ def failed(df: pd.DataFrame) -> pd.DataFrame:
 
 def summary(df: pd.DataFrame) -> dict[str, Any]:
     """Headline numbers: counts, baseline, winner and its speed-up."""
-    win = df.attrs.get("winner")
+    w = Winner.from_dict(df.attrs["winner"]) if df.attrs.get("winner") else None
     ran = ~df["status"].isin(NOT_RUN)  # proposals refused or re-queued spent no budget: as the tune counts
     return {"study": df.attrs.get("study"), "storage": df.attrs.get("storage"), "trials": int(ran.sum()),
             "ok": int(df["ok"].sum()), "failed": int(failed(df)["number"].isin(df.loc[ran, "number"]).sum()),
             "not_run": int((~ran).sum()),
             "baseline_qps": df.attrs.get("baseline_qps"),
-            "winner_trial": win["trial"] if win else None, "winner_qps": win["qps"] if win else None,
-            "speedup": win.get("speedup") if win else None,
-            "winner_baseline_qps": (win.get("baseline_qps") or df.attrs.get("baseline_qps")) if win else None,
-            "confirmed": bool(win) and win.get("confirmed", True),
+            "winner_trial": w.trial if w else None, "winner_qps": w.qps if w else None,
+            "speedup": w.speedup if w else None,
+            "winner_baseline_qps": (w.baseline_qps or df.attrs.get("baseline_qps")) if w else None,
+            "confirmed": w is not None and w.confirmed,
             # TorchRec's planner's plan of the baseline (`cubic.tune.summary.reference`), where the tune ran it
-            "vs_torchrec_planner": (win or {}).get("vs_torchrec_planner")}
+            "vs_torchrec_planner": (w.vs_torchrec_planner.to_dict()
+                                    if w and w.vs_torchrec_planner else None)}

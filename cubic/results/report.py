@@ -19,6 +19,7 @@ import pandas as pd
 from cubic.quality.screen import NOT_RUN
 from cubic.results import analysis, plots
 from cubic.results.plan_why import CHANGED_SHOWN, plan_why
+from cubic.study.winner import Winner
 from cubic_harness.errors import write_text
 
 CSS = """
@@ -114,9 +115,9 @@ def render_html(df: pd.DataFrame, k: int = 5) -> str:
         fig = fn(df)
         parts += [f"<h2>{html.escape(name)}</h2>",
                   f'<img alt="{html.escape(name)}" src="{figure_data_uri(fig)}">']
-    win = df.attrs.get("winner")
+    win = Winner.from_dict(df.attrs["winner"]) if df.attrs.get("winner") else None
     if win:
-        cfg = {key: v for key, v in (win.get("config") or {}).items() if key != "workload"}
+        cfg = {key: v for key, v in (win.config or {}).items() if key != "workload"}
         kv = "".join(f"<tr><td>{html.escape(key)}</td><td>{html.escape(_fmt(v))}</td></tr>"
                      for key, v in cfg.items())
         parts += ["<h2>Winning configuration</h2>", f'<table class="kv">{kv}</table>',

@@ -2,8 +2,9 @@
 
 A trial lives in two places of one database, for two reasons:
 
-1. Optuna's trial: params, state, value, and what is known by the time it finishes (`RunAttrs`: its
-   phase, searcher, the proxy's prediction, its config and whole result), as Optuna user attrs, so
+1. Optuna's trial: params, state, value, and what is known by the time it finishes
+   (`TrialRecord.run`: its phase, searcher, the proxy's prediction, its config and whole result),
+   as Optuna user attrs, so
    Optuna's CLI and optuna-dashboard read a study as they always did.
 2. What cubic learns after it finished (`TrialRecord`'s own fields: the in-run quality estimate,
    held-out quality runs, confirm re-measurements, the gate's verdict), in `cubic_trial_attrs`

@@ -8,11 +8,12 @@ Schema (analysis and export read exactly this):
 - Study user_attrs:
   - "space": the resolved space as a JSON-able dict (`SearchSpace.to_dict()`), including the
     baseline TrialConfig dict under "baseline_config".
-  - "winner" (after confirm): {"trial": number, "qps": median of the confirm re-measurements,
-    "qps_spread": [min, max], "speedup": x over baseline, "speedup_spread": [min, max] (winner's
-    min / baseline's max .. winner's max / baseline's min), "baseline_qps": median baseline confirm
-    qps, "config": TrialConfig dict, "config_key", "confirm_qps", "quality_reason", "searcher",
-    "short_config" (knobs that differ from the baseline)}.
+  - "winner" (after confirm; `cubic.study.winner.Winner.to_dict`): {"trial": number, "qps": median
+    of the confirm re-measurements, "qps_spread": [min, max], "speedup": x over baseline,
+    "speedup_spread": [min, max] (winner's min / baseline's max .. winner's max / baseline's min),
+    "baseline_qps": median baseline confirm qps, "config": TrialConfig dict, "config_key",
+    "confirm_qps", "quality_reason", "searcher", "short_config" (knobs that differ from the
+    baseline)}.
 - The lease of the running tuner ({"owner", "host", "node", "pid", "started", "heartbeat"}; absent when
   none runs): a row of cubic's table `cubic_leases`, see `cubic.study.lease`.
 - Trial params = the knob values (categorical distributions, canonical: a knob whose condition
@@ -57,6 +58,7 @@ from optuna.trial import FrozenTrial, TrialState
 from cubic.space.search_space import SearchSpace, fingerprint, first_difference
 from cubic.study import record, tables
 from cubic.study.record import BACKOFF, FLAT_KEYS, INTERRUPTED, NOT_RUN, TrialRecord
+from cubic.study.winner import Winner
 from cubic_harness.config import TrialResult, json_safe
 from cubic_harness.errors import ConfigError
 
@@ -413,5 +415,7 @@ class Store:
         for k, v in record.write(self.rdb.engine, self.name, rec.number, changes).items():
             setattr(rec, k, record.coerce(k, v))
 
-    def set_winner(self, winner: dict[str, Any] | None) -> None:
-        self.study.set_user_attr("winner", json_safe(winner))
+    def set_winner(self, winner: Winner | None) -> None:
+        """Store the winner in its JSON form (`Winner.to_dict`); None clears one an earlier
+        confirm left."""
+        self.study.set_user_attr("winner", json_safe(winner.to_dict() if winner else None))

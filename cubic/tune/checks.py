@@ -26,7 +26,16 @@ from typing import Any
 from optuna.trial import TrialState
 
 from cubic.execution.runner import Pending
-from cubic.quality.rules import EARLY_REJECT, Verdict, judge, matched_ne, paired_mean, sequential, within
+from cubic.quality.rules import (
+    EARLY_REJECT,
+    Judgement,
+    Verdict,
+    judge,
+    matched_ne,
+    paired_mean,
+    sequential,
+    within,
+)
 from cubic.quality.screen import ATTR as SCREEN_ATTR
 from cubic.quality.screen import Screened, decide, failing_changes, single_changes
 from cubic.quality.screen import load as load_screen
@@ -267,9 +276,10 @@ class QualityChecks:
         if None in bne:
             return False, f"the baseline's quality runs failed: {base.quality_failed}"
         j = judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)
-        return j["ok"], j["reason"]
+        return j.ok, j.reason
 
-    def sequential(self, t: TrialRecord, base: TrialRecord | None) -> tuple[str, dict[str, Any] | None]:
+    def sequential(self, t: TrialRecord,
+                   base: TrialRecord | None) -> tuple[Verdict, Judgement | None]:
         """t's confirm verdict from its quality runs so far (`cubic.quality.rules.sequential`): a failed run of
         either side, or a candidate far past the tolerance after its first seeds (`early_reject`), fails."""
         qr = self.ctx.space.quality_runs

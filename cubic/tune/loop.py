@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -39,6 +38,7 @@ from cubic.study.store import Store, safe_url
 from cubic.tune.checks import QualityChecks
 from cubic.tune.confirm import Confirm
 from cubic.tune.context import Tuning
+from cubic.tune.outcome import Summary
 from cubic.tune.policy import Policy
 from cubic.tune.summary import summary
 from cubic.tune.view import TuneView
@@ -82,7 +82,7 @@ class Tuner:
         self.dists = distributions(space)
 
     # ------------------------------------------------------------------ 1. the lease
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Summary:
         self.ctx.lease = self.lease = TunerLease(
             self.store.rdb, self.store.name, f"study {self.study.study_name!r} in {safe_url(self.store.rdb.url)}"
         ).acquire(on_wait=self.console.print)
@@ -92,7 +92,7 @@ class Tuner:
             self.lease.release()
 
     # ------------------------------------------------------------------ 2. resume, then 3-5
-    def _run(self) -> dict[str, Any]:
+    def _run(self) -> Summary:
         self.store.record_space()
         interrupted = self.store.recover_interrupted()
         self._queue_baseline()

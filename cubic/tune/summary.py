@@ -1,5 +1,6 @@
-"""What a tune found, as one dict (what `cubic tune` prints and `--json` writes): the winner with the evidence
-behind its speed and its quality, the best measured trial, the screen and the confirm's verdicts.
+"""What a tune found (`cubic.tune.outcome.Summary`, what `cubic tune` prints): the winner with
+the evidence behind its speed and its quality, the best measured trial, the screen and the
+confirm's verdicts.
 
 The winner's speed-up is the median ratio of its re-measurements to the baseline's run beside each
 (`TrialRecord.confirm_speedup`), never the search's first measurement: that one was selected for being high."""
@@ -7,21 +8,23 @@ The winner's speed-up is the median ratio of its re-measurements to the baseline
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from dataclasses import replace
 
 from optuna.trial import TrialState
 
 from cubic.quality.store import ReusingRunner
 from cubic.study.record import BACKOFF, NOT_RUN, REFERENCE, TrialRecord
 from cubic.study.store import safe_url
+from cubic.study.winner import PlannerRef, Winner
+from cubic.tune.candidates import median_finite
 from cubic.tune.checks import QualityChecks
-from cubic.tune.confirm import median_finite
 from cubic.tune.context import Tuning
+from cubic.tune.outcome import BestMeasured, ConfirmedRow, QualityRunCount, Summary
 from cubic.tune.view import short_config
 
 
 def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], searcher: str,
-           base_q: float | None) -> dict[str, Any] | None:
+           base_q: float | None) -> Winner | None:
     """The fastest confirmed configuration that passed the gate (None: none did); `base_q`: `baseline_qps`."""
     space = ctx.space
     # (by its key: with quality runs its reason is "baseline (eval NE ...)", and matching the reason's text
@@ -34,28 +37,24 @@ def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], sea
     cq, pairs = w.confirm_qps, w.paired_ratios
     bq = base.confirm_qps if base else None
     med = statistics.median(cq)
-    out = {
-        "trial": w.number, "qps": med, "qps_spread": [min(cq), max(cq)],
-        "baseline_qps": base_q, "speedup": w.confirm_speedup(base_q),
-        "speedup_spread": ([min(pairs), max(pairs)] if pairs else [min(cq) / max(bq), max(cq) / min(bq)] if bq
-                           else None),
-        "confirm_base_qps": w.confirm_base_qps,
-        "config": w.run.get("config"), "config_key": w.config_key,
-        "searcher": searcher, "quality_reason": w.quality_reason,
-        "confirm_qps": cq, "short_config": short_config(space, w.params),
-        **ctx.policy.provenance,
-    }
+    spread = ([min(pairs), max(pairs)] if pairs else [min(cq) / max(bq), max(cq) / min(bq)] if bq
+              else None)
     qr = ctx.policy.quality_runs
-    if qr is not None:  # the evidence behind the quality verdict
-        out["quality"] = {**qr.to_dict(), **{k.removeprefix("quality_"): getattr(w, k) for k in (
+    quality = None if qr is None else {  # the evidence behind the quality verdict
+        **qr.to_dict(), **{k.removeprefix("quality_"): getattr(w, k) for k in (
             "quality_eval_ne", "quality_eval_auc", "quality_eval_diff", "quality_se", "quality_noise",
             "quality_resolved", "quality_ci", "quality_verdict")},
-            "baseline_eval_ne": base.quality_eval_ne if base else None,
-            "screen": checks.screen_summary()}
-    return out
+        "baseline_eval_ne": base.quality_eval_ne if base else None,
+        "screen": checks.screen_summary()}
+    return Winner(trial=w.number, qps=med, qps_spread=[min(cq), max(cq)], baseline_qps=base_q,
+                  speedup=w.confirm_speedup(base_q), speedup_spread=spread,
+                  confirm_base_qps=w.confirm_base_qps, config=w.run.get("config"),
+                  config_key=w.config_key, searcher=searcher, quality_reason=w.quality_reason,
+                  confirm_qps=cq, short_config=short_config(space, w.params),
+                  provenance=dict(ctx.policy.provenance), quality=quality)
 
 
-def reference(ctx: Tuning, win: dict[str, Any] | None, best: dict[str, Any] | None) -> dict[str, Any] | None:
+def reference(ctx: Tuning, win: Winner | None, best: BestMeasured | None) -> PlannerRef | None:
     """TorchRec's planner's plan of the baseline (the `reference` trial, where the space offers it): its qps
     (the confirm's median where it re-measured it, else its one search measurement) and what the winner (else
     the best measured trial) and the baseline give over it."""
@@ -65,10 +64,10 @@ def reference(ctx: Tuning, win: dict[str, Any] | None, best: dict[str, Any] | No
         return None
     q = median_finite(ref.confirm_qps) or ref.value
     top = win or best
-    base_q = win.get("baseline_qps") if win else None
-    return {"trial": ref.number, "qps": q, "re_measured": bool(median_finite(ref.confirm_qps)),
-            "speedup": top["qps"] / q if top and top.get("qps") else None,
-            "baseline_speedup": base_q / q if base_q else None}
+    base_q = win.baseline_qps if win else None
+    return PlannerRef(trial=ref.number, qps=q, re_measured=bool(median_finite(ref.confirm_qps)),
+                      speedup=top.qps / q if top and top.qps else None,
+                      baseline_speedup=base_q / q if base_q else None)
 
 
 def baseline_qps(ctx: Tuning, confirmed: list[TrialRecord]) -> float | None:
@@ -84,7 +83,7 @@ def baseline_qps(ctx: Tuning, confirmed: list[TrialRecord]) -> float | None:
 
 
 def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], searcher: str,
-            proxy_tau: float | None) -> dict[str, Any]:
+            proxy_tau: float | None) -> Summary:
     """The tune's outcome; stores the winner on the study (None clears one an earlier confirm left)."""
     space, store = ctx.space, ctx.store
     base_q = baseline_qps(ctx, confirmed)
@@ -92,28 +91,30 @@ def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], se
     ran = [t for t in store.records(TrialState.COMPLETE, TrialState.FAIL) if t.ran]
     done = [t for t in ran if t.state == TrialState.COMPLETE]
     top = max(done, key=lambda t: t.value or 0.0, default=None)
-    best = None if top is None else {
-        "trial": top.number, "qps": top.value, "short_config": short_config(space, top.params),
-        "speedup": top.value / base_q if base_q else None}
+    best = None if top is None else BestMeasured(
+        trial=top.number, qps=top.value, short_config=short_config(space, top.params),
+        speedup=top.value / base_q if base_q else None)
     ref = reference(ctx, win, best)
     if win and ref:  # stored with the winner: the report and the export show it beside the baseline's
-        win["vs_torchrec_planner"] = ref
+        win = replace(win, vs_torchrec_planner=ref)
     store.set_winner(win)
     runner = ctx.runner
-    return {
-        "study": store.name, "storage": safe_url(store.rdb.url), "best_measured": best,
-        "run_dir": str(store.run_dir) if store.run_dir else None, "searcher": searcher,
-        "budget": ctx.budget, "trials": len(ran),
-        "ok": len(done), "failed": sum(t.state == TrialState.FAIL for t in ran),
-        "proxy_tau": proxy_tau, "winner": win, "torchrec_planner": ref,
-        "screen": checks.screen_summary(),
-        "quality_runs": ({"ran": runner.ran, "reused": runner.reused} if isinstance(runner, ReusingRunner) else None),
-        "backoff": [t.number for t in ran if t.run.get("phase") == BACKOFF],
-        "confirmed": confirmed_rows(ctx, confirmed, base_q),
-    }
+    return Summary(
+        study=store.name, storage=safe_url(store.rdb.url), best_measured=best,
+        run_dir=str(store.run_dir) if store.run_dir else None, searcher=searcher,
+        budget=ctx.budget, trials=len(ran),
+        ok=len(done), failed=sum(t.state == TrialState.FAIL for t in ran),
+        proxy_tau=proxy_tau, winner=win, torchrec_planner=ref,
+        screen=checks.screen_summary(),
+        quality_runs=(QualityRunCount(runner.ran, runner.reused)
+                      if isinstance(runner, ReusingRunner) else None),
+        backoff=[t.number for t in ran if t.run.get("phase") == BACKOFF],
+        confirmed=confirmed_rows(ctx, confirmed, base_q),
+    )
 
 
-def confirmed_rows(ctx: Tuning, confirmed: list[TrialRecord], base_q: float | None) -> list[dict[str, Any]]:
+def confirmed_rows(ctx: Tuning, confirmed: list[TrialRecord],
+                   base_q: float | None) -> list[ConfirmedRow]:
     """One row per confirmed configuration. `same_model_as`: the earlier row whose configuration trains the
     same model (equal `numerics_key`) and was judged by the same quality runs, so the summary shows that
     verdict once."""
@@ -124,15 +125,16 @@ def confirmed_rows(ctx: Tuning, confirmed: list[TrialRecord], base_q: float | No
         judged = t.quality_eval_diff is not None or "eval NE" in (t.quality_reason or "")
         key = ((space.numerics_key(t.params), t.quality_verdict, t.quality_eval_diff, t.quality_reason
                 if t.quality_eval_diff is None else None) if judged else None)
-        rows.append({"trial": t.number, "short_config": short_config(space, t.params),
-                     "backoff": t.run.get("phase") == BACKOFF,
-                     "qps": t.value, "confirm_qps": t.confirm_qps, "confirm_speedup": t.confirm_speedup(base_q),
-                     "quality_ok": t.quality_ok, "quality_verdict": t.quality_verdict,
-                     "quality_eval_diff": t.quality_eval_diff, "quality_ci": t.quality_ci,
-                     "quality_seeds": sum(x is not None for x in t.quality_eval_ne) or None,
-                     "quality_confidence": qr.confidence if qr is not None else None,
-                     "quality_reason": t.quality_reason,
-                     "same_model_as": first_of.get(key) if key is not None else None})
+        rows.append(ConfirmedRow(
+            trial=t.number, short_config=short_config(space, t.params),
+            backoff=t.run.get("phase") == BACKOFF,
+            qps=t.value, confirm_qps=t.confirm_qps, confirm_speedup=t.confirm_speedup(base_q),
+            quality_ok=t.quality_ok, quality_verdict=t.quality_verdict,
+            quality_eval_diff=t.quality_eval_diff, quality_ci=t.quality_ci,
+            quality_seeds=sum(x is not None for x in t.quality_eval_ne) or None,
+            quality_confidence=qr.confidence if qr is not None else None,
+            quality_reason=t.quality_reason,
+            same_model_as=first_of.get(key) if key is not None else None))
         if key is not None:
             first_of.setdefault(key, t.number)
     return rows

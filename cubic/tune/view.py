@@ -18,6 +18,7 @@ from cubic.quality.rules import NOT_RESOLVED, Verdict
 from cubic.search.proxy import kendall_tau
 from cubic.space.search_space import SearchSpace
 from cubic.study.record import TrialRecord
+from cubic.tune.outcome import ConfirmedRow, Summary
 from cubic_harness.config import TrialResult
 
 SHORT = {"sharding": "", "sharding_group_size": "G", "sparse_sync": "sync", "emb_optimizer": "opt",
@@ -181,21 +182,21 @@ EVAL_NE = re.compile(r"eval NE (?P<diff>[+-][\d.]+%) vs baseline (?:over|after) 
 CELL_MAX = 72  # characters of a reason without numbers of its own; the report holds the rest
 
 
-def quality_cell(c: dict[str, Any]) -> str:
+def quality_cell(c: ConfirmedRow) -> str:
     """A confirmed configuration's quality in one short line: the verdict, the paired held-out eval NE
     difference, its interval and seeds; a model judged once is shown once (`same_model_as`)."""
-    verdict, d = c.get("quality_verdict"), c.get("quality_eval_diff")
-    if c.get("same_model_as") is not None:
-        head = VERDICT_HEAD.get(verdict) or ("ok" if c.get("quality_ok") else "REJECTED")
-        return f"{head}: same model as #{c['same_model_as']}"
+    verdict, d = c.quality_verdict, c.quality_eval_diff
+    if c.same_model_as is not None:
+        head = VERDICT_HEAD.get(verdict) or ("ok" if c.quality_ok else "REJECTED")
+        return f"{head}: same model as #{c.same_model_as}"
     if d is not None and verdict in VERDICT_HEAD:
-        ci, conf, n = c.get("quality_ci"), c.get("quality_confidence"), c.get("quality_seeds")
+        ci, conf, n = c.quality_ci, c.quality_confidence, c.quality_seeds
         iv = (f", {conf:.0%} CI {ci[0]:+.2%}..{ci[1]:+.2%}" if ci and conf else
               f", CI {ci[0]:+.2%}..{ci[1]:+.2%}" if ci else "")
         seeds = f", {n} seeds" if n else ""
         return f"{VERDICT_HEAD[verdict]}: eval NE {d:+.3%}{iv}{seeds}"
-    head = "ok" if c.get("quality_ok") else "REJECTED"
-    reason = c.get("quality_reason") or ""
+    head = "ok" if c.quality_ok else "REJECTED"
+    reason = c.quality_reason or ""
     m = EVAL_NE.search(reason)
     if m:  # judged by held-out runs before the confirm (the screen, a check while searching, an early reject)
         where = " (screen)" if reason.startswith("quality screen") else " (while searching)"
@@ -212,65 +213,77 @@ def remeasured_cell(qps: list[float]) -> str:
     return f"{statistics.median(qps):,.0f} (median of {len(qps)}, {min(qps):,.0f}-{max(qps):,.0f})"
 
 
-def print_summary(console: Console, s: dict[str, Any]) -> None:
+def print_summary(console: Console, s: Summary) -> None:
     """The final word: winner, speed-up over the baseline with its spread, where the study lives."""
-    console.print(f"[bold]cubic tune[/] {s['study']}: {s['trials']} trials ({s['ok']} ok, {s['failed']} failed) "
-                  f"with searcher {s['searcher']}" + (f", proxy Kendall tau {s['proxy_tau']:+.2f}"
-                                                       if s.get("proxy_tau") is not None else "")
-                  + (f"; {len(s['backoff'])} of them the confirm's back-off (beyond the budget)" if s.get("backoff")
-                     else ""))
-    if s.get("screen"):
-        t = Table(title="quality screen: each numerics change alone (held-out eval NE vs the baseline)", box=None,
-                  header_style="bold")
+    console.print(f"[bold]cubic tune[/] {s.study}: {s.trials} trials ({s.ok} ok, "
+                  f"{s.failed} failed) with searcher {s.searcher}"
+                  + (f", proxy Kendall tau {s.proxy_tau:+.2f}" if s.proxy_tau is not None else "")
+                  + (f"; {len(s.backoff)} of them the confirm's back-off (beyond the budget)"
+                     if s.backoff else ""))
+    if s.screen:
+        t = Table(title="quality screen: each numerics change alone (held-out eval NE vs the "
+                  "baseline)", box=None, header_style="bold")
         for col in ("change", "verdict"):
             t.add_column(col)
-        for x in s["screen"]:
+        for x in s.screen:
             t.add_row(x["change"], x["verdict"] + (f": {x['reason']}" if x["reason"] else ""))
         console.print(t)
-    if s.get("quality_runs"):
-        q = s["quality_runs"]
-        console.print(f"quality runs: {q['ran']} trained, {q['reused']} reused from the quality store")
-    if s["confirmed"]:
-        t = Table(title="confirmed (re-measured) configurations", box=None, header_style="bold")
-        for col in ("#", "config (vs baseline)", "first qps", "re-measured qps", "x baseline beside", "quality"):
-            t.add_column(col)
-        for c in s["confirmed"]:
-            cq, sp = c["confirm_qps"] or [], c.get("confirm_speedup")
-            t.add_row(str(c["trial"]) + (" (back-off)" if c.get("backoff") else ""), c["short_config"],
-                      f"{c['qps']:,.0f}", remeasured_cell(cq),
-                      f"{sp:.2f}x" if sp else "-", quality_cell(c))
-        console.print(t)
-        if any(c.get("quality_eval_diff") is not None for c in s["confirmed"]):
-            console.print("quality: held-out eval NE vs the baseline, paired by seed, with its interval; every "
-                          "reason in full: cubic report RUN_DIR", style="dim")
-    w = s["winner"]
+    if s.quality_runs:
+        q = s.quality_runs
+        console.print(f"quality runs: {q.ran} trained, {q.reused} reused from the quality store")
+    if s.confirmed:
+        print_confirmed(console, s.confirmed)
+    w = s.winner
     # faster than the winner, not crowned: say so where the winner is read (the fastest; the others by count)
-    left = sorted((c for c in s["confirmed"] if c.get("quality_verdict") == NOT_RESOLVED and c["confirm_qps"]
-                   and (not w or _median(c["confirm_qps"]) > w["qps"])), key=lambda c: -_median(c["confirm_qps"]))
+    left = sorted((c for c in s.confirmed if c.quality_verdict == NOT_RESOLVED and c.confirm_qps
+                   and (not w or _median(c.confirm_qps) > (w.qps or 0.0))),
+                  key=lambda c: -_median(c.confirm_qps))
     if left:
         c = left[0]
-        more = f" ({len(left) - 1} more faster than the winner are not resolved either)" if len(left) > 1 else ""
-        console.print(f"[bold yellow]not resolved[/]: trial #{c['trial']} ({c['short_config']}) re-measured "
-                      f"{_median(c['confirm_qps']):,.0f} qps, but its quality verdict is not resolved "
-                      f"(more seeds: quality.max_seeds; a looser call: quality.confidence): not crowned{more}")
+        more = (f" ({len(left) - 1} more faster than the winner are not resolved either)"
+                if len(left) > 1 else "")
+        console.print(f"[bold yellow]not resolved[/]: trial #{c.trial} ({c.short_config}) "
+                      f"re-measured {_median(c.confirm_qps):,.0f} qps, but its quality verdict is "
+                      "not resolved (more seeds: quality.max_seeds; a looser call: "
+                      f"quality.confidence): not crowned{more}")
     if w:
         sp = ""
-        if w.get("speedup"):
-            lo_hi = w.get("speedup_spread") or [w["speedup"], w["speedup"]]
-            sp = f" = [bold green]{w['speedup']:.2f}x[/] the baseline ({lo_hi[0]:.2f}-{lo_hi[1]:.2f}x)"
-        console.print(f"[bold]winner[/]: trial #{w['trial']} ({w['short_config']}): {w['qps']:,.0f} qps "
-                      f"(re-measured {w['qps_spread'][0]:,.0f}-{w['qps_spread'][1]:,.0f}){sp}")
-    elif s["confirmed"]:
-        console.print("[bold]winner[/]: none confirmed (no configuration passed the re-measurement and quality gate)")
-    ref = s.get("torchrec_planner")
-    if ref and ref.get("speedup"):
-        how = "re-measured" if ref["re_measured"] else "measured once"
-        console.print(f"vs TorchRec's planner: {ref['speedup']:.2f}x its plan of the baseline (trial #{ref['trial']}"
-                      f", {ref['qps']:,.0f} qps, {how})")
-    if not w and s.get("best_measured"):
-        b = s["best_measured"]
-        sp = f" = {b['speedup']:.2f}x the baseline" if b.get("speedup") else ""
-        why = "" if s["confirmed"] else " (not confirmed: budget.confirm_top_k is 0)"
-        console.print(f"best measured: trial #{b['trial']} ({b['short_config']}): {b['qps']:,.0f} qps{sp}{why}")
-    where = s["run_dir"] or s["storage"]
-    console.print(f"study [bold]{s['study']}[/] in {s['storage']}" + (f"; run dir {where}" if s["run_dir"] else ""))
+        if w.speedup:
+            lo_hi = w.speedup_spread or [w.speedup, w.speedup]
+            sp = f" = [bold green]{w.speedup:.2f}x[/] the baseline ({lo_hi[0]:.2f}-{lo_hi[1]:.2f}x)"
+        console.print(f"[bold]winner[/]: trial #{w.trial} ({w.short_config}): {w.qps:,.0f} qps "
+                      f"(re-measured {w.qps_spread[0]:,.0f}-{w.qps_spread[1]:,.0f}){sp}")
+    elif s.confirmed:
+        console.print("[bold]winner[/]: none confirmed (no configuration passed the "
+                      "re-measurement and quality gate)")
+    ref = s.torchrec_planner
+    if ref and ref.speedup:
+        how = "re-measured" if ref.re_measured else "measured once"
+        console.print(f"vs TorchRec's planner: {ref.speedup:.2f}x its plan of the baseline "
+                      f"(trial #{ref.trial}, {ref.qps:,.0f} qps, {how})")
+    if not w and s.best_measured:
+        b = s.best_measured
+        sp = f" = {b.speedup:.2f}x the baseline" if b.speedup else ""
+        why = "" if s.confirmed else " (not confirmed: budget.confirm_top_k is 0)"
+        console.print(f"best measured: trial #{b.trial} ({b.short_config}): {b.qps:,.0f} qps"
+                      f"{sp}{why}")
+    where = s.run_dir or s.storage
+    console.print(f"study [bold]{s.study}[/] in {s.storage}"
+                  + (f"; run dir {where}" if s.run_dir else ""))
+
+
+def print_confirmed(console: Console, rows: list[ConfirmedRow]) -> None:
+    """The confirmed configurations' table: speed, first and re-measured, and the quality cell."""
+    t = Table(title="confirmed (re-measured) configurations", box=None, header_style="bold")
+    for col in ("#", "config (vs baseline)", "first qps", "re-measured qps", "x baseline beside",
+                "quality"):
+        t.add_column(col)
+    for c in rows:
+        sp = c.confirm_speedup
+        t.add_row(str(c.trial) + (" (back-off)" if c.backoff else ""), c.short_config,
+                  f"{c.qps:,.0f}", remeasured_cell(c.confirm_qps or []),
+                  f"{sp:.2f}x" if sp else "-", quality_cell(c))
+    console.print(t)
+    if any(c.quality_eval_diff is not None for c in rows):
+        console.print("quality: held-out eval NE vs the baseline, paired by seed, with its "
+                      "interval; every reason in full: cubic report RUN_DIR", style="dim")

@@ -1,0 +1,344 @@
+"""The confirm's candidates: what each screened configuration has run and still wants, its phase
+(`Phase`, named in one place: `Candidates.phase`), and the gate that turns its runs into a
+verdict with its reason. The walk that runs them, one at a time, and the back-off are
+`cubic.tune.confirm`'s."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from enum import StrEnum
+from typing import Any
+
+from optuna.trial import TrialState
+
+from cubic.quality.rules import FUTILE, MORE, NOT_RESOLVED, Verdict, matched_ne, noise_floor, within
+from cubic.study.record import TrialRecord
+from cubic.tune.checks import QualityChecks, early_reject, paired_diff
+from cubic.tune.context import Tuning
+from cubic_harness.config import TrialResult
+
+# quality runs equal bit for bit, seed by seed, before a model is taken for another's
+IDENTICAL_SEEDS = 2
+
+
+class Phase(StrEnum):
+    """Where a screened candidate stands (`Candidates.phase`). Why named: what the walk runs next
+    for a candidate, and whether it counts as passed or still open, hangs on it."""
+
+    # not run; a twin that trains the same model is still being judged: its verdict comes first
+    WAITING = "waiting"
+    # undecided, not re-measured: its first run decides whether quality runs are due
+    MEASURING = "measuring"
+    # re-measured; what decides (its quality runs, or the baseline's NE) is not all in
+    JUDGING = "judging"
+    # passed the gate, or needs none: its other re-measurements are due
+    PASSED = "passed"
+    # rejected (its quality, a crashed re-measurement, or too slow to win): nothing more is due
+    FAILED = "failed"
+
+    @property
+    def open(self) -> bool:
+        """Not decided yet: it may still pass."""
+        return self not in (Phase.PASSED, Phase.FAILED)
+
+
+class Candidates:
+    """The confirm's state: the ranked trials, the baseline, the candidates screened so far and
+    the runs in flight; one candidate's phase, what it wants next and its gate."""
+
+    def __init__(self, ctx: Tuning, checks: QualityChecks) -> None:
+        self.ctx, self.checks = ctx, checks
+        self.qr = ctx.policy.quality_runs
+        self.reps = ctx.policy.repeats
+        self.ranked = sorted(ctx.store.records(TrialState.COMPLETE),
+                             key=lambda t: -(t.value or 0.0))
+        self.base = ctx.baseline_of(self.ranked)
+        # with quality runs the in-run estimate only guides the searcher: over the first samples
+        # after warm-up it fails larger batches for training fewer steps on them, which held-out
+        # quality does not
+        self.cands = [t for t in self.ranked if t is not self.base and (
+            t.quality_heldout_ok is not False if self.qr else t.quality_est_ok is not False)]
+        self.screened: list[TrialRecord] = []  # in rank order, then the back-off trials
+        self.walked = 0  # candidates the walk took from `cands`
+        self.inflight: dict[int, int] = {}  # trial number -> re-measurements in flight
+        # trial number -> the baseline's qps just run before its next
+        self.beside: dict[int, float | None] = {}
+        self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
+
+    # ------------------------------------------------------------------ state of one candidate
+    def runs(self, t: TrialRecord) -> int:
+        return len(t.confirm_qps) + len(t.confirm_failed)
+
+    def qdone(self, t: TrialRecord | None) -> int:
+        return len(t.quality_eval_ne) if t is not None else 0
+
+    def verdict(self, t: TrialRecord) -> bool | None:
+        """Whether t passed (None while undecided: no run back yet, or the baseline's NE not in
+        yet); the walk reads it as `phase`."""
+        if t.confirm_failed:
+            return False
+        if not self.ctx.policy.judges_quality or not self.ctx.space.differs_in_numerics(t.params):
+            return True
+        if self.qr is not None and not t.quality_eval_ne and self.cannot_win(t) is not None:
+            return False
+        if self.qr is not None:  # quality runs decide, sequentially (`rules.sequential`)
+            state, _ = self.checks.sequential(t, self.base)
+            if state == MORE:
+                return None
+            if state != Verdict.PASSED:  # rejected for its model: its speed no longer matters
+                return False
+            return True if t.confirm_qps else None
+        if not t.confirm_ne or self.base is None or not self.base.confirm_ne:
+            return None
+        return self.gate(t)[0]
+
+    def phase(self, t: TrialRecord) -> Phase:
+        """t's phase, from its verdict (`verdict`), its re-measurements and its twins'."""
+        v = self.verdict(t)
+        if v is not None:
+            return Phase.PASSED if v else Phase.FAILED
+        if t.confirm_qps:
+            return Phase.JUDGING
+        return Phase.WAITING if self.twin_judged(t) is not None else Phase.MEASURING
+
+    def cannot_win(self, t: TrialRecord) -> float | None:
+        """t's best speed-up where that is at most 1: neither a re-measurement over the
+        baseline's run beside it nor its search run over the baseline's re-measured median beat
+        the baseline, so it cannot be the winner and no quality run is spent on it (None: it may
+        still win, or nothing to compare yet)."""
+        if self.base is None or t is self.base or not t.confirm_qps or not self.base.confirm_qps:
+            return None
+        bmed = statistics.median(self.base.confirm_qps)
+        ratio = max([*(t.paired_ratios or [q / bmed for q in t.confirm_qps]),
+                     (t.value or 0.0) / bmed])
+        return ratio if ratio <= 1.0 else None
+
+    def seeds_wanted(self, t: TrialRecord) -> int:
+        """How many quality seeds t's verdict needs by now: the first `seeds`, then one more pair
+        at a time while its interval straddles the tolerance; the baseline as many as the
+        candidate that wants the most (the pairs)."""
+        if t is self.base:
+            return max([self.qr.seeds]
+                       + [self.seeds_wanted(c) for c in self.screened if c is not self.base])
+        if self.phase(t) is not Phase.JUDGING:  # not re-measured yet, or decided (layout: passed)
+            return 0
+        pairs = min(self.qdone(t), self.qdone(self.base))
+        return min(self.qr.max_seeds, max(self.qr.seeds, pairs + 1))
+
+    def quality_seed(self, t: TrialRecord) -> int | None:
+        """The seed of t's next quality run, if it needs one now: the baseline's first (the noise
+        floor, and the pairs), then each numerics-changing candidate after its first speed run,
+        its seed n once the baseline's seed n is in."""
+        if self.qr is None:
+            return None
+        n = self.qdone(t) + self.qinflight.get(t.number, 0)
+        if n >= self.seeds_wanted(t):
+            return None
+        if t is self.base:
+            return n
+        if self.qdone(self.base) <= n or None in self.base.quality_eval_ne:
+            return None
+        if (found := self.same_model(t, n)) is not None:
+            owner, how = found
+            self.ctx.store.update(t, **owner.heldout(verdict=False))
+            self.ctx.view.note(
+                f"quality: #{t.number}{how}, so #{owner.number}'s quality runs apply")
+            return None
+        return n
+
+    def settled(self, o: TrialRecord) -> bool:
+        """o's quality runs so far decide its model: some are in, none in flight, and the verdict
+        wants no more."""
+        return bool(self.qdone(o)) and not self.qinflight.get(o.number) and \
+            self.checks.sequential(o, self.base)[0] != MORE
+
+    def same_model(self, t: TrialRecord, n: int) -> tuple[TrialRecord, str] | None:
+        """A settled candidate whose quality runs are t's, and how that is known (None: none):
+        1. the same numerics key (the same model on the same samples), t's own n runs so far its
+           first ones;
+        2. another key, and t's own first n >= IDENTICAL_SEEDS runs equal to its first n bit for
+           bit (eval NE and AUC), with more of them. A knob that rounds nothing the model does
+           not round anyway (bf16 communication of embeddings that bf16 dense math reads) is
+           inert for it, which no rule over knobs can know for every model, and the runs show.
+           Two equal seeds, not one: each seed draws other data and another teacher."""
+        if self.qinflight.get(t.number):
+            return None
+        space = self.ctx.space
+        key = space.numerics_key(t.params)
+        twin = next((o for o in self.screened if o is not t and self.settled(o)
+                     and space.numerics_key(o.params) == key), None)
+        if twin is not None and t.quality_eval_ne == twin.quality_eval_ne[:n]:
+            return twin, f" trains what #{twin.number} trains"
+        if (n < IDENTICAL_SEEDS or t.quality_runs_of is not None
+                or None in t.quality_eval_ne + t.quality_eval_auc):
+            return None
+        alike = next((o for o in self.screened if o is not t and o is not self.base
+                      and self.qdone(o) > n and self.settled(o)
+                      and o.quality_eval_ne[:n] == t.quality_eval_ne
+                      and o.quality_eval_auc[:n] == t.quality_eval_auc), None)
+        if alike is None:
+            return None
+        knobs = dict.fromkeys(space.differs_in_numerics(t.params)
+                              + space.differs_in_numerics(alike.params))
+        inert = ", ".join(f"{k} {t.params.get(k)} vs {alike.params.get(k)}" for k in knobs
+                          if t.params.get(k) != alike.params.get(k))
+        return alike, (f"'s first {n} quality runs equal #{alike.number}'s bit for bit: the same "
+                       f"model here ({inert}: no change to what it trains)")
+
+    def wants(self, t: TrialRecord) -> bool:
+        """One more re-measurement of t now? (Screening: only the first until the verdict is in.)"""
+        n = self.runs(t) + self.inflight.get(t.number, 0)
+        if n >= self.reps:
+            return False
+        phase = self.phase(t)
+        return phase is Phase.PASSED or (phase is Phase.MEASURING and n == 0) or t is self.base
+
+    def twin_judged(self, t: TrialRecord) -> TrialRecord | None:
+        """A candidate screened before t that trains the same model and is still being judged
+        (None: none). t's first re-measurement waits for that verdict: a rejection reaches t
+        without a run of its own (`inherit_rejection`), a pass with its quality runs
+        (`quality_seed`). Why: the walk screens a model's layouts together, and a pair of runs
+        spent on one before its twin's verdict is wasted where that verdict rejects the model
+        (about five pairs a `make tune`)."""
+        if (self.qr is None or t not in self.screened
+                or not self.ctx.space.differs_in_numerics(t.params)):
+            return None
+        key = self.ctx.space.numerics_key(t.params)
+        earlier = self.screened[:self.screened.index(t)]
+        return next((o for o in earlier if self.ctx.space.numerics_key(o.params) == key
+                     and self.verdict(o) is None), None)
+
+    def inherit_rejection(self, t: TrialRecord) -> None:
+        """Give t, not yet run, the verdict of a screened twin whose quality runs (its own, or a
+        search-time check's it holds) rejected the model; t's own runs so far are the same
+        model's, so the twin's include them. A twin that failed for another reason (a crashed
+        re-measurement, too slow to win) passes none."""
+        space = self.ctx.space
+        if (self.runs(t) or self.inflight.get(t.number) or self.qinflight.get(t.number)
+                or not space.differs_in_numerics(t.params) or self.phase(t) is Phase.FAILED):
+            return
+        key = space.numerics_key(t.params)
+        rejected = next((o for o in self.screened if o is not t
+                         and len(o.quality_eval_ne) >= max(1, self.qdone(t))
+                         and not self.qinflight.get(o.number)
+                         and space.numerics_key(o.params) == key
+                         and self.checks.sequential(o, self.base)[0] not in (MORE, Verdict.PASSED)),
+                        None)
+        if rejected is not None:
+            self.ctx.store.update(t, **rejected.heldout())
+            self.ctx.view.note(f"quality: #{t.number} trains what #{rejected.number} trains: "
+                               "rejected with it, not re-measured")
+
+    def next_remeasure(self) -> tuple[TrialRecord, TrialRecord | None] | None:
+        """The next re-measurement, as (whose, the candidate it pairs with): a candidate's own
+        run right after the baseline's beside it (step 3), the pair's other half first; the
+        baseline alone only for its own `repeats`, once no candidate wants a run (None: nothing
+        to re-measure now)."""
+        t = (next((c for c in self.screened if c.number in self.beside), None)
+             or next((c for c in self.screened if self.wants(c)), None))
+        if t is not None:
+            return (t, None) if self.base is None or t.number in self.beside else (self.base, t)
+        return (self.base, None) if self.base is not None and self.wants(self.base) else None
+
+    @staticmethod
+    def speed(t: TrialRecord) -> float:
+        """Its re-measured median, or its search run where it was not re-measured."""
+        return statistics.median(t.confirm_qps) if t.confirm_qps else (t.value or 0.0)
+
+
+    def record(self, t: TrialRecord, res: TrialResult) -> None:
+        """Append a re-measurement's qps, the baseline's beside it, and its NE (over the
+        baseline's samples) to t's record."""
+        space, base = self.ctx.space, self.base
+        beside = self.beside.pop(t.number, None)
+        if res.status == "ok" and res.qps > 0:
+            ne: float | None = res.ne
+            if base is not None and t.number != base.number and space.differs_in_numerics(t.params):
+                bres = base.result
+                ne = matched_ne(res.losses, space.config(t.params), bres.get("losses") or [],
+                                space.config(base.params), bres.get("ne"))
+            paired = ({} if base is None or t is base
+                      else {"confirm_base_qps": [*t.confirm_base_qps, beside]})
+            self.ctx.store.update(t, confirm_qps=[*t.confirm_qps, res.qps],
+                                  confirm_ne=[*t.confirm_ne, ne], **paired)
+        else:
+            failed = f"{res.status}: {res.error}"
+            self.ctx.store.update(t, confirm_failed=[*t.confirm_failed, failed])
+
+    # ------------------------------------------------------------------ the gate
+    def gate(self, t: TrialRecord) -> tuple[bool, str]:
+        """t's verdict and its reason, from what its re-measurements and quality runs say."""
+        base, space, store = self.base, self.ctx.space, self.ctx.store
+        why = early_reject(t, space.quality_runs, base)
+        if why is not None:
+            store.update(t, quality_eval_diff=paired_diff(t, base))
+            return False, why
+        if t.confirm_failed:
+            return False, f"re-measurement failed: {t.confirm_failed[0]}"[:300]
+        qr = space.quality_runs
+        changed = space.differs_in_numerics(t.params)
+        if not t.confirm_qps and not (changed and qr is not None and self.phase(t) is Phase.FAILED):
+            return False, "not re-measured"  # (a model rejected for its quality needs no speed)
+        if base is not None and t.number == base.number:
+            if qr is not None and t.quality_eval_ne:
+                ne = [x for x in t.quality_eval_ne if x is not None]
+                noise = noise_floor(ne)
+                sd = f", seed-to-seed sd {noise:.3%})" if noise is not None else ")"
+                return True, (f"baseline (eval NE {statistics.mean(ne):.5f} over {len(ne)} seed(s)"
+                              + sd if ne else
+                              "baseline (its quality runs failed: " + str(t.quality_failed) + ")")
+            return True, "baseline"
+        if (changed and qr is not None and not t.quality_eval_ne
+                and (ratio := self.cannot_win(t)) is not None):
+            return False, (f"at most {ratio:.2f}x the baseline (search, and re-measured beside "
+                           "it): it cannot win, so no quality run was spent on it "
+                           f"(changes {', '.join(changed)})")
+        if changed and not self.ctx.policy.judges_quality:
+            return True, (f"simulated: quality not judged (changes {', '.join(changed)}); a real "
+                          "tune's quality gate judges it")
+        if not changed:
+            return True, ("numerics unchanged (only layout/kernel/pipelining knobs differ): "
+                          "no quality run needed")
+        if qr is not None:
+            return self.gate_quality_runs(t, changed)
+        ne_t = median_finite(t.confirm_ne)
+        ne_b = median_finite(base.confirm_ne) if base is not None else None
+        if ne_t is None or ne_b is None or ne_b <= 0:
+            return False, f"changes {changed} but NE is unavailable (trial {ne_t}, baseline {ne_b})"
+        rel = (ne_t - ne_b) / ne_b
+        tol = space.quality_tolerance
+        ok = within(ne_t, ne_b, tol)
+        return ok, (f"NE {ne_t:.4f} vs baseline {ne_b:.4f}: {rel:+.2%} {'<=' if ok else '>'} "
+                    f"{tol:.2%} (changes {', '.join(changed)})")
+
+    def gate_quality_runs(self, t: TrialRecord, changed: list[str]) -> tuple[bool, str]:
+        """The gate's verdict on t, a numerics change, from its quality runs (`rules.sequential`);
+        stores the judgement's numbers on its record."""
+        base, store, qr = self.base, self.ctx.store, self.ctx.space.quality_runs
+        if t.quality_failed:
+            return False, f"quality run failed: {t.quality_failed}"
+        cand, bne = t.quality_eval_ne, base.quality_eval_ne if base else []
+        if None in bne:
+            return False, f"the baseline's quality runs failed: {base.quality_failed}"
+        state, j = self.checks.sequential(t, base)
+        if state == MORE or j is None:
+            return False, (f"changes {', '.join(changed)} but its quality runs are incomplete "
+                           f"({len(cand)} seed(s), at least {qr.seeds}; baseline {len(bne)})")
+        store.update(t, quality_eval_diff=j.diff, quality_se=j.se, quality_noise=j.noise,
+                     quality_resolved=j.resolved, quality_ci=j.ci, quality_verdict=state)
+        n = len(j.diffs)
+        if state != NOT_RESOLVED:
+            head = state
+        else:
+            budget = ("the seed budget, quality.max_seeds" if n >= qr.max_seeds else
+                      f"its chance to pass within quality.max_seeds={qr.max_seeds} is "
+                      f"{j.pass_chance:.0%}, under {FUTILE:.0%}")
+            head = (f"NOT RESOLVED after {n} paired seeds ({budget}): the interval straddles "
+                    "the tolerance, so it is not crowned")
+        return state == Verdict.PASSED, f"{head}: {j.reason} (changes {', '.join(changed)})"
+
+
+def median_finite(xs: Any) -> float | None:
+    vals = [float(x) for x in (xs or []) if x is not None and math.isfinite(float(x))]
+    return statistics.median(vals) if vals else None
