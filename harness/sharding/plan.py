@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -35,12 +37,75 @@ class Shard(NamedTuple):
         return self.col_end - self.col_start
 
 
+class RowBlocks(Sequence[Shard]):
+    """A row-split table's shards as arithmetic: equal blocks of rows on `positions` in order, the
+    last one short and none past the last row. Why not a list: a row-wise plan at 1,024 ranks holds
+    800k shards, and the performance model reads them as one array (`array`); the `Shard` objects
+    are built only for a reader of single shards (a JSON plan, the harness's own ranks)."""
+
+    __slots__ = ("table", "rows", "dim", "block", "positions", "_list")
+
+    def __init__(self, table: int, rows: int, dim: int, positions: Sequence[int]) -> None:
+        self.table, self.rows, self.dim = table, rows, dim
+        self.block = math.ceil(rows / len(positions)) if rows > 0 else 0
+        n = math.ceil(rows / self.block) if rows > 0 else 0  # every block but the last is full
+        self.positions = tuple(positions[:n])
+        self._list: list[Shard] | None = None
+
+    def array(self) -> np.ndarray:
+        """The shards as rows of an (n, 6) int64 array in `Shard`'s field order."""
+        n = len(self.positions)
+        lo = np.arange(n, dtype=np.int64) * self.block
+        out = np.empty((n, 6), dtype=np.int64)
+        out[:, 0], out[:, 1], out[:, 2] = self.table, self.positions, lo
+        out[:, 3] = np.minimum(lo + self.block, self.rows)
+        out[:, 4], out[:, 5] = 0, self.dim
+        return out
+
+    def _shards(self) -> list[Shard]:
+        if self._list is None:
+            self._list = [Shard(*r) for r in self.array().tolist()]
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, i: int) -> Shard: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Shard]: ...
+    def __getitem__(self, i: int | slice) -> Shard | list[Shard]:
+        return self._shards()[i]
+
+    def __iter__(self) -> Iterator[Shard]:
+        return iter(self._shards())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RowBlocks):
+            return (self.table, self.rows, self.dim, self.positions) == (
+                other.table, other.rows, other.dim, other.positions)
+        return isinstance(other, (list, tuple)) and self._shards() == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, like the list it stands for
+
+    def __repr__(self) -> str:
+        return (f"RowBlocks(table={self.table}, rows={self.rows}, dim={self.dim}, "
+                f"{len(self)} blocks of {self.block})")
+
+
 @dataclass
 class TablePlan:
     table: int
     name: str
     kind: str
-    shards: list[Shard] = field(default_factory=list)  # empty for data_parallel
+    # empty for data_parallel; a RowBlocks for the row-split kinds the planners build
+    shards: list[Shard] | RowBlocks = field(default_factory=list)
+
+    def ranks(self) -> list[int]:
+        """The positions its shards live on, ascending."""
+        if isinstance(self.shards, RowBlocks):
+            return sorted(set(self.shards.positions))
+        return sorted({s.rank for s in self.shards})
 
 
 @dataclass
@@ -60,10 +125,17 @@ class ShardingPlan:
     def shard_array(self) -> np.ndarray:
         """Every model-parallel shard as a row of an (n, 6) array in `Shard`'s field order, in plan order: a
         row-wise plan at 1,024 ranks holds 800k shards, summed as arrays rather than one by one."""
-        held = [tp.shards for tp in self.tables if tp.kind != "data_parallel"]
-        n = sum(len(x) for x in held)
-        flat = itertools.chain.from_iterable(itertools.chain.from_iterable(held))
-        return np.fromiter(flat, dtype=np.int64, count=6 * n).reshape(n, 6)
+        parts, run = [], []
+        for tp in self.tables:
+            if tp.kind == "data_parallel":
+                continue
+            if isinstance(tp.shards, RowBlocks):
+                parts += [_rows_array(run), tp.shards.array()]
+                run = []
+            else:
+                run.append(tp.shards)
+        parts.append(_rows_array(run))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def bytes_per_rank(self, rows: list[int], weight_bytes: int = 4, state_bytes_per_row: int = 4) -> list[int]:
         """Weight + row-wise optimizer state bytes held by each group position."""
@@ -71,8 +143,8 @@ class ShardingPlan:
                  for tp in self.tables if tp.kind == "data_parallel")
         sh = self.shard_array()
         each = (sh[:, 3] - sh[:, 2]) * ((sh[:, 5] - sh[:, 4]) * weight_bytes + state_bytes_per_row)
-        per = np.zeros(self.group_size, dtype=np.int64)
-        np.add.at(per, sh[:, 1], each)  # int64: exact, as the bytes are
+        # float64 sums of integers are exact below 2**53 bytes (9 PB) a position: the int64 sum
+        per = np.bincount(sh[:, 1], weights=each, minlength=self.group_size)
         return [dp + int(b) for b in per]
 
     def to_list(self) -> list[dict]:
@@ -103,6 +175,12 @@ class ShardingPlan:
                 f"{s.rank}: [{s.row_start}:{s.row_end}]x[{s.col_start}:{s.col_end}]" for s in tp.shards)
             tab.add_row(tp.name, tp.kind, where)
         return tab
+
+
+def _rows_array(held: list[Sequence[Shard]]) -> np.ndarray:
+    n = sum(len(x) for x in held)
+    flat = itertools.chain.from_iterable(itertools.chain.from_iterable(held))
+    return np.fromiter(flat, dtype=np.int64, count=6 * n).reshape(n, 6)
 
 
 def ascending_columns(shards: list[Shard]) -> list[Shard]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from cubic_harness.config import DTYPE_BYTES, SHARDING_TYPES, TrialConfig
 from cubic_harness.errors import ConfigError
-from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan, ascending_columns
+from cubic_harness.sharding.plan import RowBlocks, Shard, ShardingPlan, TablePlan, ascending_columns
 from cubic_harness.sharding.search import PlanCost, Priced, search_plan
 
 
@@ -99,12 +99,14 @@ def check_constraints(cfg: TrialConfig, plan: ShardingPlan) -> ShardingPlan:
         if t.sharding_types and tp.kind not in t.sharding_types:
             raise ConfigError(f"sharding={cfg.sharding}: table {t.name} planned {tp.kind}; its sharding_types "
                               f"allow {t.sharding_types}")
-        ranks = sorted({s.rank for s in tp.shards}) if tp.kind != "data_parallel" else list(range(plan.group_size))
-        if t.ranks and not set(ranks) <= set(t.ranks):
+        if not t.ranks:
+            continue
+        ranks = tp.ranks() if tp.kind != "data_parallel" else list(range(plan.group_size))
+        if not set(ranks) <= set(t.ranks):
             raise ConfigError(f"sharding={cfg.sharding}: table {t.name} planned on ranks {ranks[:8]}; its ranks "
                               f"allow {t.ranks}")
     for label, members in cfg.workload.together().items():
-        where = {cfg.workload.tables[i].name: (plan.tables[i].kind, sorted({s.rank for s in plan.tables[i].shards}))
+        where = {cfg.workload.tables[i].name: (plan.tables[i].kind, plan.tables[i].ranks())
                  for i in members}
         if len({(k, tuple(r)) for k, r in where.values()}) > 1 or next(iter(where.values()))[0] != "table_wise":
             shown = ", ".join(f"{n} {k} on {r[:4]}" for n, (k, r) in where.items())
@@ -223,13 +225,7 @@ def _place(cfg: TrialConfig, cost: TableCost, kinds: dict[int, str], check_memor
 
 def _split_rows(tp: TablePlan, rows: int, dim: int, positions: list[int]) -> None:
     """Equal row blocks on `positions` in order, the last one short (and none past the last row)."""
-    if rows <= 0:
-        return
-    block = math.ceil(rows / len(positions))
-    n = math.ceil(rows / block)  # every block but the last is full
-    his = [*range(block, (n - 1) * block + 1, block), rows]
-    tp.shards.extend(Shard(tp.table, p, hi - block if hi < rows else (n - 1) * block, hi, 0, dim)
-                     for p, hi in zip(positions, his, strict=False))
+    tp.shards = RowBlocks(tp.table, rows, dim, positions)
 
 
 def _tw_cost(cfg: TrialConfig, cost: TableCost, i: int) -> float:

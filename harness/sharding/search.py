@@ -549,7 +549,7 @@ def _each_once(cands: list[tuple[str, ShardingPlan]], price) -> list:
     seen: dict[tuple, object] = {}
     out = []
     for _, plan in cands:
-        key = tuple((tp.kind, tuple(tp.shards)) for tp in plan.tables)
+        key = (tuple(tp.kind for tp in plan.tables), plan.shard_array().tobytes())
         if key not in seen:
             seen[key] = price(plan)
         out.append(seen[key])

@@ -134,9 +134,12 @@ class ShardLoads:
 
     def per_pos_max(self, x: np.ndarray) -> np.ndarray:
         """The largest of a per-shard quantity on each position (0 where it holds none)."""
+        order, bounds = self._by_rank
         out = np.zeros(self.groups)
-        np.maximum.at(out, self.rank, x)
-        return out
+        held = bounds[1:] > bounds[:-1]  # reduceat over the shards sorted by position, none empty
+        if held.any():
+            out[held] = np.maximum.reduceat(np.asarray(x, dtype=np.float64)[order], bounds[:-1][held])
+        return np.maximum(out, 0.0)
 
     @functools.cached_property
     def _by_rank(self) -> tuple[np.ndarray, np.ndarray]:
