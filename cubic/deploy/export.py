@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -158,84 +159,159 @@ def train_pipeline_for(depth: int, device: str) -> str:
     return TRAIN_PIPELINES[depth]
 
 
-def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
-    """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for the loader)."""
-    cfg = TrialConfig.from_dict(rec["config"])
-    wl = cfg.workload
+def _plan_by_name(rec: dict[str, Any], wl: Any) -> dict[str, dict[str, Any]]:
+    """The winner's recorded plan keyed by table name (the harness names tables by "name" and
+    indexes them by "table")."""
     plan = {}
-    for p in rec["result"].get("plan") or []:  # the harness names tables by "name" (and indexes by "table")
+    for p in rec["result"].get("plan") or []:
         t = p.get("table")
-        name = p.get("name") or (t if isinstance(t, str) else wl.tables[t].name)
-        plan[name] = p
-    notes: list[str] = []
-    if not plan:
-        notes.append("the winning trial recorded no sharding plan: sharding_types left to TorchRec's planner")
-    tables, constraints, placements = [], {}, {}
-    dtype = TORCHREC_TYPES[cfg.emb_precision]
-    # cubic's kernels pool in fp32 whatever the dense precision (bf16 autocast lives inside the MLPs, and
-    # the all-to-all carries comm_precision: qcomms_config below); BF16 here would halve traffic unmeasured
-    out_dtype = "FP32"
-    for i, t in enumerate(wl.tables):
-        # an imported model keeps its own feature names; each feature's pooling factor is its mean bag
-        features = t.features or [f"f{i}"]
-        per_feature = t.lookups(wl.profiled) / len(features)
-        tables.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim,
-                       "feature_names": features, "pooling": t.pooling_type.upper(), "data_type": dtype,
-                       "mean_pooling_factor": t.pooling if not wl.profiled else round(per_feature, 4),
-                       "id_distribution": t.id_dist if not wl.profiled else wl.id_source,
-                       **({"is_weighted": True} if t.weighted else {})})  # its collection's, in TorchRec
-        c: dict[str, Any] = {"pooling_factors": [float(max(per_feature, 1))] * len(features),
-                             "output_dtype": out_dtype}
-        tp = plan.get(t.name)
-        if tp is not None:
-            kind = tp["kind"]
-            c["sharding_types"] = [kind]
-            # torchrec 1.8 trains model-parallel tables only with FBGEMM's fused TBE, data-parallel ones dense;
-            # behind a UVM cache, its fused_uvm_caching kernel with the load factor cubic ran
-            uvm = cfg.uvm_cache_load_factor > 0 and kind != "data_parallel"
-            c["compute_kernels"] = ["dense" if kind == "data_parallel" else "fused_uvm_caching" if uvm else "fused"]
-            if uvm:
-                c["cache_params"] = {"load_factor": cfg.uvm_cache_load_factor}  # torchrec's CacheParams
-            pl = placement_of(tp, kind, cfg.group_size, cfg.ranks_per_node)
-            if uvm:  # sharding_plan's generators take it (the load factor: the constraint's cache_params)
-                pl["compute_kernel"] = "fused_uvm_caching"
-            if kind == "column_wise" and pl.get("size_per_rank"):
-                c["min_partition"] = min(pl["size_per_rank"])
-            placements[t.name] = pl
-        constraints[t.name] = c
-    two_d = cfg.group_size < cfg.world_size
-    if two_d and cfg.sparse_sync != "weight_avg":
-        notes.append("DMPCollection syncs replicas by weight averaging; cubic measured sparse_sync="
-                     f"{cfg.sparse_sync} (gradient all-reduce), which TorchRec does not offer for 2D")
-    pipeline = train_pipeline_for(cfg.pipeline_depth, cfg.device)
-    if cfg.pipeline_depth == 2:
-        why = " that runs on CPU (PrefetchTrainPipelineSparseDist needs CUDA)" if cfg.device != "cuda" else ""
-        notes.append("pipeline_depth=2 keeps two batches' input distribution in flight; TorchRec has no "
-                     f"exact equivalent: {pipeline} is the nearest{why}")
-    if cfg.comm_overlap != "none":
-        notes.append(f"comm_overlap={cfg.comm_overlap}: cubic ran the pooled all-to-all beside the bottom MLP"
-                     + (" and its gradients' beside the bottom's backward" if cfg.comm_overlap == "forward_backward"
-                        else "") + "; TorchRec's sharded modules return that all-to-all as a LazyAwaitable, waited "
-                     "on where the embeddings are first used, so the forward overlap needs the model to compute "
-                     "its dense part before it reads them; TorchRec has no setting for the backward's")
-    if cfg.kernel != "fbgemm":
-        notes.append(f"cubic measured kernel={cfg.kernel}; a stock EmbeddingBagCollectionSharder runs FBGEMM's "
-                     "fused TBE; on CPU, sharders=[cubic_harness.torchrec_kernel.cubic_sharder("
-                     f"{cfg.kernel!r})] runs cubic's kernel inside TorchRec's sharded tables (one replica)")
-    if cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad" and two_d and cfg.sparse_sync == "weight_avg":
-        notes.append("momentum-scaled row-wise AdaGrad: DMPCollection.sync() averages replica weights and state "
-                     "(plain row-wise AdaGrad's rule); cubic merged the replicas' summed step instead "
-                     "(harness/sharding/replica_sync.py), which needs DMPCollection's custom_all_reduce to "
-                     "reproduce")
+        plan[p.get("name") or (t if isinstance(t, str) else wl.tables[t].name)] = p
+    return plan
+
+
+def _table(i: int, t: Any, wl: Any, dtype: str) -> dict[str, Any]:
+    """One `EmbeddingBagConfig`'s fields; an imported model keeps its own feature names, and each
+    feature's pooling factor is its mean bag."""
+    features = t.features or [f"f{i}"]
+    return {"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim,
+            "feature_names": features, "pooling": t.pooling_type.upper(), "data_type": dtype,
+            "mean_pooling_factor": (t.pooling if not wl.profiled
+                                    else round(t.lookups(wl.profiled) / len(features), 4)),
+            "id_distribution": t.id_dist if not wl.profiled else wl.id_source,
+            **({"is_weighted": True} if t.weighted else {})}  # its collection's, in TorchRec
+
+
+def _constraint(t: Any, wl: Any, cfg: TrialConfig,
+                tp: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A table's `ParameterConstraints` and its exact placement (None: no recorded plan).
+
+    cubic's kernels pool in fp32 whatever the dense precision (bf16 autocast lives inside the MLPs,
+    and the all-to-all carries comm_precision: qcomms_config), so the output dtype is FP32; BF16
+    would halve traffic unmeasured. TorchRec 1.8 trains model-parallel tables only with FBGEMM's
+    fused TBE (behind a UVM cache its fused_uvm_caching kernel, with the load factor cubic ran) and
+    data-parallel ones dense."""
+    n_features = len(t.features) or 1
+    per_feature = t.lookups(wl.profiled) / n_features
+    c: dict[str, Any] = {"pooling_factors": [float(max(per_feature, 1))] * n_features,
+                         "output_dtype": "FP32"}
+    if tp is None:
+        return c, None
+    kind = tp["kind"]
+    uvm = cfg.uvm_cache_load_factor > 0 and kind != "data_parallel"
+    c["sharding_types"] = [kind]
+    c["compute_kernels"] = ["dense" if kind == "data_parallel" else
+                            "fused_uvm_caching" if uvm else "fused"]
+    if uvm:
+        c["cache_params"] = {"load_factor": cfg.uvm_cache_load_factor}  # torchrec's CacheParams
+    pl = placement_of(tp, kind, cfg.group_size, cfg.ranks_per_node)
+    if uvm:  # sharding_plan's generators take it (the load factor: the constraint's cache_params)
+        pl["compute_kernel"] = "fused_uvm_caching"
+    if kind == "column_wise" and pl.get("size_per_rank"):
+        c["min_partition"] = min(pl["size_per_rank"])
+    return c, pl
+
+
+def _overlap_note(cfg: TrialConfig) -> str:
+    backward = (" and its gradients' beside the bottom's backward"
+                if cfg.comm_overlap == "forward_backward" else "")
+    return (f"comm_overlap={cfg.comm_overlap}: cubic ran the pooled all-to-all beside the bottom "
+            f"MLP{backward}; TorchRec's sharded modules return that all-to-all as a LazyAwaitable, "
+            "waited on where the embeddings are first used, so the forward overlap needs the model "
+            "to compute its dense part before it reads them; TorchRec has no setting for the "
+            "backward's")
+
+
+def _pipeline_note(cfg: TrialConfig) -> str:
+    why = (" that runs on CPU (PrefetchTrainPipelineSparseDist needs CUDA)"
+           if cfg.device != "cuda" else "")
+    return ("pipeline_depth=2 keeps two batches' input distribution in flight; TorchRec has no "
+            f"exact equivalent: {train_pipeline_for(2, cfg.device)} is the nearest{why}")
+
+
+def _two_d_weight_avg(cfg: TrialConfig) -> bool:
+    return cfg.replicas > 1 and cfg.sparse_sync == "weight_avg"
+
+
+#: What a TorchRec job runs differently from what cubic measured: (when, the note), in the order
+#: the export lists them.
+DIFFERENCES: tuple[tuple[Callable[[TrialConfig], bool], Callable[[TrialConfig], str]], ...] = (
+    (lambda cfg: cfg.replicas > 1 and cfg.sparse_sync != "weight_avg",
+     lambda cfg: "DMPCollection syncs replicas by weight averaging; cubic measured sparse_sync="
+                 f"{cfg.sparse_sync} (gradient all-reduce), which TorchRec does not offer for 2D"),
+    (lambda cfg: cfg.pipeline_depth == 2, _pipeline_note),
+    (lambda cfg: cfg.comm_overlap != "none", _overlap_note),
+    (lambda cfg: cfg.kernel != "fbgemm",
+     lambda cfg: f"cubic measured kernel={cfg.kernel}; a stock EmbeddingBagCollectionSharder runs "
+                 "FBGEMM's fused TBE; on CPU, sharders=[cubic_harness.torchrec_kernel."
+                 f"cubic_sharder({cfg.kernel!r})] runs cubic's kernel inside TorchRec's sharded "
+                 "tables (one replica)"),
+    (lambda cfg: (cfg.emb_optimizer == "momentum_scaled_rowwise_adagrad"
+                  and _two_d_weight_avg(cfg)),
+     lambda cfg: "momentum-scaled row-wise AdaGrad: DMPCollection.sync() averages replica weights "
+                 "and state (plain row-wise AdaGrad's rule); cubic merged the replicas' summed step "
+                 "instead (harness/sharding/replica_sync.py), which needs DMPCollection's "
+                 "custom_all_reduce to reproduce"),
+)
+
+
+def _placement_notes(cfg: TrialConfig, placements: dict[str, dict[str, Any]]) -> list[str]:
+    notes = []
     dp = [name for name, p in placements.items() if p["sharding_type"] == "data_parallel"]
     if dp:
-        notes.append(f"data-parallel tables ({', '.join(dp)}): cubic synced them by all-gathering ids and pooled "
-                     "gradients into one fused row-wise update; TorchRec's 'dense' kernel all-reduces each whole "
-                     "table's gradient and uses the dense optimizer: slower for big tables and other "
-                     "optimizer numerics, so measure before keeping them data-parallel")
+        notes.append(f"data-parallel tables ({', '.join(dp)}): cubic synced them by all-gathering "
+                     "ids and pooled gradients into one fused row-wise update; TorchRec's 'dense' "
+                     "kernel all-reduces each whole table's gradient and uses the dense optimizer: "
+                     "slower for big tables and other optimizer numerics, so measure before keeping "
+                     "them data-parallel")
     if cfg.device == "cpu" and any(p["sharding_type"] in ("row_wise", "table_row_wise")
                                    for p in placements.values()):
-        notes.append("TorchRec runs row_wise / table_row_wise only on CUDA; cubic's harness ran them on CPU")
+        notes.append("TorchRec runs row_wise / table_row_wise only on CUDA; cubic's harness ran "
+                     "them on CPU")
+    return notes
+
+
+def _training(cfg: TrialConfig, wl: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """The export's keys that say how the job trains: pipeline, comms, optimizers, dense part."""
+    two_d = cfg.replicas > 1
+    sync = {"dmp_collection_sync_interval_batches": cfg.sparse_sync_interval} if two_d else {}
+    return {
+        "train_pipeline": {"class": train_pipeline_for(cfg.pipeline_depth, cfg.device),
+                           "module": "torchrec.distributed.train_pipeline",
+                           "pipeline_depth": cfg.pipeline_depth, **sync},
+        "qcomms_config": {"forward_precision": TORCHREC_TYPES[cfg.comm_precision],  # CommType
+                          "backward_precision": TORCHREC_TYPES[cfg.comm_precision]},
+        # DistributedModelParallel(data_parallel_wrapper=DefaultDataParallelWrapper(
+        #     allreduce_comm_precision=...))
+        "ddp": job["ddp"],
+        "embedding_optimizer": {"class": EMB_OPTIMIZERS[cfg.emb_optimizer], "lr": cfg.emb_lr,
+                                "name": cfg.emb_optimizer},
+        "dense": {"optimizer": "torch.optim.Adagrad", "lr": cfg.dense_lr,
+                  "precision": cfg.dense_precision, "dense_features": wl.dense_features,
+                  "bottom_mlp": wl.bottom_mlp, "top_mlp": wl.top_mlp,
+                  "interaction": wl.interaction,
+                  **{k: getattr(wl, k) for k in wl.interaction_keys()}},
+    }
+
+
+def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
+    """What a TorchRec training job needs from the winner, as plain JSON (see docs/torchrec.md for
+    the loader)."""
+    cfg = TrialConfig.from_dict(rec["config"])
+    wl = cfg.workload
+    plan = _plan_by_name(rec, wl)
+    notes: list[str] = []
+    if not plan:
+        notes.append("the winning trial recorded no sharding plan: sharding_types left to "
+                     "TorchRec's planner")
+    dtype = TORCHREC_TYPES[cfg.emb_precision]
+    tables = [_table(i, t, wl, dtype) for i, t in enumerate(wl.tables)]
+    constraints, placements = {}, {}
+    for t in wl.tables:
+        constraints[t.name], pl = _constraint(t, wl, cfg, plan.get(t.name))
+        if pl is not None:
+            placements[t.name] = pl
+    notes += [note(cfg) for applies, note in DIFFERENCES if applies(cfg)]
+    notes += _placement_notes(cfg, placements)
     job = torchrec_job(cfg, list(plan.values()), notes)
     w = Winner.from_dict(rec["winner"])
     out = {
@@ -245,9 +321,9 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "world_size": cfg.world_size,
         "sharding_group_size": cfg.group_size,
         "replicas": cfg.replicas,
-        "model_parallel": "DMPCollection" if two_d else "DistributedModelParallel",
+        "model_parallel": "DMPCollection" if cfg.replicas > 1 else "DistributedModelParallel",
         "sparse_sync": cfg.sparse_sync,
-        # DMPCollection(use_inter_host_allreduce=True) keeps a sharding group's ranks contiguous (intra_node)
+        # DMPCollection(use_inter_host_allreduce=True) keeps a sharding group's ranks contiguous
         "dmp_collection": job["dmp_collection"],
         "ranks_per_node": cfg.ranks_per_node,
         "batch_size_per_rank": cfg.batch_size,
@@ -255,20 +331,7 @@ def to_torchrec_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "tables": tables,
         "parameter_constraints": constraints,
         "placements": placements,
-        "train_pipeline": {"class": pipeline,
-                           "module": "torchrec.distributed.train_pipeline",
-                           "pipeline_depth": cfg.pipeline_depth,
-                           **({"dmp_collection_sync_interval_batches": cfg.sparse_sync_interval} if two_d else {})},
-        "qcomms_config": {"forward_precision": TORCHREC_TYPES[cfg.comm_precision],  # CommType names
-                          "backward_precision": TORCHREC_TYPES[cfg.comm_precision]},
-        # DistributedModelParallel(data_parallel_wrapper=DefaultDataParallelWrapper(allreduce_comm_precision=...))
-        "ddp": job["ddp"],
-        "embedding_optimizer": {"class": EMB_OPTIMIZERS[cfg.emb_optimizer], "lr": cfg.emb_lr,
-                                "name": cfg.emb_optimizer},
-        "dense": {"optimizer": "torch.optim.Adagrad", "lr": cfg.dense_lr, "precision": cfg.dense_precision,
-                  "dense_features": wl.dense_features, "bottom_mlp": wl.bottom_mlp, "top_mlp": wl.top_mlp,
-                  "interaction": wl.interaction,
-                  **{k: getattr(wl, k) for k in wl.interaction_keys()}},
+        **_training(cfg, wl, job),
         "model": job["model"],
         "factory": job["factory"],  # the user's own model (MODULE:FACTORY), built instead of "model"
         "notes": notes,

@@ -49,7 +49,7 @@ class Winner:
     evidence behind its quality verdict, where quality runs judged it; confirmed: False only for the
     best measured trial the analysis stands in where no confirm stored a winner (never stored)."""
 
-    trial: int
+    trial: int | None  # None only where a partial record names none (export reads what it has)
     qps: float | None
     qps_spread: list[float] | None = None
     baseline_qps: float | None = None
@@ -84,7 +84,7 @@ class Winner:
         """A stored winner (or the analysis's stand-in); keys it lacks take their defaults."""
         known = {k: d[k] for k in HEAD if d.get(k) is not None}
         ref = d.get("vs_torchrec_planner")
-        return cls(**known | {"trial": d["trial"], "qps": d.get("qps")},
+        return cls(**known | {"trial": d.get("trial"), "qps": d.get("qps")},
                    provenance={k: v for k, v in d.items() if k not in HEAD + TAIL},
                    quality=d.get("quality"),
                    vs_torchrec_planner=PlannerRef.from_dict(ref) if ref else None,

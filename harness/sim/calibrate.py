@@ -28,6 +28,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -451,101 +452,157 @@ def _backends(device: torch.device) -> list[str]:
     return ["native", "fbgemm", "torch"] if available() else ["native", "torch"]
 
 
+@dataclass
+class _Run:
+    """One calibration: where it measures, how often, and the record (`source`) every step adds to."""
+
+    device: torch.device
+    short: bool
+    reps: int
+    cores: int
+    progress: Progress
+    src: dict[str, Any]
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def threads(self) -> bool:
+        """A CPU with a second core: each kernel's speed-up on two threads is measured too."""
+        return not self.cuda and self.cores > 1
+
+
+def _dense(run: _Run, thread_exp: dict[str, float]) -> dict[str, dict]:
+    """The GEMM fits per precision (and, on a CPU, the speed-up on two threads)."""
+    run.progress("dense GEMMs")
+    sizes = [(256, 64, 256), (1024, 256, 128), (1024, 512, 256)] if run.short else [
+        (256, 64, 256), (512, 13, 256), (1024, 256, 128), (1024, 415, 512), (2048, 512, 256),
+        (4096, 512, 256), (4096, 1024, 512)]
+    dense = {"fp32": gemm_fit(run.device, torch.float32, sizes, run.reps)}
+    dense["bf16"] = gemm_fit(run.device, torch.bfloat16, sizes, run.reps)
+    run.src["gemm"] = dense
+    if run.threads:
+        run.progress("dense GEMMs, 2 threads")
+        torch.set_num_threads(2)
+        two = gemm_fit(run.device, torch.float32, sizes[-2:], run.reps)["points"]
+        torch.set_num_threads(1)
+        one = dense["fp32"]["points"][-2:]  # the largest GEMMs: a speed-up, not a fit's slope
+        speedup = sum(t for _, t in one) / sum(t for _, t in two)
+        thread_exp["dense"] = round(max(0.0, math.log2(speedup)), 3)
+    return dense
+
+
+def _embedding(run: _Run, copy: float, thread_exp: dict[str, float]) -> tuple[dict, dict]:
+    """Each backend's efficiency per precision and width, and its per-sample weight cost."""
+    emb: dict[str, dict] = {}
+    raw: dict[str, dict] = {}
+    weighted: dict[str, dict] = {}
+    dims = [64] if run.short else [16, 64, 128]
+    for b in _backends(run.device):
+        emb[b] = {}
+        bags = 512 if (run.short or b == "torch") else 2048
+        for p in ("fp32", "fp16", "bf16"):
+            if b == "fbgemm" and p == "bf16":
+                continue
+            run.progress(f"embedding kernel {b} {p}")
+            curve = {d: embedding_eff(b, p, d, run.device, copy, run.reps, bags=bags) for d in dims}
+            raw[f"{b}/{p}"] = {d: {k: round(v, 4) for k, v in c.items()} for d, c in curve.items()}
+            emb[b][p] = {"fwd": {d: round(c["fwd"], 4) for d, c in curve.items()},
+                         "bwd": {d: round(c["bwd"], 4) for d, c in curve.items()}}
+        run.progress(f"embedding kernel {b}, weighted")
+        w = weighted_cost(b, run.device, run.reps, bags=bags)
+        run.src.setdefault("weighted", {})[b] = {k: round(v, 4) for k, v in w.items()}
+        weighted[b] = {"fwd": round(w["fwd"], 3), "bwd": round(w["bwd"], 3)}
+        if run.threads:
+            run.progress(f"embedding kernel {b}, 2 threads")
+            torch.set_num_threads(2)
+            two = embedding_eff(b, "fp32", 64, run.device, copy, run.reps, bags=bags)
+            torch.set_num_threads(1)
+            one = raw[f"{b}/fp32"][64]
+            speedup = (one["fwd_ms"] + one["bwd_ms"]) / (two["fwd_ms"] + two["bwd_ms"])
+            thread_exp[b] = round(max(0.0, math.log2(speedup)), 3)
+    run.src["embedding"] = raw
+    return emb, weighted
+
+
+def _merge_speeds(fits: dict[str, Any], copy: float) -> dict[str, float]:
+    """The replica merge's own work: its time less its collective (an all-gather of the payload
+    sparse, an all-reduce dense), as GB/s of the replicas' payload."""
+    merge = {}
+    host = fits["merge"].pop("host", False)
+    for name, (payload, ms) in fits["merge"].items():
+        link = fits["all_to_all" if name == "sparse" else "all_reduce"]
+        if name == "sparse":
+            wire = payload / 2 * 0.5 / (link["bandwidth_gbs"] * 1e6)
+        elif host:
+            wire = host_mean_bytes(payload / 2, 2) / (copy * 1e6)
+        else:
+            wire = payload / 2 / (link["bandwidth_gbs"] * 1e6)
+        merge[name] = round(payload / (max(ms - wire, 0.1 * ms) * 1e6), 3)
+    return merge
+
+
+def _links(run: _Run, copy: float) -> tuple[dict[str, float], dict]:
+    """The local link and, on a CPU, two ranks side by side: their shared speed and gloo's
+    collectives; one GPU has no link to measure."""
+    if run.cuda:
+        run.src["links"] = ("one GPU here: NVLink figures are DGX H100's public ones "
+                            "(docs/architecture.md, Public hardware figures), not measured")
+        return {"bandwidth_gbs": 450.0, "latency_us": 20.0}, {}
+    run.progress("2 ranks side by side: shared speed, gloo collectives")
+    csizes = ([1 << 12, 1 << 16, 1 << 20, 1 << 22] if run.short else
+              [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24])
+    fits = pair(csizes, run.reps)
+    run.src["collectives"] = {k: v for k, v in fits.items() if k != "shared"}
+    merge = _merge_speeds(fits, copy)
+    run.src["replica_merge"] = {"measured": fits["merge"], "merge_gbs": merge}
+    run.src["collection_glue"] = {k: round(v, 3) for k, v in fits["glue"].items()}
+    run.src["jitter"] = fits["jitter"]
+    run.src["overlap"] = fits["overlap"]
+    a2a = fits["all_to_all"]
+    link = {"bandwidth_gbs": round(a2a["bandwidth_gbs"], 4),
+            "latency_us": round(a2a["latency_us"], 1)}
+    return link, fits["shared"]
+
+
+def _measured_extras(src: dict[str, Any], shared: dict) -> dict[str, Any]:
+    """The device keys only a CPU's two-rank measurements give."""
+    return {
+        **({"shared_speed": shared} if shared else {}),
+        **({"replica_merge_gbs": src["replica_merge"]["merge_gbs"]}
+           if "replica_merge" in src else {}),
+        **({"glue_ns_per_id": src["collection_glue"]["ns_per_id"]}
+           if "collection_glue" in src else {}),
+        **({"jitter": round(src["jitter"]["per_compute_ms"], 4)} if "jitter" in src else {}),
+        **({"overlap_hidden": round(src["overlap"]["hidden"], 3)} if "overlap" in src else {}),
+    }
+
+
 def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
     """Measure this machine; return a cluster file's dict (see harness/sim/cluster.py)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    cores = host_cores()
     torch.set_num_threads(1)
-    reps = 3 if short else 7
     src: dict[str, Any] = {"command": "cubic calibrate" + (" --short" if short else ""),
                            "host": platform.node(), "torch": str(torch.__version__),
                            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                            "load_avg": round(os.getloadavg()[0], 2)}
+    run = _Run(device, short, 3 if short else 7, host_cores(), progress, src)
     t_start = time.perf_counter()
 
     progress("copy bandwidth")
-    copy = copy_bandwidth(device, (64 if short else 256) << 20, reps)
+    copy = copy_bandwidth(device, (64 if short else 256) << 20, run.reps)
     src["copy_gbs"] = round(copy, 3)
-
-    progress("dense GEMMs")
-    sizes = [(256, 64, 256), (1024, 256, 128), (1024, 512, 256)] if short else [
-        (256, 64, 256), (512, 13, 256), (1024, 256, 128), (1024, 415, 512), (2048, 512, 256), (4096, 512, 256),
-        (4096, 1024, 512)]
-    dense = {"fp32": gemm_fit(device, torch.float32, sizes, reps)}
-    dense["bf16"] = gemm_fit(device, torch.bfloat16, sizes, reps)
-    src["gemm"] = dense
-    half = statistics.median(d["fixed_ms"] * d["peak_gflops"] for d in dense.values())
-
     thread_exp: dict[str, float] = {}
-    if not cuda and cores > 1:
-        progress("dense GEMMs, 2 threads")
-        torch.set_num_threads(2)
-        two = gemm_fit(device, torch.float32, sizes[-2:], reps)["points"]
-        torch.set_num_threads(1)
-        one = dense["fp32"]["points"][-2:]  # the largest GEMMs: a speed-up, not a fit's slope
-        thread_exp["dense"] = round(max(0.0, math.log2(sum(t for _, t in one) / sum(t for _, t in two))), 3)
-
-    emb: dict[str, dict] = {}
-    dims = [64] if short else [16, 64, 128]
-    precisions = ["fp32", "fp16", "bf16"]
-    raw = {}
-    weighted = {}
-    for b in _backends(device):
-        emb[b] = {}
-        bags = 512 if (short or b == "torch") else 2048
-        for p in precisions:
-            if b == "fbgemm" and p == "bf16":
-                continue
-            progress(f"embedding kernel {b} {p}")
-            curve = {d: embedding_eff(b, p, d, device, copy, reps, bags=bags) for d in dims}
-            raw[f"{b}/{p}"] = {d: {k: round(v, 4) for k, v in c.items()} for d, c in curve.items()}
-            emb[b][p] = {"fwd": {d: round(c["fwd"], 4) for d, c in curve.items()},
-                         "bwd": {d: round(c["bwd"], 4) for d, c in curve.items()}}
-        progress(f"embedding kernel {b}, weighted")
-        w = weighted_cost(b, device, reps, bags=bags)
-        src.setdefault("weighted", {})[b] = {k: round(v, 4) for k, v in w.items()}
-        weighted[b] = {"fwd": round(w["fwd"], 3), "bwd": round(w["bwd"], 3)}
-        if not cuda and cores > 1:
-            progress(f"embedding kernel {b}, 2 threads")
-            torch.set_num_threads(2)
-            two = embedding_eff(b, "fp32", 64, device, copy, reps, bags=bags)
-            torch.set_num_threads(1)
-            one = raw[f"{b}/fp32"][64]
-            thread_exp[b] = round(max(0.0, math.log2((one["fwd_ms"] + one["bwd_ms"]) /
-                                                     (two["fwd_ms"] + two["bwd_ms"]))), 3)
-    src["embedding"] = raw
+    dense = _dense(run, thread_exp)
+    half = statistics.median(d["fixed_ms"] * d["peak_gflops"] for d in dense.values())
+    emb, weighted = _embedding(run, copy, thread_exp)
 
     progress("dense part beyond its GEMMs")
-    other = dense_other(device, dense, reps, (512, 2048) if short else (256, 1024, 4096))
+    other = dense_other(device, dense, run.reps, (512, 2048) if short else (256, 1024, 4096))
     src["elementwise_gbs"] = other
-    shared = {}
-    if cuda:
-        link = {"bandwidth_gbs": 450.0, "latency_us": 20.0}  # one GPU: no link to measure
-        src["links"] = ("one GPU here: NVLink figures are DGX H100's public ones (docs/architecture.md, "
-                        "Public hardware figures), not measured")
-    else:
-        progress("2 ranks side by side: shared speed, gloo collectives")
-        csizes = [1 << 12, 1 << 16, 1 << 20, 1 << 22] if short else [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20,
-                                                                     1 << 22, 1 << 24]
-        fits = pair(csizes, reps)
-        src["collectives"] = {k: v for k, v in fits.items() if k != "shared"}
-        shared = fits["shared"]
-        a2a = fits["all_to_all"]
-        # the merge's own work: its time less its collective (an all-gather of the payload sparse, an
-        # all-reduce dense), as GB/s of the replicas' payload
-        merge = {}
-        host = fits["merge"].pop("host", False)
-        for name, (payload, ms) in fits["merge"].items():
-            link = fits["all_to_all" if name == "sparse" else "all_reduce"]
-            wire = payload / 2 * 0.5 / (link["bandwidth_gbs"] * 1e6) if name == "sparse" else (
-                host_mean_bytes(payload / 2, 2) / (copy * 1e6) if host else payload / 2 / (link["bandwidth_gbs"] * 1e6))
-            merge[name] = round(payload / (max(ms - wire, 0.1 * ms) * 1e6), 3)
-        src["replica_merge"] = {"measured": fits["merge"], "merge_gbs": merge}
-        src["collection_glue"] = {k: round(v, 3) for k, v in fits["glue"].items()}
-        src["jitter"] = fits["jitter"]
-        src["overlap"] = fits["overlap"]
-        link = {"bandwidth_gbs": round(a2a["bandwidth_gbs"], 4), "latency_us": round(a2a["latency_us"], 1)}
+    link, shared = _links(run, copy)
 
     progress("framework step")
     fw = framework_step() if not cuda else {"step_ms": 1.0, "peak_mem_mb": 0.0}
@@ -556,14 +613,14 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
     mem_gb = (torch.cuda.get_device_properties(0).total_memory / 2**30) if cuda else _host_gb()
     return {
         "name": "local",
-        "about": ("This machine, measured by `cubic calibrate` (harness/sim/calibrate.py); single node, so "
-                  "`network` repeats the measured local link."),
+        "about": ("This machine, measured by `cubic calibrate` (harness/sim/calibrate.py); single "
+                  "node, so `network` repeats the measured local link."),
         "nodes": 1,
         "devices_per_node": 1 if cuda else 8,
         "host_memory_gb": round(_host_gb(), 1),
         "device": {
             "type": "gpu" if cuda else "cpu",
-            **({} if cuda else {"cores": cores}),
+            **({} if cuda else {"cores": run.cores}),
             "memory_gb": round(mem_gb, 1),
             "mem_bw_gbs": round(copy, 3),
             "dense_gflops": {k: round(v["peak_gflops"], 2) for k, v in dense.items()},
@@ -572,11 +629,7 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
             "thread_exp": thread_exp,
             "weighted_cost": weighted,
             "elementwise_gbs": other,
-            **({"shared_speed": shared} if shared else {}),
-            **({"replica_merge_gbs": src["replica_merge"]["merge_gbs"]} if "replica_merge" in src else {}),
-            **({"glue_ns_per_id": src["collection_glue"]["ns_per_id"]} if "collection_glue" in src else {}),
-            **({"jitter": round(src["jitter"]["per_compute_ms"], 4)} if "jitter" in src else {}),
-            **({"overlap_hidden": round(src["overlap"]["hidden"], 3)} if "overlap" in src else {}),
+            **_measured_extras(src, shared),
             "step_overhead_ms": round(fw["step_ms"], 3),
             "process_mb": round(fw["peak_mem_mb"], 1),
             **({"spawned_process_mb": round(spawned_mb, 1)} if spawned_mb else {}),
