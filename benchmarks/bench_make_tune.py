@@ -11,8 +11,9 @@ then read both runs:
     .venv/bin/python benchmarks/bench_make_tune.py /tmp/before:OLD:/tmp/before_tune.log \\
         /tmp/after:NEW:/tmp/after_tune.log                       # -> data/make_tune.json
 
-Each argument is CLONE:LABEL:LOG; the wall time is the tune's own (`/usr/bin/time`'s elapsed line in LOG, the
-install excluded), the rest is read from the clone's study (`runs/dlrm_cpu`) and quality store.
+Each argument is CLONE:LABEL:LOG[:RUN_DIR]; the wall time is the tune's own (`/usr/bin/time`'s elapsed line in
+LOG, the install excluded), the rest is read from the clone's study (RUN_DIR, `runs/dlrm_cpu` by default: `make
+tune SEED=1 RUN_DIR=runs/seed1` keeps another) and quality store. `--out` names the data file.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ def wall_s(log: Path) -> float | None:
     return sum(p * 60 ** k for k, p in enumerate(reversed(parts)))
 
 
-def one(clone: Path, label: str, log: Path) -> dict:
+def one(clone: Path, label: str, log: Path, run_dir: str = "runs/dlrm_cpu") -> dict:
     from cubic.results import analysis
 
-    df = analysis.load_study(clone / "runs" / "dlrm_cpu")
+    df = analysis.load_study(clone / run_dir)
     s = analysis.summary(df)
     win = df.attrs.get("winner") or {}
     with sqlite3.connect(clone / "runs" / "quality.db") as con:
@@ -59,12 +60,13 @@ def one(clone: Path, label: str, log: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("runs", nargs="+", help="CLONE:LABEL:LOG, one per make tune")
+    ap.add_argument("runs", nargs="+", help="CLONE:LABEL:LOG[:RUN_DIR], one per make tune")
+    ap.add_argument("--out", type=Path, default=DATA, help="the data file [default: data/make_tune.json]")
     args = ap.parse_args()
     rows = []
     for arg in args.runs:
-        clone, label, log = arg.split(":")
-        rows.append(one(Path(clone), label, Path(log)))
+        clone, label, log, *run_dir = arg.split(":")
+        rows.append(one(Path(clone), label, Path(log), *run_dir))
     print(f"{'run':<12} {'wall':>8} {'trials':>6} {'quality runs':>12} {'screen':>6}  winner")
     for r in rows:
         spread = r["speedup_spread"] or [float("nan")] * 2
@@ -73,9 +75,10 @@ def main() -> None:
               f"({spread[0]:.2f}-{spread[1]:.2f}x)")
     if len(rows) > 1 and rows[0]["wall_s"] and rows[-1]["wall_s"]:
         print(f"wall time: {rows[-1]['wall_s'] / rows[0]['wall_s']:.2f}x the first")
-    DATA.write_text(json.dumps({"made": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "runs": rows},
-                               indent=1) + "\n")
-    print(f"-> {DATA.relative_to(ROOT)}")
+    out = args.out.resolve()
+    out.write_text(json.dumps({"made": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "runs": rows},
+                              indent=1) + "\n")
+    print(f"-> {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
 
 
 if __name__ == "__main__":
