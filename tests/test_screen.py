@@ -235,32 +235,3 @@ def test_an_on_demand_screen_judges_only_the_changes_an_incumbent_carries(tmp_pa
     recs = analysis.records(tmp_path)
     assert all(r.quality_heldout_ok is False for r in recs if r.params["batch_size"] == 256)
     assert "(a change of the incumbent #" in console.export_text()
-
-
-def test_an_on_demand_incumbent_with_several_changes_is_checked_whole_before_any_screen() -> None:
-    """`screen: on_demand`: an incumbent carrying one change has it screened (the same model); one carrying
-    two is checked whole first (no screen run is due) unless one of its changes was part of a combination
-    held-out runs failed, and then the screen runs the suspect first."""
-    from types import SimpleNamespace
-
-    from cubic.tune.checks import QualityChecks
-
-    space = default_space()
-    checks = QualityChecks(SimpleNamespace(space=space))  # the real space; the rest of a tune is not read
-    checks.screen = single_changes(space)
-    base = space.baseline_params()
-    one = space.canonical({**base, "emb_precision": "fp16"})
-    two = space.canonical({**base, "emb_precision": "fp16", "comm_precision": "fp16"})
-    assert len(space.numerics_changes(one)) == 1 and len(space.numerics_changes(two)) == 2
-    scr = checks.due_screen(SimpleNamespace(params=one))
-    assert scr is not None and scr.change in space.numerics_changes(one)
-    assert checks.due_screen(SimpleNamespace(params=two)) is None  # checked whole first
-    failed = SimpleNamespace(params=space.canonical({**base, "comm_precision": "fp16", "batch_size": 1024}),
-                             quality_heldout_ok=False)
-    passed = SimpleNamespace(params=one, quality_heldout_ok=True)
-    suspects = checks.suspects([failed, passed])
-    assert suspects == space.numerics_changes(failed.params)
-    comm = space.numerics_changes(two) - space.numerics_changes(one)
-    assert comm <= suspects
-    scr = checks.due_screen(SimpleNamespace(params=two), suspects)
-    assert scr is not None and scr.change in comm  # the suspect change, screened first

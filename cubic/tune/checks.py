@@ -7,9 +7,7 @@ Three sources of a quality verdict, cheapest first (which one counts: `TrialReco
    baseline's (`cubic.quality.screen`); a change that fails is out of the search, and every trial that uses
    it fails with it. `upfront`: every change before the search proposes anything. `on_demand`: only the
    changes an incumbent carries, once it has outlasted `SETTLE` later trials; a change no fast
-   configuration carries is never paid for, nor is an incumbent the next trials beat. An incumbent
-   carrying several changes is checked whole first (3.), its changes screened one by one only where a
-   combination they were part of failed (`due_screen`).
+   configuration carries is never paid for, nor is an incumbent the next trials beat.
 3. Held-out checks of the incumbent (`next_run` while searching): the fastest trial faster than the
    baseline that no held-out run has judged, when it changes numerics. Why while searching and not only at
    confirm: the searcher's feasibility model learns from the verdict, so one rejected 4x-batch incumbent
@@ -135,7 +133,7 @@ class QualityChecks:
         on_demand = qr.screen == ON_DEMAND
         if on_demand and (top is None or not self.settled(top, done)):
             return None  # no held-out run for an incumbent the next trials may still beat
-        scr = self.due_screen(top, self.suspects(done)) if on_demand else self.due_screen(None)
+        scr = self.due_screen(top if on_demand else None)
         if scr is not None:  # each numerics change alone: before the search, or the incumbent's on demand
             n = len(scr.eval_ne)
             p = self.ctx.runner.submit(self.quality_config(scr.params, n), tag=ScreenRun(scr, n))
@@ -152,27 +150,14 @@ class QualityChecks:
             return None
         return self._submit_check(top, n, "the incumbent")
 
-    def due_screen(self, incumbent: TrialRecord | None,
-                   suspects: frozenset = frozenset()) -> Screened | None:
+    def due_screen(self, incumbent: TrialRecord | None) -> Screened | None:
         """The screen's next change to run: the first undecided one, or with the screen on demand
-        (`incumbent` given) the first undecided change the incumbent carries. An incumbent carrying
-        several changes, none of them `suspects`, is checked whole first: where it passes, its
-        changes need no runs of their own; the screen runs them only where a combination they were
-        part of failed, to name the change the search must drop."""
+        (`incumbent` given) the first undecided change the incumbent carries."""
         undecided = [x for x in self.screen if x.ok is None]
         if incumbent is None:
             return undecided[0] if undecided else None
         carried = self.ctx.space.numerics_changes(incumbent.params)
-        if len(carried) > 1 and not carried & suspects:
-            return None
-        due = [x for x in undecided if x.change in carried]
-        return min(due, key=lambda x: x.change not in suspects, default=None)  # suspects first
-
-    def suspects(self, done: list[TrialRecord]) -> frozenset:
-        """The numerics changes of every trial held-out runs failed: one of each such set is bad."""
-        space = self.ctx.space
-        return frozenset().union(*(space.numerics_changes(t.params) for t in done
-                                   if t.quality_heldout_ok is False))
+        return next((x for x in undecided if x.change in carried), None)
 
     @staticmethod
     def settled(t: TrialRecord, done: list[TrialRecord]) -> bool:
