@@ -27,6 +27,7 @@ def calibrate(
 
     from cubic_harness.sim.calibrate import calibrate as measure
     from cubic_harness.sim.cluster import FRAMEWORKS, calibrated_cluster_path, cluster_from_dict
+    from cubic_harness.sim.provenance import GPU_CALIBRATION_ASSUMES
 
     console = Console(stderr=True)
     output_given = output is not None
@@ -53,6 +54,8 @@ def calibrate(
             status.update(f"calibrating: {step}")
 
         d = measure(short=short, progress=progress)
+    if d["device"]["type"] == "gpu":  # the file says which of its figures one GPU could not measure
+        d["source"].setdefault("assumed", list(GPU_CALIBRATION_ASSUMES))
     cluster_from_dict(d, str(output))  # what we write must load
     class NoAliases(yaml.SafeDumper):  # a number measured once and used twice is written twice, not &id1
         def ignore_aliases(self, data: object) -> bool:

@@ -196,6 +196,8 @@ def print_result(res: TrialResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from cubic_harness.sim.provenance import describe
+
     con = Console()
     if res.status != "ok":
         con.print(f"[bold red]trial {res.status}[/]: {res.error}")
@@ -215,6 +217,7 @@ def print_result(res: TrialResult) -> None:
         ("env", f"simulated on {res.env.get('cluster')} ({res.env.get('nodes')} node(s))"
          if res.env.get("backend") == "sim" else
          f"torch {res.env.get('torch')}, fbgemm {res.env.get('fbgemm')}, {res.env.get('device_name')}"),
+        *([("figures", describe(res.extra["figures"]))] if res.extra.get("figures") else []),
     ]
     for k, v in rows:
         t.add_row(k, v)

@@ -5,7 +5,9 @@ cluster, prices one step with the performance model (harness/sim/perf.py) and re
 real trial would: qps, step time, the per-phase breakdown, per-rank memory, the plan; status `oom`
 naming the rank and the bytes over when a rank's memory exceeds what its device has (or the
 config's mem_cap_mb), `error` when the cluster cannot run it at all. It says nothing about quality:
-`ne` and the losses stay empty and `extra.quality` says so. It never imports the tuner.
+`ne` and the losses stay empty and `extra.quality` says so; `extra.figures` says which of the
+cluster's figures were measured (`cubic calibrate`) and which assumed (a preset's). It never
+imports the tuner.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from cubic_harness.planning import plan_for
 from cubic_harness.sharding.planner import PlanError
 from cubic_harness.sim.cluster import Cluster
 from cubic_harness.sim.perf import ModelError, estimate
+from cubic_harness.sim.provenance import split
 
 NO_QUALITY = "not measured: a simulated trial predicts speed and memory, never model quality"
 
@@ -72,7 +75,8 @@ def check_holds(cfg: TrialConfig, c: Cluster, where: str) -> None:
 def simulate(cfg: TrialConfig, c: Cluster) -> TrialResult:
     """Predict one trial of `cfg` on cluster `c`; never raises for a config the cluster cannot run."""
     env = sim_env(cfg, c)
-    extra = {"quality": NO_QUALITY}
+    # which figures the prediction rests on were measured, which assumed (harness/sim/provenance.py)
+    extra = {"quality": NO_QUALITY, "figures": split(c.figures)}
     try:
         cfg.validate()
         plan = plan_for(cfg, c)

@@ -20,7 +20,11 @@ TrialConfig): Calculon's system / model / execution split. One file describes
   with their own per-device `bandwidth_gbs`, `latency_ms` and `oversubscription` (a data center's NICs
   over its interconnect's capacity): what crosses it pays milliseconds, not microseconds.
 
-A file may start from a shipped preset (`base: h100-4096`) and state only what differs.
+A file may start from a shipped preset (`base: h100-4096`) and state only what differs;
+`base: local` starts from this machine's calibration, and `fabric: PRESET` takes a preset's
+`network` and `datacenters` (what joins the nodes): `base: local` + `nodes: 8` + `fabric: h100-64`
+is eight of the node you have on the fabric you will have. Each figure group's origin, measured or
+assumed, is kept (`Cluster.figures`, harness/sim/provenance.py).
 Every key is checked at load against the typed model `ClusterFile` (`cubic schema cluster` exports it
 as JSON Schema), with one line naming the file, the key and what is allowed (exit 2 at the CLI).
 `cubic calibrate` writes these files from measurements; hand-written
@@ -43,6 +47,7 @@ from pydantic import AfterValidator, Field, model_validator
 from cubic_harness.config import CHOICES
 from cubic_harness.errors import ConfigError, read_text
 from cubic_harness.schema import Strict, validate
+from cubic_harness.sim import provenance
 
 KERNELS = CHOICES["kernel"]
 EMB_PRECISIONS = CHOICES["emb_precision"]
@@ -153,6 +158,11 @@ class Cluster:
     # price cubic's harness): `cubic calibrate --framework torchrec` measures them (FRAMEWORK_FIELDS)
     frameworks: dict[str, dict[str, Any]] = field(default_factory=dict)
     framework: str = "harness"  # which framework's step this cluster prices (`for_framework`)
+    price_per_gpu_hour: float | None = None  # what one device costs an hour, as its user pays (None: unknown)
+    # figure group (`device`, `network`, `device.memory_gb`, ...) -> "measured (FILE, cubic
+    # calibrate DATE)" or "assumed (preset NAME)": where each figure came from
+    # (harness/sim/provenance.py); not a hardware figure, so clusters of the same figures are equal
+    figures: dict[str, str] = field(default_factory=dict, compare=False)
 
     def for_framework(self, name: str) -> Cluster:
         """This cluster pricing `name`'s step: the harness's is the device's own; another framework's takes its
@@ -309,9 +319,15 @@ class ClusterFile(Strict):
     network: NetworkSpec
     host_memory_gb: Pos
     datacenters: DataCentersSpec | None = Field(None, description="a tier above the pods; absent: one")
-    base: str | None = Field(None, description="a shipped preset this file states the differences from")
+    base: str | None = Field(None, description="a shipped preset this file states the differences "
+                             "from, or `local`: this machine's calibration")
+    fabric: str | None = Field(None, description="a shipped preset whose network and datacenters "
+                               "(what joins the nodes) replace the base's")
     frameworks: dict[Literal[FRAMEWORKS[1:]], FrameworkSpec] = Field(  # type: ignore[valid-type]
         {}, description="per framework, the step's figures where they differ from the device's (the harness's)")
+    price_per_gpu_hour: Pos | None = Field(
+        None, description="what one device costs an hour, in the user's currency (a cost objective's input); "
+        "presets carry none")
     about: str = ""
     source: dict[str, Any] = Field({}, description="what measured this file, when")
 
@@ -330,8 +346,14 @@ class ClusterFile(Strict):
         return self
 
 
-def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
+def cluster_from_dict(d: Any, where: str = "cluster",
+                      figures: dict[str, str] | None = None) -> Cluster:
+    """A checked mapping as a Cluster; `figures` says where each figure came from (`load_cluster`
+    knows the files merged; without it, all came from `d` itself: measured if calibrate wrote it).
+    """
     f: ClusterFile = validate(ClusterFile, d, where)  # type: ignore[assignment]
+    if figures is None:
+        figures = provenance.collapse(provenance.stated(d, Path(where), preset=False))
     dv = f.device
     device = Device(
         dv.type, dv.memory_gb, dv.mem_bw_gbs, dict(dv.dense_gflops), dv.gemm_half_mflop,
@@ -353,36 +375,90 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> Cluster:
                    f.host_memory_gb, f.about, dict(f.source),
                    DataCenters(dcs.count, dcs.bandwidth_gbs, dcs.latency_ms * 1e3, dcs.oversubscription)
                    if dcs else None,
-                   {k: v.model_dump(exclude_none=True) for k, v in f.frameworks.items()})
+                   {k: v.model_dump(exclude_none=True) for k, v in f.frameworks.items()},
+                   price_per_gpu_hour=f.price_per_gpu_hour, figures=figures)
 
 
 def load_cluster(path: str | Path) -> Cluster:
     """A cluster file, or ConfigError (one line: the file, the key, what is allowed)."""
-    return cluster_from_dict(cluster_mapping(path), str(path))
+    raw, origins = _raw(Path(path), ())
+    return cluster_from_dict(raw, str(path), provenance.collapse(origins))
 
 
 def cluster_mapping(path: str | Path) -> Any:
-    """A cluster file's mapping as the loader checks it: with its `base` preset merged under it."""
-    return _raw(Path(path), ())
+    """A cluster file's mapping as the loader checks it: its `base` and `fabric` merged under it."""
+    return _raw(Path(path), ())[0]
 
 
-def _raw(path: Path, seen: tuple[str, ...]) -> Any:
-    """A cluster file's mapping, with `base: PRESET` (a shipped preset it differs from) merged under it:
-    the file's keys win, nested mappings merge key by key. A site built of a preset's nodes then states
-    only what differs, and each hardware figure keeps one home (and one source comment)."""
+FABRIC = ("network", "datacenters")  # what joins the nodes: a `fabric:` preset's, not the base's
+
+
+def _preset_names() -> list[str]:
+    here = shipped_cluster("local.yaml").parent
+    return sorted(p.stem for p in here.glob("*.yaml") if p.stem != "local")
+
+
+def _named(path: Path, key: str, name: Any, seen: tuple[Path, ...]) -> Path:
+    """The file `base:` or `fabric:` names (a shipped preset; `local` too for a base: this
+    machine's calibration, `local_cluster_path`), or ConfigError naming the file, the key and what
+    is allowed."""
+    presets = _preset_names()
+    allowed = ["local", *presets] if key == "base" else presets
+    if not isinstance(name, str) or name not in allowed:
+        raise ConfigError(f"{path}: {key}: {name!r}: choose one of {allowed}")
+    target = local_cluster_path() if name == "local" else shipped_cluster(f"{name}.yaml")
+    if name == "local" and not target.exists():
+        raise ConfigError(f"{path}: base: 'local': this machine has no calibration ({target}); "
+                          f"run `cubic calibrate`, or choose one of {presets}")
+    if target.resolve() in seen:
+        chain = " -> ".join(p.name for p in (*seen, target.resolve()))
+        raise ConfigError(f"{path}: {key}: {name!r}: a cluster cannot build on itself ({chain})")
+    return target
+
+
+def _raw(path: Path, seen: tuple[Path, ...]) -> tuple[Any, dict[str, str]]:
+    """A cluster file's mapping, with `base: PRESET|local` (what it differs from) merged under it
+    and `fabric: PRESET`'s network and datacenters in place of the base's: the file's keys win,
+    nested mappings merge key by key. A site built of a preset's nodes, or of this machine's, then
+    states only what differs, and each hardware figure keeps one home (and one source comment).
+    Also each figure group's origin (harness/sim/provenance.py). `name`, `about` and `source`
+    describe one file and are never inherited: a file without a name is named after itself."""
     try:
         raw = yaml.safe_load(read_text(path, "cluster file"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML") from None
-    if not isinstance(raw, dict) or "base" not in raw:
-        return raw
-    base = raw.pop("base")
-    presets = sorted(p.stem for p in shipped_cluster("local.yaml").parent.glob("*.yaml") if p.stem != "local")
-    if not isinstance(base, str) or base not in presets or base in seen:
-        why = "a preset cannot be its own base" if base in seen else f"choose one of {presets}"
-        raise ConfigError(f"{path}: base: {base!r}: {why}")
-    return _merge(_raw(shipped_cluster(f"{base}.yaml"), (*seen, base)), raw)
+    if not isinstance(raw, dict):
+        return raw, {}
+    shipped = shipped_cluster("local.yaml").resolve().parent
+    preset = path.resolve().parent == shipped and path.stem != "local"
+    origins = provenance.stated(raw, path, preset)
+    if "base" not in raw and "fabric" not in raw:
+        return raw, origins
+    seen = (*seen, path.resolve())
+    base, fabric = raw.pop("base", None), raw.pop("fabric", None)
+    under: dict[str, Any] = {}
+    under_origins: dict[str, str] = {}
+    if base is not None:
+        got, under_origins = _whole(_named(path, "base", base, seen), seen)
+        under = {k: v for k, v in got.items() if k not in provenance.NOT_FIGURES}
+    if fabric is not None:
+        fab, fab_origins = _whole(_named(path, "fabric", fabric, seen), seen)
+        under = {**{k: v for k, v in under.items() if k not in FABRIC},
+                 **{k: fab[k] for k in FABRIC if k in fab}}
+        joins = {g: g.split(".", 1)[0] in FABRIC for g in (*under_origins, *fab_origins)}
+        under_origins = {**{g: o for g, o in under_origins.items() if not joins[g]},
+                         **{g: o for g, o in fab_origins.items() if joins[g]}}
+    merged = _merge(under, raw)
+    merged.setdefault("name", path.stem)
+    return merged, {**under_origins, **origins}
+
+
+def _whole(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A base or fabric file, checked whole on its own: a broken calibration is named as itself."""
+    got, origins = _raw(path, seen)
+    validate(ClusterFile, got, str(path))
+    return got, origins
 
 
 def _merge(under: Any, over: Any) -> Any:
@@ -408,10 +484,15 @@ def shipped_cluster(name: str) -> Path:
 def resolve(name_or_path: str | Path) -> Cluster:
     """A cluster by file path or by a shipped preset's name (`local`, `h100-8`, ...); `local` is this
     machine's file, the one `local_cluster` reads."""
+    return load_cluster(cluster_path(name_or_path))
+
+
+def cluster_path(name_or_path: str | Path) -> Path:
+    """The file `resolve` reads for a path or a preset's name."""
     p = Path(name_or_path)
     if not p.exists() and p.suffix == "" and "/" not in str(name_or_path):
         p = local_cluster_path() if name_or_path == "local" else shipped_cluster(f"{name_or_path}.yaml")
-    return load_cluster(p)
+    return p
 
 
 def calibrated_cluster_path() -> Path:
