@@ -34,7 +34,8 @@ def test_a_tune_is_built_from_a_typed_request_and_runs() -> None:
     (TuneRequest(space=TINY, searcher="nope"), "--searcher 'nope': choose one of"),
     (TuneRequest(space=TINY, trials=0), "--trials 0: must be >= 1"),
     (TuneRequest(space=TINY, warm_start=("runs/x",), searcher="random"), "--warm-start: only the cubic searcher"),
-    (TuneRequest(space=TINY, backend="sim", cluster="local", quality_store="q.db"), "--quality-store: a simulated"),
+    (TuneRequest(space=TINY, backend="sim", cluster="local", quality_store="/no/such/dir/q.db"),
+     "--quality-store /no/such/dir/q.db: no such directory"),
 ])
 def test_bad_requests_are_refused_before_anything_is_written(tmp_path: Path, req: TuneRequest, says: str) -> None:
     import dataclasses

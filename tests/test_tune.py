@@ -270,7 +270,7 @@ BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
     ("empty_address", "--address '': empty"),
     ("searcher", "--searcher 'annealing'"),
     ("quality_store", "--quality-store /nonexistent/run: no such run directory or storage URL"),
-    ("quality_store_sim", "--quality-store: a simulated tune runs no quality runs"),
+    ("quality_store_sim", "--quality-store /nonexistent/run: no such run directory or storage URL"),
     ("quality_store_corrupt", "q.db: cannot open it as a store (DatabaseError: "),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: str) -> None:
@@ -287,7 +287,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, case: str, expected: st
     args += {"storage": ["--storage", "sqlite:////nonexistent/dir/study.db"],
              "address": ["--address", "127.0.0.1:1"], "empty_address": ["--address", ""],
              "searcher": ["--searcher", "annealing"], "quality_store": ["--quality-store", "/nonexistent/run"],
-             "quality_store_sim": ["--quality-store", str(tmp_path), "--backend", "sim", "--cluster", "h100-8"],
+             "quality_store_sim": ["--quality-store", "/nonexistent/run", "--backend", "sim",
+                                   "--cluster", "h100-8"],
              "quality_store_corrupt": ["--quality-store", str(tmp_path / "q.db")]}.get(case, [])
     (tmp_path / "q.db").write_bytes(b"not a database, not empty either" * 64)
     res = CliRunner().invoke(app, args)

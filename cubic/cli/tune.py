@@ -43,7 +43,7 @@ def tune(
     live: bool | None = typer.Option(None, "--live/--no-live", help="Live table [default: on a terminal]."),
     backend: str = typer.Option("real", "--backend", help="real: training trials on Ray; torchrec: training "
                                 "trials in TorchRec on Ray (a space with target: torchrec); sim: the simulator "
-                                "(needs --cluster; no quality gate)."),
+                                "(needs --cluster; crowns numerics changes only as real quality runs judged them)."),
     cluster: str | None = typer.Option(None, "--cluster", help="Cluster file (clusters/*.yaml) or preset name "
                                        "for --backend sim."),
     framework: str = typer.Option("harness", "--framework", help="--backend sim: whose step to price, cubic's "
@@ -53,7 +53,8 @@ def tune(
                                          "first; repeatable (searcher cubic)."),
     quality_store: str | None = typer.Option(None, "--quality-store", help="Where quality runs are kept, reused "
                                              "and added to (table cubic_quality_runs): a run dir, a storage URL, "
-                                             "or a .db file (created) [default: this tune's own store]."),
+                                             "or a .db file (created) [default: this tune's own store; --backend sim: "
+                                             "runs/quality.db, else runs/SPACE/study.db, read only]."),
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
     import optuna
@@ -158,12 +159,12 @@ def build(req: TuneRequest, console: Any) -> Any:
         for src in req.warm_start:
             warm += load_warm_start(src, sp)
     qstore = None
-    if req.quality_store is not None and sim_cluster is not None:
-        raise ConfigError("--quality-store: a simulated tune runs no quality runs; leave it out")
     if req.quality_store is not None:  # opened before the study's store: a bad one writes nothing
         from cubic.quality.store import open_quality_store
 
         qstore = open_quality_store(req.quality_store)
+    elif sim_cluster is not None:
+        qstore = real_quality_store(sp.name)
     run_dir = req.run_dir
     if run_dir is None and req.storage is None:
         run_dir = Path("runs") / (f"{sp.name}-sim-{sim_cluster.name}" if sim_cluster is not None else
@@ -195,6 +196,18 @@ def build(req: TuneRequest, console: Any) -> Any:
     except BaseException:
         runner.stop()
         raise
+
+
+def real_quality_store(space_name: str) -> Any:
+    """Where a simulated tune finds the real quality runs of its space when none is named: the store
+    `make tune` keeps (runs/quality.db), else a real tune's own store of the space (runs/NAME/study.db);
+    None where neither exists (it then crowns no numerics change, and says so)."""
+    from cubic.quality.store import QualityStore
+
+    for p in (Path("runs") / "quality.db", Path("runs") / space_name / "study.db"):
+        if p.is_file():
+            return QualityStore(f"sqlite:///{p.resolve()}")
+    return None
 
 
 def check_torchrec_space(sp: Any, where: Path) -> None:

@@ -59,6 +59,13 @@ class Candidates:
         # quality does not
         self.cands = [t for t in self.ranked if t is not self.base and (
             t.quality_heldout_ok is not False if self.qr else t.quality_est_ok is not False)]
+        carried = ctx.policy.carried
+        # a simulated study crowns only what real quality runs judged (`cubic.quality.carried`)
+        self.uncrowned = ([] if carried is None else
+                          [(t, c.reason) for t in self.cands if not (c := carried.crown(t.params)).ok])
+        if self.uncrowned:
+            out = {t.number for t, _ in self.uncrowned}
+            self.cands = [t for t in self.cands if t.number not in out]
         self.screened: list[TrialRecord] = []  # in rank order, then the back-off trials
         self.walked = 0  # candidates the walk took from `cands`
         self.inflight: dict[int, int] = {}  # trial number -> re-measurements in flight
@@ -295,6 +302,9 @@ class Candidates:
                            "it): it cannot win, so no quality run was spent on it "
                            f"(changes {', '.join(changed)})")
         if changed and not self.ctx.policy.judges_quality:
+            carried = self.ctx.policy.carried
+            if carried is not None:
+                return True, f"simulated: {carried.crown(t.params).reason}"
             return True, (f"simulated: quality not judged (changes {', '.join(changed)}); a real "
                           "tune's quality gate judges it")
         if not changed:

@@ -29,6 +29,8 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from cubic.execution.runner import Pending, Runner
+from cubic.quality.carried import CarriedVerdicts
+from cubic.quality.screen import ATTR as SCREEN_ATTR
 from cubic.quality.store import QualityStore, ReusingRunner
 from cubic.search.samplers import distributions, make_sampler
 from cubic.space.search_space import SearchSpace
@@ -43,7 +45,17 @@ from cubic.tune.policy import Policy
 from cubic.tune.summary import summary
 from cubic.tune.view import TuneView
 from cubic.tune.work import QUALITY_RUNS, CheckRun, ScreenRun, SearchRun
+from cubic_harness.config import json_safe
 from cubic_harness.errors import ConfigError
+
+
+def carried_verdicts(space: SearchSpace, store: QualityStore | None) -> CarriedVerdicts | None:
+    """What a simulated study of `space` crowns by: the real quality runs in `store`, where the space
+    trains a model here (it has quality runs); a space only simulated has none to carry (None)."""
+    if space.quality_runs is None:
+        return None
+    return CarriedVerdicts(space, store, safe_url(store.url) if store is not None else "")
+
 
 MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
 
@@ -55,8 +67,9 @@ class Tuner:
                  budget: int | None = None, seed: int = 0, console: Console | None = None,
                  live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None,
                  quality_store: QualityStore | None = None) -> None:
-        policy = (Policy.simulated(runner.cluster.name) if runner.simulated  # type: ignore[attr-defined]
-                  else Policy.measured(space, runner.backend))
+        policy = (Policy.simulated(runner.cluster.name,  # type: ignore[attr-defined]
+                                   carried_verdicts(space, quality_store))
+                  if runner.simulated else Policy.measured(space, runner.backend))
         if quality_store is not None and policy.quality_runs is not None:
             runner = ReusingRunner(runner, quality_store)
         self.searcher = searcher
@@ -112,12 +125,26 @@ class Tuner:
             n_sim = sum(h[2] == "sim" for h in self.warm)
             self.view.note(f"warm start: {len(self.warm)} trials from --warm-start ({n_sim} simulated: the proxy "
                            "ranks them apart from measurements and learns where they are wrong)")
+        self._carry_verdicts()
         with self.view:
             self._search()
             self.view.phase = "confirm"
             confirmed = Confirm(self.ctx, self.checks).run() if self.space.confirm_top_k > 0 else []
             self.lease.check(fresh=True)
         return summary(self.ctx, self.checks, confirmed, self.searcher, self.view.tau)
+
+    def _carry_verdicts(self) -> None:
+        """A simulated study of a trainable space: the real quality runs' verdicts become its screen, so
+        the searcher keeps to what it can crown (`cubic.quality.carried`)."""
+        carried = self.ctx.policy.carried
+        if carried is None:
+            return
+        verdicts = carried.changes()
+        self.study.set_user_attr(SCREEN_ATTR, json_safe([v.to_screened().to_dict() for v in verdicts]))
+        count = {ok: sum(v.ok is ok for v in verdicts) for ok in (True, False, None)}
+        self.view.note(f"quality verdicts carried from real runs ({carried.source_note}): {count[True]} "
+                       f"change(s) pass, {count[False]} ruled out, {count[None]} never judged; the "
+                       "search keeps to the changes that passed")
 
     def _queue_baseline(self) -> None:
         """The baseline first, then TorchRec's planner's plan of it where the space offers that (`reference`),

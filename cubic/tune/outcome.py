@@ -78,6 +78,20 @@ class QualityRunCount:
 
 
 @dataclass(frozen=True)
+class NotCrowned:
+    """A simulated configuration faster than the winner that real quality runs did not let it crown."""
+
+    trial: int
+    short_config: str
+    qps: float | None
+    speedup: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclass(frozen=True)
 class Summary:
     """The tune's outcome: the winner with the evidence behind it, the best measured trial, the
     screen's verdicts (`screen`: `QualityChecks.screen_summary`'s rows) and the confirmed
@@ -99,6 +113,8 @@ class Summary:
     quality_runs: QualityRunCount | None = None
     backoff: list[int] = field(default_factory=list)
     confirmed: list[ConfirmedRow] = field(default_factory=list)
+    carried_from: str | None = None  # simulated: where its quality verdicts came from (`screen`: carried)
+    not_crowned: list[NotCrowned] = field(default_factory=list)  # simulated: faster than the winner
 
     def to_dict(self) -> dict[str, Any]:
         """As plain JSON, the nested outcomes each by its own `to_dict`."""
@@ -106,6 +122,10 @@ class Summary:
         for k in ("best_measured", "winner", "torchrec_planner", "quality_runs"):
             out[k] = None if out[k] is None else out[k].to_dict()
         out["confirmed"] = [c.to_dict() for c in self.confirmed]
+        out["not_crowned"] = [c.to_dict() for c in self.not_crowned]
+        for k in ("carried_from", "not_crowned"):  # a measured tune's summary reads as it always did
+            if not out[k]:
+                del out[k]
         return out
 
     @classmethod
@@ -119,4 +139,5 @@ class Summary:
             "torchrec_planner": opt("torchrec_planner", PlannerRef.from_dict),
             "quality_runs": opt("quality_runs", lambda q: QualityRunCount(**q)),
             "screen": d.get("screen") or [], "backoff": d.get("backoff") or [],
-            "confirmed": [ConfirmedRow.from_dict(c) for c in d.get("confirmed") or []]})
+            "confirmed": [ConfirmedRow.from_dict(c) for c in d.get("confirmed") or []],
+            "not_crowned": [NotCrowned(**c) for c in d.get("not_crowned") or []]})

@@ -4,13 +4,15 @@ A measured trial trains a model: it has losses (the in-run NE estimate), can be 
 is noisy, the first measurement was picked for being high) and its numerics can be judged by held-out
 quality runs; that holds whether cubic's harness or TorchRec trains it. A simulated trial
 (`cubic.execution.sim_runner`) predicts speed and memory and trains nothing: the same prediction again says
-nothing new, and there is no quality to judge (a real tune of its winner does that)."""
+nothing new, and it judges no quality itself: it crowns a numerics change only as real quality runs of the
+same space judged it (`cubic.quality.carried`), and a real tune of its winner judges the rest."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from cubic.quality.carried import CarriedVerdicts
 from cubic.space.quality_runs import QualityRuns
 from cubic.space.search_space import SearchSpace
 
@@ -23,6 +25,8 @@ class Policy:
     repeats: int  # confirm re-measurements per configuration
     checks_memory: bool  # refuse a configuration the memory model says will not fit, before it starts
     provenance: dict[str, Any] = field(default_factory=dict)  # what the winner records about the backend
+    # simulated: the real quality runs' verdicts it crowns by (None: measured trials judge their own)
+    carried: CarriedVerdicts | None = None
 
     @classmethod
     def measured(cls, space: SearchSpace, backend: str = "real") -> Policy:
@@ -33,6 +37,8 @@ class Policy:
                    provenance={} if backend == "real" else {"backend": backend})
 
     @classmethod
-    def simulated(cls, cluster: str) -> Policy:
+    def simulated(cls, cluster: str, carried: CarriedVerdicts | None) -> Policy:
+        """Predicted trials: speed and memory only; numerics crowned only as real runs judged them."""
         return cls(estimates_quality=False, quality_runs=None, judges_quality=False, repeats=1,
-                   checks_memory=False, provenance={"backend": "sim", "cluster": cluster})
+                   checks_memory=False, provenance={"backend": "sim", "cluster": cluster},
+                   carried=carried)

@@ -19,7 +19,7 @@ from cubic.study.winner import PlannerRef, Winner
 from cubic.tune.candidates import median_finite
 from cubic.tune.checks import QualityChecks
 from cubic.tune.context import Tuning
-from cubic.tune.outcome import BestMeasured, ConfirmedRow, QualityRunCount, Summary
+from cubic.tune.outcome import BestMeasured, ConfirmedRow, NotCrowned, QualityRunCount, Summary
 from cubic.tune.view import short_config
 
 
@@ -99,18 +99,42 @@ def summary(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], se
         win = replace(win, vs_torchrec_planner=ref)
     store.set_winner(win)
     runner = ctx.runner
+    carried = ctx.policy.carried
     return Summary(
         study=store.name, storage=safe_url(store.rdb.url), best_measured=best,
         run_dir=str(store.run_dir) if store.run_dir else None, searcher=searcher,
         budget=ctx.budget, trials=len(ran),
         ok=len(done), failed=sum(t.state == TrialState.FAIL for t in ran),
         proxy_tau=proxy_tau, winner=win, torchrec_planner=ref,
-        screen=checks.screen_summary(),
+        screen=([c.to_row() for c in carried.changes()] if carried is not None
+                else checks.screen_summary()),
         quality_runs=(QualityRunCount(runner.ran, runner.reused)
                       if isinstance(runner, ReusingRunner) else None),
         backoff=[t.number for t in ran if t.run.get("phase") == BACKOFF],
         confirmed=confirmed_rows(ctx, confirmed, base_q),
+        carried_from=carried.source_note if carried is not None else None,
+        not_crowned=not_crowned(ctx, win, base_q),
     )
+
+
+SHOWN_NOT_CROWNED = 3
+
+
+def not_crowned(ctx: Tuning, win: Winner | None, base_q: float | None) -> list[NotCrowned]:
+    """A simulated study's fastest configurations, faster than its winner, that the real quality runs
+    did not let it crown (the first SHOWN_NOT_CROWNED, fastest first)."""
+    carried = ctx.policy.carried
+    if carried is None:
+        return []
+    out = []
+    for t in sorted(ctx.store.records(TrialState.COMPLETE), key=lambda t: -(t.value or 0.0)):
+        if len(out) == SHOWN_NOT_CROWNED or (win is not None and (t.value or 0.0) <= (win.qps or 0.0)):
+            break
+        c = carried.crown(t.params)
+        if not c.ok:
+            out.append(NotCrowned(t.number, short_config(ctx.space, t.params), t.value,
+                                  t.value / base_q if t.value and base_q else None, c.reason))
+    return out
 
 
 def confirmed_rows(ctx: Tuning, confirmed: list[TrialRecord],

@@ -221,8 +221,10 @@ def print_summary(console: Console, s: Summary) -> None:
                   + (f"; {len(s.backoff)} of them the confirm's back-off (beyond the budget)"
                      if s.backoff else ""))
     if s.screen:
-        t = Table(title="quality screen: each numerics change alone (held-out eval NE vs the "
-                  "baseline)", box=None, header_style="bold")
+        title = ("quality screen: each numerics change alone (held-out eval NE vs the baseline)"
+                 if s.carried_from is None else
+                 f"quality verdicts carried from real runs ({s.carried_from}): each change alone")
+        t = Table(title=title, box=None, header_style="bold")
         for col in ("change", "verdict"):
             t.add_column(col)
         for x in s.screen:
@@ -246,6 +248,13 @@ def print_summary(console: Console, s: Summary) -> None:
                       f"re-measured {_median(c.confirm_qps):,.0f} qps, but its quality verdict is "
                       "not resolved (more seeds: quality.max_seeds; a looser call: "
                       f"quality.confidence): not crowned{more}")
+    if s.carried_from is not None and not s.screen:
+        console.print(f"quality verdicts: none carried ({s.carried_from}): a numerics change is "
+                      "never crowned")
+    for c in s.not_crowned:
+        sp = f" = {c.speedup:.2f}x the baseline" if c.speedup else ""
+        console.print(f"[bold yellow]not crowned[/]: trial #{c.trial} ({c.short_config}) predicted "
+                      f"{c.qps or 0:,.0f} qps{sp}: {c.reason}")
     if w:
         sp = ""
         if w.speedup:
