@@ -7,6 +7,11 @@ own `tracked_stats.throughput` counts the evaluations too, so it is kept only fo
 and accelerator come from `<org>/systems/<system>.json`. Every result file of a system is read
 (MLPerf asks for 10 runs): the median of their rates, with min and max.
 
+Time to train, as MLPerf scores it: run_start -> run_stop of each run (median over the system's
+converged runs), with the samples trained by then (run_stop's epoch_num x `train_samples`) and the
+evaluations' own seconds inside it (eval_start -> eval_stop, summed). `rate_peak` is the fastest
+span of any run: a system whose runs slow down after their first minutes shows it above `rate`.
+
     git clone --bare https://github.com/mlcommons/training_results_v4.0 training_results_v4.0   # each round
     .venv/bin/python benchmarks/mlperf_logs.py training_results_v3.0 training_results_v3.1 ...
 
@@ -32,6 +37,7 @@ def parse_log(text: str) -> dict:
     count and the last tracked throughput. Raises ValueError when the log has no complete span."""
     gb = samples = tracked = None
     events: list[tuple[str, int, float]] = []
+    run: dict[str, dict] = {}
     for line in text.splitlines():
         if ":::MLLOG" not in line:
             continue
@@ -45,16 +51,45 @@ def parse_log(text: str) -> dict:
             tracked = d["value"].get("throughput")
         elif key in ("eval_start", "eval_stop"):
             events.append((key, d["time_ms"], d["metadata"]["epoch_num"]))
-    rates, stop = [], None
+        elif key in ("run_start", "run_stop"):
+            run[key] = {"t": d["time_ms"], **d.get("metadata", {})}
+    rates, stop, start, eval_ms = [], None, None, 0.0
     for key, t, epoch in events:
         if key == "eval_stop":
             stop = (t, epoch)
+            eval_ms += t - start if start is not None else 0.0
         elif stop is not None and t > stop[0]:
             rates.append((epoch - stop[1]) * samples / ((t - stop[0]) / 1e3))
             stop = None
+        if key == "eval_start":
+            start = t
     if not rates or gb is None:
         raise ValueError("no training span between two evaluations")
-    return {"global_batch": gb, "rate": statistics.median(rates), "spans": len(rates), "tracked": tracked}
+    out = {"global_batch": gb, "rate": statistics.median(rates), "rate_peak": max(rates),
+           "spans": len(rates), "tracked": tracked, "eval_s": eval_ms / 1e3,
+           "evals": sum(k == "eval_stop" for k, _, _ in events)}
+    if "run_start" in run and "run_stop" in run:  # time to train, as MLPerf scores it
+        end = run["run_stop"]
+        out.update(converged=end.get("status") == "success",
+                   ttt_s=(end["t"] - run["run_start"]["t"]) / 1e3, epochs=end.get("epoch_num"),
+                   samples=end["epoch_num"] * samples if end.get("epoch_num") is not None else None)
+    return out
+
+
+def time_to_train(runs: list[dict]) -> dict:
+    """A system's converged runs: median run_start -> run_stop seconds (with min and max), median
+    samples and epochs at run_stop, median seconds of evaluation and evaluations per run; {} if none
+    converged."""
+    if not runs:
+        return {}
+
+    def med(k: str) -> float:
+        return statistics.median(r[k] for r in runs)
+
+    return {"converged_runs": len(runs), "ttt_s": med("ttt_s"),
+            "ttt_s_min": min(r["ttt_s"] for r in runs), "ttt_s_max": max(r["ttt_s"] for r in runs),
+            "samples_to_target": med("samples"),
+            "epochs_to_target": med("epochs"), "eval_s": med("eval_s"), "evals": med("evals")}
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -84,7 +119,9 @@ def read_round(repo: Path) -> dict:
         out[system] = {"org": org, "gpus": gpus, "nodes": int(desc["number_of_nodes"]),
                        "accelerator": desc.get("accelerator_model_name", ""), "global_batch": rs[0]["global_batch"],
                        "runs": len(rs), "rate": statistics.median(rates), "rate_min": min(rates),
-                       "rate_max": max(rates), "tracked": statistics.median(r["tracked"] or 0.0 for r in rs)}
+                       "rate_max": max(rates), "rate_peak": max(r["rate_peak"] for r in rs),
+                       "tracked": statistics.median(r["tracked"] or 0.0 for r in rs),
+                       **time_to_train([r for r in rs if r.get("converged")])}
     return out
 
 

@@ -634,14 +634,11 @@ MLPERF_OVERLAP_SHARP = {"v3.1": {64: +0.032, 128: +0.000, "ratio": -0.031},
 
 def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_refit() -> None:
     """Issue 33 item 6: every GPU system in the logs is predicted from its GPU's preset and its round's one 8-H100
-    fit; today 58 systems, median |error| 7%. The SXM / NVLink-domain presets (A100, H100, H200, B200, GB200: 51
-    systems) stay within 40% (a 4-GPU H100 system measured 23% below its peers). The 14 H200 SXM systems: median
-    +9%, from the H200 preset's shares of copy bandwidth measured on an H200 (at the H100's shares, +15%, and
-    the 58's median 10%). The PCIe cards' presets (A40, L40,
-    L40S, H100 PCIe, H200 NVL: 7 systems) all over-predict, +15% to +67%, and QCT's 4-GPU H100 PCIe D54U-3U by
-    +197% / +259% (it runs at 0.3-0.37M samples/s per GPU against the 8-GPU ESC8000's 0.67M; one of its v4.0 runs
-    starts at 3.5M/s and drops to 1.5M/s after 0.1 epoch). Only the CPU-only submission is not predicted, and it
-    says why; none is silently dropped."""
+    fit; today 58 systems, median |error| 6%. The SXM / NVLink-domain presets (A100, H100, H200, B200, GB200: 51
+    systems) stay within 40% (a 4-GPU H100 system measured 23% below its peers); B200 and GB200 are within 10% at
+    8 GPUs (docs/simulator.md, GPU presets against MLPerf). The PCIe cards' presets (A40, L40, L40S, H100 PCIe,
+    H200 NVL: 7 systems) all over-predict, +10% to +71%, and QCT's 4-GPU H100 PCIe D54U-3U, throttled, by
+    +165% / +222%. Only the CPU-only submission is not predicted, and it says why; none is silently dropped."""
     b = _bench("bench_mlperf")
     base = load_cluster(shipped_cluster("h100-128.yaml"))
     meas = b.measured()

@@ -1,0 +1,100 @@
+"""The GPU presets validated on what they were not set from (issue 61 item 6): MLPerf DLRM-DCNv2
+systems on other GPUs, each predicted from its preset with its round's one 8-H100 fit, and their
+time to train (benchmarks/bench_mlperf.py; docs/simulator.md, "GPU presets against MLPerf")."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from cubic_harness.sim.cluster import load_cluster, shipped_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench(name: str) -> ModuleType:
+    """A benchmark module (benchmarks/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@functools.cache
+def _run() -> tuple[ModuleType, dict, dict, list[dict]]:
+    """The bench's measured points, its "rates" fits and every other system's prediction."""
+    b = _bench("bench_mlperf")
+    base = load_cluster(shipped_cluster("h100-128.yaml"))
+    meas = b.measured()
+    results = {rnd: b.validate(base, meas[rnd], "rates") for rnd in b.ROUNDS}
+    return b, meas, results, b.all_systems(meas, results)
+
+
+def test_a_log_gives_its_time_to_train_and_its_fastest_span() -> None:
+    """run_start -> run_stop is MLPerf's score; the samples at run_stop are its epoch x
+    train_samples; the evaluations' own seconds are summed; the fastest span is kept beside the
+    median (a throttled system opens fast)."""
+    logs = _bench("mlperf_logs")
+
+    def line(key: str, t: int, value: object = None, **meta: object) -> str:
+        d = {"key": key, "time_ms": t, "value": value, "metadata": meta}
+        return ":::MLLOG " + json.dumps(d)
+
+    text = "\n".join([
+        line("global_batch_size", 0, 1000), line("train_samples", 0, 1_000_000),
+        line("run_start", 500), line("eval_start", 1000, epoch_num=0.05),
+        line("eval_stop", 3000, epoch_num=0.05), line("eval_start", 8000, epoch_num=0.10),
+        line("eval_stop", 9000, epoch_num=0.10), line("eval_start", 10000, epoch_num=0.15),
+        line("eval_stop", 10500, epoch_num=0.15),
+        line("run_stop", 10500, status="success", epoch_num=0.15)])
+    run = logs.parse_log(text)
+    assert run["rate"] == pytest.approx(30_000.0)  # median of 10k and 50k samples/s
+    assert run["rate_peak"] == pytest.approx(50_000.0)
+    assert run["converged"] and run["ttt_s"] == pytest.approx(10.0)
+    assert run["samples"] == pytest.approx(150_000) and run["evals"] == 3
+    assert run["eval_s"] == pytest.approx(3.5)
+    summary = logs.time_to_train([run, {**run, "ttt_s": 12.0}, {**run, "ttt_s": 20.0}])
+    assert summary["ttt_s"] == 12.0 and summary["ttt_s_max"] == 20.0
+    assert logs.time_to_train([]) == {}
+
+
+def test_every_sxm_gpu_type_is_within_10_percent_at_its_8_gpu_point() -> None:
+    """With no refit: B200 (5 systems) and GB200 (8 GPUs in the NVL72) within 10%, NVIDIA's H200
+    and the H200 SXM entries' median within 10%, the 4-GPU H200 NVL within 10%. The PCIe cards are
+    not (docs/simulator.md says why): the 8-GPU H100 PCIe +17% once its all-to-all runs through
+    host memory at 28 GB/s (it was +36% at 40), and QCT's 4-GPU D54U-3U throttles."""
+    b, meas, results, rows = _run()
+    pts = {(o["preset"], o["gpus"]): o for o in b.gpu_points(meas, results, rows)}
+    for key in (("b200-8", 8), ("gb200-nvl72", 8), ("h200-nvl-4", 4)):
+        assert abs(pts[key]["worst_err"]) <= 0.10, (key, pts[key])
+    h200 = pts[("h200-8", 8)]
+    assert abs(h200["nvidia_err"]) <= 0.10 and abs(h200["median_err"]) <= 0.10, h200
+    assert abs(pts[("h100-8", 8)]["median_err"]) <= 0.02
+    assert 0.0 < pts[("h100-pcie-8", 8)]["worst_err"] <= 0.25, pts[("h100-pcie-8", 8)]
+    pcie4 = pts[("h100-pcie-8", 4)]
+    assert pcie4["throttled"] == ["D54U-3U", "D54U-3U"], pcie4  # both rounds' runs slow down
+
+
+def test_time_to_train_is_predicted_from_the_rate_and_the_evaluations() -> None:
+    """Predicted = samples to AUC 0.80275 over the predicted samples/s + the evaluations (forward
+    only, 3x that rate): every GPU system of the logs, median |error| within 8% (6.2% today) and
+    the systems that do not throttle within 8% too; the 8-GPU DGX H100 points, whose rate is fitted,
+    within 5% (the evaluations are predicted, not read)."""
+    b, meas, results, rows = _run()
+    ttt = b.time_to_train(meas, results, rows)
+    done = [r for r in ttt if r.get("err") is not None]
+    assert len(done) >= 70 and [r["system"] for r in ttt if r.get("err") is None] == [
+        "4-nodes-SPR-pytorch"]
+    summ = b.ttt_summary(ttt)
+    assert summ["all"]["median_abs_err"] <= 0.08
+    assert summ["not_throttled"]["median_abs_err"] <= 0.08
+    fitted = {m["systems"][8] for m in meas.values()}
+    near = [r["err"] for r in done if r["system"] in fitted]
+    assert len(near) == 4 and max(abs(e) for e in near) <= 0.05, near
+    assert statistics.median(r["epochs"] for r in done) == pytest.approx(0.75, abs=0.01)
