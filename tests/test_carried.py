@@ -1,5 +1,6 @@
 """A simulated study crowns a numerics change only as real quality runs of its space judged it
-(`cubic.quality.carried`): the runs are real rows of a real quality store, as a real tune keeps them."""
+(`cubic.quality.carried`): the runs are real rows of a real quality store, as a real tune keeps
+them."""
 
 from __future__ import annotations
 
@@ -21,16 +22,18 @@ BASE_NE = (0.5000, 0.5010, 0.4990)
 
 
 def keep(store: QualityStore, sp, params: dict, ne: list[float]) -> None:
-    """Keep quality runs of params' model (seeds 0, 1, ...) as a real tune's quality runs are kept."""
+    """Keep quality runs of params' model (seeds 0, 1, ...) as a real tune keeps them."""
     qr = sp.quality_runs
     for seed, x in enumerate(ne):
         cfg = qr.config(sp.config(sp.model_params(params)), seed)
-        assert store.put(cfg, TrialResult(status="ok", qps=1.0, extra={"eval_ne": x, "eval_auc": 0.7}))
+        assert store.put(
+            cfg, TrialResult(status="ok", qps=1.0, extra={"eval_ne": x, "eval_auc": 0.7})
+        )
 
 
 @pytest.fixture()
 def judged(tmp_path: Path):
-    """A store where SGD tables failed alone (+4% eval NE), fp16 tables passed alone, bf16 dense never ran."""
+    """SGD tables failed alone (+4% eval NE), fp16 tables passed alone, bf16 dense never ran."""
     sp = load_space(SPACE)
     store = QualityStore(f"sqlite:///{tmp_path / 'quality.db'}")
     base = sp.baseline_params()
@@ -46,7 +49,11 @@ def test_a_change_ruled_out_or_never_judged_is_never_crowned(judged) -> None:
     cv = CarriedVerdicts(sp, store, "q")
     base = sp.baseline_params()
     sgd_fp16 = cv.crown({**base, "emb_optimizer": "sgd", "emb_precision": "fp16"})
-    assert not sgd_fp16.ok and "ruled out" in sgd_fp16.reason and "emb_optimizer=sgd" in sgd_fp16.reason
+    assert (
+        not sgd_fp16.ok
+        and "ruled out" in sgd_fp16.reason
+        and "emb_optimizer=sgd" in sgd_fp16.reason
+    )
     fp16 = cv.crown({**base, "emb_precision": "fp16"})
     assert fp16.ok and "passed alone" in fp16.reason
     bf16 = cv.crown({**base, "dense_precision": "bf16"})
@@ -57,7 +64,7 @@ def test_a_change_ruled_out_or_never_judged_is_never_crowned(judged) -> None:
 
 
 def test_a_whole_model_judged_in_the_store_decides_over_its_changes(judged) -> None:
-    """A combination the store judged whole (a real tune's check or confirm) is crowned or not by that."""
+    """A combination the store judged whole (a real tune's check or confirm) decides by that."""
     sp, store, _ = judged
     base = sp.baseline_params()
     both = {**base, "emb_precision": "fp16", "dense_precision": "bf16"}
@@ -75,8 +82,15 @@ def test_what_carries_is_one_table_over_every_numerics_aspect() -> None:
 def test_a_simulated_tune_of_the_default_space_crowns_only_what_real_runs_passed(judged) -> None:
     """Without the carried verdicts this tune crowns SGD tables at 4x the batch in fp16 (2.14x)."""
     sp, store, tmp = judged
-    req = TuneRequest(space=SPACE, run_dir=tmp / "run", backend="sim", cluster="local", trials=24,
-                      live=False, quality_store=str(tmp / "quality.db"))
+    req = TuneRequest(
+        space=SPACE,
+        run_dir=tmp / "run",
+        backend="sim",
+        cluster="local",
+        trials=24,
+        live=False,
+        quality_store=str(tmp / "quality.db"),
+    )
     tuner = build(req, Console(record=True, width=200))
     try:
         s = tuner.run()
@@ -95,7 +109,8 @@ def test_a_simulated_tune_of_the_default_space_crowns_only_what_real_runs_passed
 
 
 def test_a_simulated_tune_finds_the_real_tunes_quality_store_where_make_tune_keeps_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from cubic.cli.tune import real_quality_store
 
     monkeypatch.chdir(tmp_path)

@@ -43,7 +43,8 @@ def tune(
     live: bool | None = typer.Option(None, "--live/--no-live", help="Live table [default: on a terminal]."),
     backend: str = typer.Option("real", "--backend", help="real: training trials on Ray; torchrec: training "
                                 "trials in TorchRec on Ray (a space with target: torchrec); sim: the simulator "
-                                "(needs --cluster; crowns numerics changes only as real quality runs judged them)."),
+                                "(needs --cluster; crowns a numerics change only as real "
+                                "quality runs judged it)."),
     cluster: str | None = typer.Option(None, "--cluster", help="Cluster file (clusters/*.yaml) or preset name "
                                        "for --backend sim."),
     framework: str = typer.Option("harness", "--framework", help="--backend sim: whose step to price, cubic's "

@@ -1,23 +1,25 @@
-"""Quality verdicts a simulated study takes from real quality runs, so it never crowns what they ruled out.
+"""Quality verdicts a simulated study takes from real quality runs, so it never crowns what they
+ruled out.
 
-A simulation predicts speed and memory, never what a model learns (`cubic.tune.policy`). Left alone, a
-simulated tune of the default space crowns SGD tables at 4x the batch in fp16, a model the real tune's
-screen rules out at +3.6% eval NE. The real runs that judged it are kept in a quality store
-(`cubic.quality.store`; `make tune` keeps runs/quality.db), keyed by the exact run they train. A simulated
-study of the same space asks that store, for each configuration it would crown:
+A simulation predicts speed and memory, never what a model learns (`cubic.tune.policy`). Left alone,
+a simulated tune of the default space crowns SGD tables at 4x the batch in fp16, a model the real
+tune's screen rules out at +3.6% eval NE. The real runs that judged it are kept in a quality store
+(`cubic.quality.store`; `make tune` keeps runs/quality.db), keyed by the exact run they train. A
+simulated study of the same space asks that store, for each configuration it would crown:
 
-- its whole model: the quality runs of exactly that model and the baseline's, paired by seed, judged by the
-  confirm's own rule (`rules.sequential`);
-- else each numerics change alone: the screen's runs of the baseline with that one change (`screen.decide`).
+- its whole model: the quality runs of exactly that model and the baseline's, paired by seed, judged
+  by the confirm's own rule (`rules.sequential`);
+- else each numerics change alone: the screen's runs of the baseline with that one change
+  (`screen.decide`).
 
-A configuration is crowned only where every change it makes passed (a layout-only one always is); a change
-ruled out, or never judged, keeps it off the throne, and the summary says which and why. Changes judged
-alone are not judged together: the summary says so where that is the basis.
+A configuration is crowned only where every change it makes passed (a layout-only one always is); a
+change ruled out, or never judged, keeps it off the throne, and the summary says which and why.
+Changes judged alone are not judged together: the summary says so where that is the basis.
 
-What carries to a simulated target (`CARRIES`, one row per aspect of `cubic.space.numerics`): a run judges
-one (aspect, value). A precision or an optimizer rounds and updates each value the same at any size, so
-its verdict carries; a global batch, a replica count, a sync interval or a learning rate is a verdict of
-that value only, and a target whose value was never trained is not judged.
+What carries to a simulated target (`CARRIES`, one row per aspect of `cubic.space.numerics`): a run
+judges one (aspect, value). A precision or an optimizer rounds and updates each value the same at
+any size, so its verdict carries; a global batch, a replica count, a sync interval or a learning
+rate is a verdict of that value only, and a target whose value was never trained is not judged.
 """
 
 from __future__ import annotations
@@ -36,10 +38,18 @@ AS_JUDGED = "only the value judged"
 
 #: Per aspect of `cubic.space.numerics`: whether its verdict carries to a target of another size.
 CARRIES: dict[str, str] = {
-    "emb_precision": ANY_SIZE, "dense_precision": ANY_SIZE, "comm_precision": ANY_SIZE,
-    "allreduce_comm_precision": ANY_SIZE, "emb_optimizer": ANY_SIZE, "sharding": ANY_SIZE,
-    "global_batch": AS_JUDGED, "replicas": AS_JUDGED, "sparse_sync": AS_JUDGED,
-    "sparse_sync_interval": AS_JUDGED, "emb_lr": AS_JUDGED, "dense_lr": AS_JUDGED,
+    "emb_precision": ANY_SIZE,
+    "dense_precision": ANY_SIZE,
+    "comm_precision": ANY_SIZE,
+    "allreduce_comm_precision": ANY_SIZE,
+    "emb_optimizer": ANY_SIZE,
+    "sharding": ANY_SIZE,
+    "global_batch": AS_JUDGED,
+    "replicas": AS_JUDGED,
+    "sparse_sync": AS_JUDGED,
+    "sparse_sync_interval": AS_JUDGED,
+    "emb_lr": AS_JUDGED,
+    "dense_lr": AS_JUDGED,
 }
 
 
@@ -61,16 +71,26 @@ class ChangeVerdict:
         return CARRIES.get(self.change[0], AS_JUDGED)
 
     def to_screened(self) -> Screened:
-        """As the study's screen (`cubic.quality.screen.ATTR`), which keeps the searcher off a change:
-        only a change that passed stays in a simulated search, since nothing else can be crowned."""
-        why = self.reason if self.ok is not None else f"never judged by a real quality run: {self.reason}"
+        """As the study's screen (`cubic.quality.screen.ATTR`), which keeps the searcher off a
+        change: only a change that passed stays in a simulated search, since nothing else can be
+        crowned."""
+        why = (
+            self.reason
+            if self.ok is not None
+            else f"never judged by a real quality run: {self.reason}"
+        )
         return Screened(*self.change, self.params, [], [], self.ok is True, why)
 
     def to_row(self) -> dict[str, Any]:
         """A row of the summary's screen table (`Summary.screen`)."""
         verdict = {True: "passes", False: "ruled out", None: "not judged"}[self.ok]
-        return {"change": self.label, "verdict": f"{verdict} (carried)", "ok": self.ok,
-                "reason": f"{self.reason}; {self.carries}", "carried": True}
+        return {
+            "change": self.label,
+            "verdict": f"{verdict} (carried)",
+            "ok": self.ok,
+            "reason": f"{self.reason}; {self.carries}",
+            "carried": True,
+        }
 
 
 @dataclass(frozen=True)
@@ -102,7 +122,9 @@ class CarriedVerdicts:
             return []
         sp, out = self.space, []
         for seed in range(self.qr.max_seeds):
-            res = self.store.get(self.qr.config(sp.config(sp.model_params(params)), seed), self.backend)
+            res = self.store.get(
+                self.qr.config(sp.config(sp.model_params(params)), seed), self.backend
+            )
             if res is None:
                 break
             out.append(res.extra.get("eval_ne"))
@@ -131,10 +153,13 @@ class CarriedVerdicts:
         s.eval_ne = self.eval_ne(s.params)
         if not s.eval_ne or not self.base_ne:
             who = "the change alone" if not s.eval_ne else "the baseline"
-            return ChangeVerdict(s.change, None, f"the store holds no quality run of {who}", s.params)
+            return ChangeVerdict(
+                s.change, None, f"the store holds no quality run of {who}", s.params
+            )
         ok, why = decide(s, self.base_ne, self.qr)
-        return ChangeVerdict(s.change, ok, why or f"{len(s.eval_ne)} seed(s) stored: undecided",
-                             s.params)
+        return ChangeVerdict(
+            s.change, ok, why or f"{len(s.eval_ne)} seed(s) stored: undecided", s.params
+        )
 
     def crown(self, params: dict[str, Any]) -> Crown:
         """May params be crowned: its model judged passing whole, or each of its changes alone."""
@@ -146,8 +171,10 @@ class CarriedVerdicts:
         if whole is not None:
             return whole
         alone = {c.change: c for c in self.changes()}
-        verdicts = [alone.get(c) or ChangeVerdict(c, None, "not a change the screen judges alone")
-                    for c in sorted(made, key=str)]
+        verdicts = [
+            alone.get(c) or ChangeVerdict(c, None, "not a change the screen judges alone")
+            for c in sorted(made, key=str)
+        ]
         out = [v.label for v in verdicts if v.ok is False]
         if out:
             return Crown(False, f"ruled out by real quality runs: {', '.join(out)}")
@@ -155,11 +182,12 @@ class CarriedVerdicts:
         if unjudged:
             return Crown(False, f"never judged by a real quality run: {', '.join(unjudged)}")
         labels = ", ".join(v.label for v in verdicts)
-        return Crown(True, f"each change passed alone in real quality runs ({labels}), not judged "
-                     "together")
+        return Crown(
+            True, f"each change passed alone in real quality runs ({labels}), not judged together"
+        )
 
     def _whole(self, params: dict[str, Any]) -> Crown | None:
-        """The confirm's verdict on params' whole model from stored runs (None: not enough stored)."""
+        """The confirm's verdict on params' whole model from stored runs (None: too few)."""
         ne, bne = self.eval_ne(params), self.base_ne
         n = min(len(ne), len(bne))
         if n < self.qr.seeds:
@@ -175,6 +203,8 @@ class CarriedVerdicts:
     @property
     def source_note(self) -> str:
         if self.store is None:
-            return ("no quality store: run `make tune` (it keeps runs/quality.db) or pass "
-                    "--quality-store")
+            return (
+                "no quality store: run `make tune` (it keeps runs/quality.db) or pass "
+                "--quality-store"
+            )
         return f"quality store {self.where}"
