@@ -83,3 +83,15 @@ def test_cubic_imports_beside_the_registrys_kernels_package(installed: Path) -> 
     out = subprocess.run([sys.executable, "-c", code], cwd=installed, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{installed / 'other'}"}).stdout.split()
     assert out[0].startswith(str(installed / "other")) and out[1].startswith(str(site)), out
+
+
+def test_every_package_of_the_sources_is_one_the_wheel_lists() -> None:
+    """setuptools installs only the packages pyproject.toml names: a new group left out of that list would
+    run here (editable) and be missing from every installed copy."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    dirs = {"cubic": "cubic", "harness": "cubic_harness", "kernels": "cubic_kernels"}
+    found = {".".join([dirs[p.parts[0]], *p.parts[1:]])
+             for top in dirs for p in (q.parent.relative_to(ROOT) for q in (ROOT / top).rglob("__init__.py"))}
+    assert found <= listed, sorted(found - listed)

@@ -23,6 +23,7 @@ COMMANDS = {
     "calibrate": ("cubic.cli.calibrate", "calibrate"),
     "schema": ("cubic.cli.schema", "schema"),
     "plan": ("cubic.cli.plan", "plan"),
+    "codesign": ("cubic.cli.codesign", "codesign"),
 }
 
 # command groups (a typer app of subcommands each): name -> module holding `app`

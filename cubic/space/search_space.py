@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cubic.space import numerics
+from cubic.space.codesign import CodesignSection
 from cubic.space.conditions import FIELDS, Cond
 from cubic.space.identity import fingerprint, first_difference
 from cubic.space.knobs import SETTABLE, Knob, parse_knob
@@ -80,6 +81,7 @@ def _build(ld: Loader, raw: dict[str, Any], f: SpaceFile,
         confirm_top_k=budget.confirm_top_k, max_concurrent=budget.max_concurrent,
         isolation=budget.isolation, description=str(raw.get("description", "")), target=f.target,
         target_dropped=dropped, lr_scaling=lr_scaling, quality_runs=_quality_runs(ld, raw, f),
+        codesign=_codesign(ld, f, knobs),
     )
     base = space.baseline_params()
     if space.tup(base) != tuple(base.values()):
@@ -89,6 +91,18 @@ def _build(ld: Loader, raw: dict[str, Any], f: SpaceFile,
     if check_choices:
         _check_every_choice_is_used(ld, space)
     return space
+
+
+def _codesign(ld: Loader, f: SpaceFile, knobs: dict[str, Any]) -> CodesignSection | None:
+    """`codesign:` with its knobs layout-only: a co-design study's time to train counts the samples
+    its quality target took at the baseline's numerics, which a numerics knob would change."""
+    if f.codesign is None:
+        return None
+    bad = [k for k in knobs if k in numerics.NUMERICS and k not in numerics.MODEL_NEUTRAL]
+    if bad:
+        raise ld.err(f"knobs.{bad[0]}", "a space with codesign: searches layout knobs only (its time to "
+                     f"train counts samples at the baseline's numerics); numerics knobs: {bad}")
+    return f.codesign
 
 
 def _workload(ld: Loader, raw: dict[str, Any]) -> Workload:

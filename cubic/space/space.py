@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from cubic.space import numerics
+from cubic.space.codesign import CodesignSection
 from cubic.space.knobs import Knob
 from cubic.space.quality_runs import QualityRuns
 from cubic_harness.config import TrialConfig, inert_knobs
@@ -49,6 +50,7 @@ class SearchSpace:
     target_dropped: dict[str, list] = field(default_factory=dict)  # knob -> values it cannot run
     lr_scaling: Any = "none"  # cubic/space/lr_scaling.py: a rule or a {global batch: rates} table
     quality_runs: QualityRuns | None = None  # the confirm's quality runs; None: the in-run NE gate
+    codesign: CodesignSection | None = None  # the clusters a co-design study chooses among
     _cache: dict[tuple, TrialConfig | None] = field(default_factory=dict, repr=False)
     _changes: dict[tuple, frozenset] = field(default_factory=dict, repr=False)
     # cubic.quality.screen's cache
@@ -250,5 +252,6 @@ class SearchSpace:
             "lr_scaling": ({str(k): v for k, v in self.lr_scaling.items()}
                            if isinstance(self.lr_scaling, dict) else self.lr_scaling),
             "quality": self.quality_runs.to_dict() if self.quality_runs else None,
+            **({"codesign": self.codesign.model_dump(by_alias=True)} if self.codesign else {}),
         }
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, create_model
 
+from cubic.space.codesign import CodesignSection
 from cubic.space.lr_scaling import LRS, RULES
 from cubic.space.quality_runs import SCREENS
 from cubic_harness.config import CHOICES, TrialConfig
@@ -127,3 +128,5 @@ class SpaceFile(Strict):
     budget: Budget | None = None
     lr_scaling: Literal[RULES] | dict[PosInt, dict[Literal[LRS], Pos]] = "none"  # type: ignore[valid-type]
     quality: Quality | None = None
+    codesign: CodesignSection | None = Field(None, description="the cluster as knobs of a simulated "
+                                             "study and its objectives (`cubic codesign`)")
