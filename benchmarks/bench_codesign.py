@@ -36,10 +36,10 @@ from rich.console import Console  # noqa: E402
 from rich.progress import track  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cubic.codesign.front import front, plot_front, print_front  # noqa: E402
+from cubic.cli.codesign import study_front  # noqa: E402
+from cubic.codesign.front import plot_front, print_front  # noqa: E402
 from cubic.codesign.study import CodesignStudy, Priced  # noqa: E402
 from cubic.space.search_space import load_space  # noqa: E402
-from cubic.tune.view import short_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
@@ -171,12 +171,7 @@ def main() -> None:
     storage = optuna.storages.RDBStorage(f"sqlite:///{run_dir / 'study.db'}")
     cd = CodesignStudy(sp, storage, seed=0, searcher="proxy", console=con)
     wall = cd.run(args.trials)
-    f = front(
-        cd.study,
-        cd.section.objectives,
-        lambda p: short_config(sp, {k: p[k] for k in sp.knobs}),
-        wall,
-    )
+    f = study_front(cd, wall)
     print_front(con, f)
     plot_front(cd.study, f, DATA / "codesign_front.png")
     out = {

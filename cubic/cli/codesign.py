@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -44,11 +45,10 @@ def codesign(
     import optuna
     from rich.console import Console
 
-    from cubic.codesign.front import front, plot_front, print_front, write_front
+    from cubic.codesign.front import plot_front, print_front, write_front
     from cubic.codesign.study import open_study
     from cubic.space.search_space import load_space
     from cubic.study.store import redact
-    from cubic.tune.view import short_config
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = Console() if sys.stdout.isatty() else Console(width=150)
@@ -63,13 +63,18 @@ def codesign(
     except KeyboardInterrupt:
         print("interrupted: run the same command again to resume", file=sys.stderr)
         raise typer.Exit(130) from None
-    f = front(
-        study.study,
-        study.section.objectives,
-        lambda p: short_config(sp, {k: p[k] for k in sp.knobs}),
-        wall,
-    )
+    f = study_front(study, wall)
     print_front(console, f)
     if rd is not None:
         out = [write_front(f, rd / "front.json"), plot_front(study.study, f, rd / "front.png")]
         console.print("wrote " + ", ".join(str(p) for p in out if p is not None))
+
+
+def study_front(study: Any, wall_s: float | None = None) -> Any:
+    """The study's front, each configuration in the few words a tune's summary uses."""
+    from cubic.codesign.front import front
+    from cubic.tune.view import short_config
+
+    sp = study.space
+    return front(study.study, study.section.objectives,
+                 lambda p: short_config(sp, {k: p[k] for k in sp.knobs}), wall_s)
