@@ -70,7 +70,7 @@ def test_a_whole_model_judged_in_the_store_decides_over_its_changes(judged) -> N
     both = {**base, "emb_precision": "fp16", "dense_precision": "bf16"}
     keep(store, sp, both, [x * 1.0001 for x in BASE_NE])
     c = CarriedVerdicts(sp, store).crown(both)
-    assert c.ok and "its model judged by 3 stored real quality run(s)" in c.reason
+    assert c.ok and "its model passed over 3 stored real quality run(s)" in c.reason
 
 
 def test_what_carries_is_one_table_over_every_numerics_aspect() -> None:

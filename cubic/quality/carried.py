@@ -198,7 +198,7 @@ class CarriedVerdicts:
         if state == Verdict.MORE or j is None:
             return None
         ok = state == Verdict.PASSED
-        return Crown(ok, f"its model judged by {n} stored real quality run(s): {j.reason}")
+        return Crown(ok, f"its model {state} over {n} stored real quality run(s): {j.reason}")
 
     @property
     def source_note(self) -> str:

@@ -81,7 +81,10 @@ class Confirm(Candidates):
     # ------------------------------------------------------------------ the walk
     def run(self) -> list[TrialRecord]:
         ctx, space, view, base = self.ctx, self.ctx.space, self.ctx.view, self.base
-        known_bad = len(self.ranked) - len(self.cands) - (base is not None)
+        known_bad = len(self.ranked) - len(self.cands) - (base is not None) - len(self.uncrowned)
+        if self.uncrowned:
+            view.note(f"confirm: {len(self.uncrowned)} fast configuration(s) not crowned: real quality "
+                      "runs ruled out, or never judged, a numerics change they make")
         if known_bad:
             view.note(f"confirm: {known_bad} fast configuration(s) skipped: " + (
                 "held-out quality checks while searching rejected the model they train"
@@ -92,7 +95,9 @@ class Confirm(Candidates):
         max_screen = min(len(self.cands), SCREEN_FACTOR * k)  # candidates with runs of their own
         if not ctx.policy.judges_quality:
             view.note("confirm: simulated trials: no quality gate (a simulation predicts no model "
-                      "quality; a real tune of the winner judges it)")
+                      "quality; " + ("numerics are crowned only as real quality runs judged them)"
+                                     if ctx.policy.carried is not None else
+                                     "a real tune of the winner judges it)"))
         view.note(f"confirm: baseline + the fastest configurations until {k} pass the quality gate "
                   f"(at most {max_screen} screened), {self.reps} re-measurements each"
                   if max_screen else

@@ -199,7 +199,8 @@ def quality_cell(c: ConfirmedRow) -> str:
     reason = c.quality_reason or ""
     m = EVAL_NE.search(reason)
     if m:  # judged by held-out runs before the confirm (the screen, a check while searching, an early reject)
-        where = " (screen)" if reason.startswith("quality screen") else " (while searching)"
+        where = (" (screen)" if reason.startswith("quality screen") else
+                 " (real runs, carried)" if reason.startswith("simulated: ") else " (while searching)")
         return f"{head}: eval NE {m['diff']}, {m['n']} seed{'s' * (m['n'] != '1')}{where}"
     why = reason.split(" (changes ")[0].split("; ")[0].split(": it cannot win")[0]
     why = why.replace(" (only layout/kernel/pipelining knobs differ)", "")
