@@ -172,3 +172,51 @@ def test_a_codesign_space_searches_layout_knobs_only(tmp_path: Path) -> None:
         ConfigError, match="knobs.emb_precision: a space with codesign: searches layout"
     ):
         load_space(tmp_path / "n.yaml")
+
+
+def test_sites_split_the_nodes_between_data_centers_joined_by_an_interconnect(
+    tmp_path: Path,
+) -> None:
+    """The data-center tier as a knob: 2 sites take the interconnect of a preset that has one; a
+    size whose nodes cannot be split evenly is a trial that fails with that reason."""
+    sp = load_space(small(tmp_path, sites=[1, 2], interconnect_from="h100-16384-4dc"))
+    one = build_choice(sp.codesign, "h100-8", 16, "ib-sharp", 1)
+    two = build_choice(sp.codesign, "h100-8", 16, "ib-sharp", 2)
+    assert one.cluster.datacenters is None and two.cluster.datacenters.count == 2
+    assert two.cluster.datacenters.latency_us == pytest.approx(600.0) and two.label.endswith(
+        "2 sites"
+    )
+    assert "cannot be split evenly" in build_choice(sp.codesign, "h100-8", 8, "ib-sharp", 2).unfit
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    cd = CodesignStudy(sp, storage, seed=0, searcher="random")
+    p = {
+        **sp.baseline_params(),
+        "cluster.node": "h100-8",
+        "cluster.gpus": 16,
+        "cluster.fabric": "ib-sharp",
+    }
+    near, far = cd.price({**p, "cluster.sites": 1}), cd.price({**p, "cluster.sites": 2})
+    assert (
+        far.scores["time_to_train"] > near.scores["time_to_train"]
+    )  # the all-to-all crosses sites
+    bad = cd.price({**p, "cluster.gpus": 8, "cluster.sites": 2})
+    assert bad.status == "error" and "cannot be split evenly" in bad.reason
+    cd.run(12)
+    assert "cluster.sites" in cd.study.get_trials(deepcopy=False)[0].params
+
+
+def test_sites_without_an_interconnect_exit_2_with_one_line(tmp_path: Path) -> None:
+    from cubic.cli.app import app
+
+    res = CliRunner().invoke(
+        app,
+        [
+            "codesign",
+            "--space",
+            str(small(tmp_path, sites=[1, 2])),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+    )
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "needs codesign.interconnect_from" in lines[0]

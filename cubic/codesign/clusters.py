@@ -17,11 +17,8 @@ from cubic.space.codesign import CodesignSection
 from cubic_harness.errors import ConfigError
 from cubic_harness.sim.cluster import Cluster, cluster_from_dict, cluster_mapping, cluster_path
 
-NODE, GPUS, FABRIC = (
-    "cluster.node",
-    "cluster.gpus",
-    "cluster.fabric",
-)  # a study's cluster parameters
+# a study's cluster parameters (SITES only where the section lists more than one site)
+NODE, GPUS, FABRIC, SITES = "cluster.node", "cluster.gpus", "cluster.fabric", "cluster.sites"
 
 
 @dataclass(frozen=True)
@@ -33,10 +30,14 @@ class ClusterChoice:
     fabric: str
     cluster: Cluster
     price_per_gpu_hour: float | None
+    sites: int = 1  # data centers the nodes are split between
+    unfit: str = ""  # why this cluster cannot be built (its trials fail with it); "" where it can
 
     @property
     def label(self) -> str:
-        return f"{self.node} x{self.gpus} {self.fabric}"
+        return f"{self.node} x{self.gpus} {self.fabric}" + (
+            f" {self.sites} sites" if self.sites > 1 else ""
+        )
 
     @property
     def ranks_per_node(self) -> int:
@@ -57,12 +58,18 @@ class ClusterChoice:
             "network_latency_us": c.network.latency_us,
             "in_network_reduction": float(c.network.in_network_reduction),
             "oversubscription": c.network.oversubscription,
+            "sites": float(self.sites),
+            "dci_gbs": c.datacenters.bandwidth_gbs if c.datacenters else c.network.bandwidth_gbs,
         }
 
 
-def build_choice(section: CodesignSection, node: str, gpus: int, fabric: str) -> ClusterChoice:
-    """`node` at `gpus` GPUs on `fabric` (ConfigError, one line, where a file does not load)."""
-    where = f"codesign: {node} x{gpus} {fabric}"
+def build_choice(
+    section: CodesignSection, node: str, gpus: int, fabric: str, sites: int = 1
+) -> ClusterChoice:
+    """`node` at `gpus` GPUs on `fabric`, split between `sites` data centers (ConfigError, one
+    line, where a file does not load). Sites that cannot split the nodes evenly give a choice that
+    says why (`unfit`): a study's trial of it fails with that reason."""
+    where = f"codesign: {node} x{gpus} {fabric}" + (f" {sites} sites" if sites > 1 else "")
     base: dict[str, Any] = dict(cluster_mapping(cluster_path(node)))
     fab = section.fabrics[fabric]
     net = fab.apply(
@@ -79,18 +86,27 @@ def build_choice(section: CodesignSection, node: str, gpus: int, fabric: str) ->
     }
     if section.price_per_gpu_hour.get(node) is not None:
         d["price_per_gpu_hour"] = section.price_per_gpu_hour[node]
-    return ClusterChoice(
-        node, gpus, fabric, cluster_from_dict(d, where), section.price_per_gpu_hour.get(node)
-    )
+    price = section.price_per_gpu_hour.get(node)
+    one_site = cluster_from_dict(d, where)
+    if sites == 1:
+        return ClusterChoice(node, gpus, fabric, one_site, price)
+    if d["nodes"] % sites:
+        why = f"{d['nodes']} node(s) of {node} cannot be split evenly between {sites} sites"
+        return ClusterChoice(node, gpus, fabric, one_site, price, sites, why)
+    dci = dict(cluster_mapping(cluster_path(section.interconnect_from or ""))["datacenters"])
+    d["datacenters"] = {**dci, "count": sites}
+    d["network"] = {k: v for k, v in net.items() if k != "pod_nodes"}  # pods inside a site
+    return ClusterChoice(node, gpus, fabric, cluster_from_dict(d, where), price, sites)
 
 
-def choices(section: CodesignSection) -> dict[tuple[str, int, str], ClusterChoice]:
-    """Every cluster of the section, by (node, gpus, fabric)."""
+def choices(section: CodesignSection) -> dict[tuple[str, int, str, int], ClusterChoice]:
+    """Every cluster of the section, by (node, gpus, fabric, sites)."""
     return {
-        (n, g, f): build_choice(section, n, g, f)
+        (n, g, f, k): build_choice(section, n, g, f, k)
         for n in section.nodes_from
         for g in section.gpus
         for f in section.fabrics
+        for k in section.sites
     }
 
 
@@ -109,3 +125,15 @@ def check(section: CodesignSection, key: str = "codesign") -> None:
                 raise ConfigError(f"{key}.fabrics.{name}.from: {fab.from_!r}: {e}") from None
             if not isinstance(net, dict):
                 raise ConfigError(f"{key}.fabrics.{name}.from: {fab.from_!r} has no network")
+    if section.interconnect_from:
+        try:
+            dcs = cluster_mapping(cluster_path(section.interconnect_from)).get("datacenters")
+        except ConfigError as e:
+            raise ConfigError(
+                f"{key}.interconnect_from: {section.interconnect_from!r}: {e}"
+            ) from None
+        if not isinstance(dcs, dict):
+            raise ConfigError(
+                f"{key}.interconnect_from: {section.interconnect_from!r} has no "
+                "datacenters: (h100-16384-4dc has)"
+            )

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cubic.codesign import clusters as cl
-from cubic.codesign.clusters import FABRIC, GPUS, NODE, ClusterChoice
+from cubic.codesign.clusters import FABRIC, GPUS, NODE, SITES, ClusterChoice
 from cubic.codesign.objectives import directions, scores, values
 from cubic.search.samplers import distributions
 from cubic.space.codesign import CodesignSection
@@ -105,6 +105,11 @@ class CodesignStudy:
             NODE: CategoricalDistribution(list(self.section.nodes_from)),
             GPUS: CategoricalDistribution(list(self.section.gpus)),
             FABRIC: CategoricalDistribution(list(self.section.fabrics)),
+            **(
+                {SITES: CategoricalDistribution(list(self.section.sites))}
+                if self.section.sites != [1]
+                else {}
+            ),
         }
         self.searcher = searcher
         self.study = optuna.create_study(
@@ -134,7 +139,7 @@ class CodesignStudy:
 
     # ------------------------------------------------------------------ one trial
     def choice(self, params: dict[str, Any]) -> ClusterChoice:
-        return self.choices[(params[NODE], params[GPUS], params[FABRIC])]
+        return self.choices[(params[NODE], params[GPUS], params[FABRIC], params.get(SITES, 1))]
 
     def config(self, params: dict[str, Any]) -> TrialConfig:
         """params' configuration on its cluster: all its GPUs, the section's global batch."""
@@ -146,6 +151,8 @@ class CodesignStudy:
 
     def price(self, params: dict[str, Any]) -> Priced:
         ch, cfg = self.choice(params), self.config(params)
+        if ch.unfit:
+            return Priced("error", ch.unfit, {}, "")
         res = simulate(cfg, ch.cluster)
         if res.status != "ok":
             return Priced(res.status, res.error[:300], {}, "")

@@ -102,6 +102,16 @@ class CodesignSection(Strict):
         default_factory=lambda: {"node's own": Fabric()},
         description="named networks; absent: each node's own",
     )
+    sites: Annotated[list[PosInt], Field(min_length=1)] = Field(
+        default_factory=lambda: [1],
+        description="data centers the nodes are split between (the "
+        "tier above the pods); more than 1 needs interconnect_from",
+    )
+    interconnect_from: str | None = Field(
+        None,
+        description="a preset or cluster file whose datacenters: (the interconnect between "
+        "sites: bandwidth, latency, oversubscription) the sites take",
+    )
     price_per_gpu_hour: dict[str, Pos] = Field(
         default_factory=dict,
         description="per entry of nodes_from, what one GPU costs an hour (yours: "
@@ -126,6 +136,11 @@ class CodesignSection(Strict):
                 raise ValueError(
                     f"objective cost needs price_per_gpu_hour for every node: none for {missing}"
                 )
+        if any(k > 1 for k in self.sites) and not self.interconnect_from:
+            raise ValueError(
+                f"sites {self.sites} needs codesign.interconnect_from (a preset with "
+                "datacenters:, e.g. h100-16384-4dc)"
+            )
         if len(set(self.objectives)) != len(self.objectives):
             raise ValueError(f"objectives {self.objectives}: each at most once")
         return self
