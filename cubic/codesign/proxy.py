@@ -53,6 +53,7 @@ class ProxySampler(BaseSampler):
         self.cd = codesign
         self.rng = np.random.default_rng(seed)
         self.random = RandomSampler(seed=seed)
+        self._figures: dict[str, list[float]] = {}  # cluster label -> its figures, as features
         knobs = self.cd.dists
         self.columns = [
             (k, v) for k, d in knobs.items() if not k.startswith("cluster.") for v in d.choices
@@ -84,10 +85,11 @@ class ProxySampler(BaseSampler):
 
     # ------------------------------------------------------------------ features and candidates
     def row(self, params: dict[str, Any]) -> list[float]:
-        fig = self.cd.choice(params).figures()
-        return [float(params.get(k) == v) for k, v in self.columns] + [
-            math.log1p(x) for x in fig.values()
-        ]
+        ch = self.cd.choice(params)
+        fig = self._figures.get(ch.label)
+        if fig is None:  # per cluster, once: every proposal rows hundreds of candidates
+            fig = self._figures[ch.label] = [math.log1p(x) for x in ch.figures().values()]
+        return [float(params.get(k) == v) for k, v in self.columns] + fig
 
     def _candidates(self, space: dict[str, BaseDistribution]) -> list[dict[str, Any]]:
         """Distinct configurations on distinct clusters, never priced, drawn at random."""

@@ -21,6 +21,7 @@ The lifecycle, once:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,8 @@ def section_of(space: SearchSpace) -> CodesignSection:
 
 def plan_summary(res_plan: list[dict[str, Any]]) -> str:
     """The per-table plan in a few words: how many tables of each sharding type."""
-    kinds: dict[str, int] = {}
-    for t in res_plan:
-        kinds[t.get("kind", "?")] = kinds.get(t.get("kind", "?"), 0) + 1
-    return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    kinds = Counter(t.get("kind", "?") for t in res_plan)
+    return ", ".join(f"{n} {k}" for k, n in kinds.most_common())
 
 
 class CodesignStudy:
