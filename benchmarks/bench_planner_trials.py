@@ -8,12 +8,20 @@ alternating inside each round (the machine drifts over minutes; a round shares i
 samples/s and its range, and its ratio to table-wise in the same backend; the simulator's predicted ratio
 beside it (the local cluster; TorchRec's step by the cluster's `torchrec` profile where it has one).
 
-    .venv/bin/python benchmarks/bench_planner_trials.py [--rounds 3] [--workload criteo-mlperf-mini]
+`--workload` is a preset or a workload file (`cubic workload profile`'s output: its tables carry the data's
+own statistics, and the trials draw ids like the sample, `id_source: profile`). `--profile DATA` profiles a
+Criteo-layout sample (columns C1..C26, e.g. DeepCTR's `examples/criteo_sample.txt`, 200 rows of Criteo's
+display-advertising data) into the preset's 26 tables first, in order. Results go to `planner_trials.json`
+for the preset as shipped, else to `planner_trials_<name>.json`.
+
+    .venv/bin/python benchmarks/bench_planner_trials.py [--rounds 3] [--workload criteo-mlperf-mini | FILE.json]
+        [--profile criteo_sample.txt]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -27,11 +35,27 @@ from rich.table import Table  # noqa: E402
 
 from cubic_harness.config import TrialConfig  # noqa: E402
 from cubic_harness.errors import ConfigError  # noqa: E402
+from cubic_harness.profile import profile_data  # noqa: E402
 from cubic_harness.sim.backend import simulate  # noqa: E402
 from cubic_harness.sim.cluster import local_cluster  # noqa: E402
 from cubic_harness.workload import Workload  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "planner_trials.json"
+
+
+def workload(name: str, profile: str | None) -> tuple[Workload, Path]:
+    """A preset by name, else a workload file, with where its results go; profiled from `profile` if given."""
+    if profile:
+        wl = Workload.preset(name)
+        fed = dataclasses.replace(wl, tables=[dataclasses.replace(t, features=[f"C{i + 1}"])
+                                              for i, t in enumerate(wl.tables)])
+        wl = profile_data(Path(profile), fed, batch_sizes=(1024,))
+        return wl, DATA.with_name(f"planner_trials_{name}_{Path(profile).stem}.json")
+    if name.endswith(".json"):
+        wl, _ = Workload.from_json_file(Path(name))
+        return wl, DATA.with_name(f"planner_trials_{Path(name).stem}.json")
+    out = DATA if name == "criteo-mlperf-mini" else DATA.with_name(f"planner_trials_{name}.json")
+    return Workload.preset(name), out
 SHARDINGS = ("table_wise", "plan", "torchrec_planner")
 
 
@@ -51,11 +75,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workload", default="criteo-mlperf-mini")
+    ap.add_argument("--profile", default=None, help="a Criteo-layout sample (C1..C26) to profile the preset from")
     args = ap.parse_args()
     from cubic_harness.torchrec_trial import run_torchrec
     from cubic_harness.trial import run_trial
 
-    base = TrialConfig(workload=Workload.preset(args.workload), world_size=2, batch_size=1024, kernel="fbgemm",
+    wl, out = workload(args.workload, args.profile)
+    base = TrialConfig(workload=wl, world_size=2, batch_size=1024, kernel="fbgemm",
                        warmup_steps=5, measure_steps=20, windows=4, timeout_s=600)
     runs = {"harness": run_trial, "torchrec": run_torchrec}
     got: dict[tuple[str, str], list[float]] = {}
@@ -94,9 +120,10 @@ def main() -> None:
             rows.append({"backend": backend, "sharding": sh, "qps": q, "median": med, "x_table_wise": ratio,
                          "predicted_x_table_wise": pred_ratio, "kinds": kinds})
     con.print(tab)
-    DATA.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "workload": args.workload, "rows": rows},
-                               indent=1))
-    con.print(f"wrote {DATA}")
+    meta = {"date": time.strftime("%Y-%m-%d"), "workload": args.workload, "id_source": wl.id_source,
+            "data": wl.data.source if wl.data else None, "sample_rows": wl.data.sample_rows if wl.data else None}
+    out.write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    con.print(f"wrote {out}")
 
 
 if __name__ == "__main__":

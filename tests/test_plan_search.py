@@ -247,6 +247,20 @@ def test_plan_keeps_every_tables_constraints_and_beats_every_rival_that_keeps_th
         assert mine <= cost.step_ms(cfg, rival) * (1 + 1e-9), name
 
 
+def test_a_table_row_wise_table_held_to_one_node_lands_on_that_node():
+    """Table-row-wise takes the least-loaded node among those whose ranks the table may use: a table allowed
+    only node 1's ranks of a 2-node group is row-split across exactly node 1, and an unconstrained twin
+    goes to the node its sibling leaves free."""
+    tables = [TableSpec("held", 400_000, 64, 20, ranks=list(range(8, 16)), sharding_types=["table_row_wise"]),
+              TableSpec("free", 400_000, 64, 20, sharding_types=["table_row_wise"])]
+    wl = dataclasses.replace(Workload.small(), name="held", tables=tables)
+    cfg = gpu_cfg(wl, 16)
+    plan = make_plan(cfg, TableCosts(load_cluster(shipped_cluster("h100-64.yaml"))))
+    ranks = {tp.name: sorted({s.rank for s in tp.shards}) for tp in plan.tables}
+    assert ranks == {"held": list(range(8, 16)), "free": list(range(8))}
+    assert check_constraints(cfg, plan) is plan
+
+
 def test_a_plan_that_breaks_a_tables_constraint_is_refused_in_one_line():
     wl = dataclasses.replace(Workload.small(), tables=[TableSpec("hot", 1000, 64, 5, sharding_types=["row_wise"]),
                                                         TableSpec("cold", 1000, 64, 1, ranks=[1])])

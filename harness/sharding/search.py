@@ -378,15 +378,27 @@ class _Search:
         elif option.kind == "row_wise":
             part = self.pricer.fixed(i, option, tuple(range(G)))
         elif option.kind == "table_row_wise":
-            load = loads.pressure()
-            nodes = [ps for ps in self.nodes if not t.ranks or set(ps) <= set(t.ranks)]
-            node = min(nodes, key=lambda ps: (float(load[list(ps)].max()), ps[0]))
+            node = self._least_loaded_node(loads.pressure(), t.ranks)
+            if node is None:
+                return None
             part = self.pricer.fixed(i, option, node)
         elif i in self.together:
             return self._place_together(loads, i, option)
         else:
             return self._place_free(loads, i, option, t)
         return part if loads.fits(part) else None
+
+    def _least_loaded_node(self, load: np.ndarray, ranks: Sequence[int]) -> tuple[int, ...] | None:
+        """The node (of those whose ranks the table may use) whose busiest position is least loaded, ties
+        to the lower node: one reduction over the (nodes, ranks per node) grid, as a thousand-rank group
+        asks this of every table-row-wise option."""
+        busiest = load[: len(self.nodes) * self.rpn].reshape(len(self.nodes), self.rpn).max(axis=1)
+        if ranks:
+            allowed = set(ranks)
+            busiest = np.where([set(ps) <= allowed for ps in self.nodes], busiest, np.inf)
+            if not np.isfinite(busiest).any():
+                return None  # no whole node among the table's ranks
+        return self.nodes[int(np.argmin(busiest))]
 
     def _place_together(self, loads: _Loads, i: int, option: Option) -> _Part | None:
         """A table kept with others: on the position one of them already holds, else (the group's first)
