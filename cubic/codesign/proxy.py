@@ -4,8 +4,9 @@ figures.
 Why: a study of 60 clusters x the space's knobs cannot price every pair at 256 GPUs (a per-table
 plan there takes a second), and a searcher that treats `cluster.node` as a name learns nothing about
 a node it has priced less. The proxy's features are the knobs (one-hot) and the cluster's figures
-(`ClusterChoice.figures`: GPUs, memory and copy bandwidth, FLOP/s, NVLink and NIC bandwidth and
-latency, in-network reduction), so what it learns on H100 at 64 GPUs carries to H200 at 128.
+(`ClusterChoice.figures`: GPUs, the NVLink domain as composed, memory and copy bandwidth, FLOP/s,
+NVLink and NIC bandwidth and latency, in-network reduction), so what it learns on H100 at 64 GPUs
+carries to H200 at 128, and on an 8-GPU domain to a 64-GPU one.
 
 Each proposal is ParEGO's: a random weight over the objectives (each scaled to [0, 1] over what was
 priced, in log space), an augmented Tchebycheff scalarisation of the proxies' optimistic prediction

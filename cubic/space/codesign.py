@@ -6,6 +6,8 @@ not the one for 256). The section lists the clusters a study may choose among, e
 
 - a node (`nodes_from`: a shipped preset or a cluster file, e.g. `h100-8`, `gb200-nvl72`);
 - a size in GPUs (`gpus`), the node count following from the node's devices;
+- optionally an NVLink domain (`nvlink_domains`: `node`, the node's own, or GPUs that share its
+  NVLink, an NVLink Switch System's; the node count then follows from the domain);
 - a fabric (`fabrics`: named; each a preset whose network it takes, plus what differs: bandwidth,
   latency, oversubscription, in-network reduction);
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from cubic_harness.schema import Strict
 
@@ -34,6 +36,20 @@ OBJECTIVES: dict[str, tuple[str, str]] = {
     "memory_headroom": ("maximize", "fraction of device memory left"),
 }
 Objective = Literal[tuple(OBJECTIVES)]  # type: ignore[valid-type]
+
+
+def _domains(v: Any) -> Any:
+    """Each NVLink domain is `node` or a GPU count, said in one line naming the value (a union's
+    members would each complain, under pydantic's names for them)."""
+    for x in v if isinstance(v, list) else []:
+        if x != "node" and (type(x) is not int or x < 1):
+            raise ValueError(
+                f"{x!r} is not an NVLink domain: node (the node's own) or a number of GPUs >= 1"
+            )
+    return v
+
+
+Domains = Annotated[list[PosInt | Literal["node"]], Field(min_length=1), BeforeValidator(_domains)]
 
 
 class TimeToTrain(Strict):
@@ -106,6 +122,12 @@ class CodesignSection(Strict):
         default_factory=lambda: [1],
         description="data centers the nodes are split between (the "
         "tier above the pods); more than 1 needs interconnect_from",
+    )
+    nvlink_domains: Domains | None = Field(
+        None,
+        description="GPUs that share the node's NVLink (an NVLink Switch System's domain), "
+        "each at least the node's own; node: the node's own. Absent: each node's own, and no "
+        "cluster.nvlink_domain parameter",
     )
     interconnect_from: str | None = Field(
         None,
