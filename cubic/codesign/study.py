@@ -7,7 +7,8 @@ The lifecycle, once:
    objective has its data) before the store is written; bad input is one line.
 2. An Optuna multi-objective study in the run directory's store (resumed where it stands) asks for
    the next trial: the space's knobs plus `cluster.node`, `cluster.gpus`, `cluster.fabric`
-   (`cubic.codesign.clusters`). The searcher is Optuna's NSGA-II, or the proxy
+   (and `cluster.sites`, `cluster.nvlink_domain` where the section lists them;
+   `cubic.codesign.clusters`). The searcher is Optuna's NSGA-II, or the proxy
    (`cubic.codesign.proxy`), which learns across clusters from their figures.
 3. The trial's configuration runs the cluster's GPUs at the section's global batch; the simulator
    prices it with the per-table plan its `sharding` knob names. Its scores
@@ -33,11 +34,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cubic.codesign import clusters as cl
-from cubic.codesign.clusters import FABRIC, GPUS, NODE, SITES, ClusterChoice
+from cubic.codesign.clusters import FABRIC, GPUS, NODE, NVLINK, SITES, ClusterChoice
 from cubic.codesign.objectives import directions, scores, values
 from cubic.search.samplers import distributions
 from cubic.space.codesign import CodesignSection
 from cubic.space.search_space import SearchSpace
+from cubic.tune.view import short_config
 from cubic_harness.config import TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sim.backend import simulate
@@ -109,6 +111,11 @@ class CodesignStudy:
                 if self.section.sites != [1]
                 else {}
             ),
+            **(
+                {NVLINK: CategoricalDistribution(list(self.section.nvlink_domains))}
+                if self.section.nvlink_domains is not None
+                else {}
+            ),
         }
         self.searcher = searcher
         self.study = optuna.create_study(
@@ -118,6 +125,8 @@ class CodesignStudy:
             directions=directions(self.section),
             sampler=self._sampler(seed),
         )
+        # what `cubic report` needs to show the front without the space: the objectives' names
+        self.study.set_user_attr("codesign", {"objectives": list(self.section.objectives)})
         self.priced: dict[
             tuple[str, str], int
         ] = {}  # (cluster, config key) -> the trial that priced it
@@ -138,7 +147,9 @@ class CodesignStudy:
 
     # ------------------------------------------------------------------ one trial
     def choice(self, params: dict[str, Any]) -> ClusterChoice:
-        return self.choices[(params[NODE], params[GPUS], params[FABRIC], params.get(SITES, 1))]
+        return self.choices[
+            (params[NODE], params[GPUS], params[FABRIC], params.get(SITES, 1), params.get(NVLINK))
+        ]
 
     def config(self, params: dict[str, Any]) -> TrialConfig:
         """params' configuration on its cluster: all its GPUs, the section's global batch."""
@@ -169,6 +180,8 @@ class CodesignStudy:
         key = (ch.label, cfg.key())
         t.set_user_attr("cluster", ch.label)
         t.set_user_attr("key", cfg.key())
+        knobs = {k: params[k] for k in self.space.knobs}
+        t.set_user_attr("config", short_config(self.space, knobs))  # as the front shows it
         t.set_user_attr("global_batch", cfg.global_batch)
         t.set_user_attr("figures", ch.figures())
         same = self.priced.get(key)

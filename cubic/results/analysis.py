@@ -81,9 +81,20 @@ def open_store(run_dir_or_storage_url: str | Path, study: str | None = None) -> 
     return optuna.load_study(study_name=study, storage=storage), storage
 
 
+def one_objective(st: optuna.Study, where: str) -> optuna.Study:
+    """`st`, or ConfigError where it is a co-design study: several objectives have a front, not one winner
+    to rank, export or verify (`cubic report` shows its front). `where`: the store as it may be shown."""
+    if len(st.directions) > 1:
+        raise ConfigError(f"{where}: study {st.study_name!r} is a co-design study "
+                          f"({len(st.directions)} objectives: a front, not one winner); `cubic report` shows "
+                          "its front, and `cubic trial --backend sim --cluster FILE` prices one of its points")
+    return st
+
+
 def records(run_dir_or_storage_url: str | Path, study: str | None = None) -> list[TrialRecord]:
     """Every trial of a stored study as its `TrialRecord` (Optuna's trial and cubic's findings)."""
     st, storage = open_store(run_dir_or_storage_url, study)
+    one_objective(st, safe_url(storage_url(run_dir_or_storage_url)))
     return record.load(storage.engine, st.study_name, st.get_trials(deepcopy=False))
 
 
@@ -200,6 +211,7 @@ def study_frame(st: optuna.Study, storage: Any, label: str = "",
                 records: list[TrialRecord] | None = None) -> pd.DataFrame:
     """load_study for an already opened study and its storage; `label`: the storage as it may be shown;
     `records`: the study's records where the caller has read them already (export reads the store once)."""
+    one_objective(st, label or st.study_name)
     trials = st.get_trials(deepcopy=False)
     knobs = _knob_names(st, trials)
     recs = records if records is not None else record.load(storage.engine, st.study_name, trials)
