@@ -320,6 +320,51 @@ def test_configurations_that_train_the_same_model_share_one_numerics_key() -> No
     assert s.numerics_key({**a, "sharding": "column_wise"}) == s.numerics_key(a)
 
 
+def _without_layout(space_text: str) -> str:
+    """The default space's text with no `quality.layout` line (the tests set their own)."""
+    return "".join(ln for ln in space_text.splitlines(keepends=True) if not ln.startswith("  layout:"))
+
+
+def test_a_quality_layout_trains_every_model_in_its_layout_and_keeps_what_changes_the_model(
+        tmp_path: Path) -> None:
+    """`quality.layout`: each quality run takes the layout's kernel and model-neutral knobs (where the
+    model stays the same), instead of the baseline's; without one, the baseline's, and the kernel as given."""
+    text = _without_layout((ROOT / "search_spaces" / "dlrm_cpu.yaml").read_text())
+    (tmp_path / "plain.yaml").write_text(text)
+    plain = load_space(tmp_path / "plain.yaml")
+    (tmp_path / "s.yaml").write_text(text.replace(
+        "  screen: on_demand\n", "  screen: on_demand\n  layout: {kernel: native, pipeline_depth: 1}\n"))
+    s = load_space(tmp_path / "s.yaml")
+    assert s.quality_runs.layout == {"kernel": "native", "pipeline_depth": 1}
+    b = s.baseline_params()
+    fast = {**b, "emb_precision": "fp16", "kernel": "fbgemm", "pipeline_depth": 2, "sharding": "size_greedy"}
+    got = s.model_params(fast)
+    assert (got["kernel"], got["pipeline_depth"], got["sharding"]) == ("native", 1, b["sharding"])
+    assert got["emb_precision"] == "fp16" and s.numerics_key(got) == s.numerics_key(fast)
+    assert s.model_params(b)["kernel"] == "native"  # the baseline's own runs too: pairs share the layout
+    # column shards are another model under row-wise AdaGrad: kept, while the kernel still moves
+    col = s.model_params({**b, "sharding": "column_wise"})
+    assert (col["sharding"], col["kernel"]) == ("column_wise", "native")
+    # no layout: the baseline's layout, and each configuration's own kernel
+    old = plain.model_params(fast)
+    assert (old["kernel"], old["pipeline_depth"], old["sharding"]) == ("fbgemm", 0, b["sharding"])
+
+
+@pytest.mark.parametrize("layout, key, says", [
+    ("{emb_precision: fp16}", "quality.layout.emb_precision", "not a model-neutral knob"),
+    ("{comm_overlap: forward}", "quality.layout.comm_overlap", "not a knob of this space"),
+    ("{kernel: cuda}", "quality.layout.kernel", "choose one of"),
+])
+def test_a_bad_quality_layout_is_one_line_naming_the_key(tmp_path: Path, layout: str, key: str,
+                                                         says: str) -> None:
+    text = _without_layout((ROOT / "search_spaces" / "dlrm_cpu.yaml").read_text())
+    (tmp_path / "s.yaml").write_text(text.replace("  screen: on_demand\n",
+                                                  f"  screen: on_demand\n  layout: {layout}\n"))
+    with pytest.raises(ConfigError, match=key) as e:
+        load_space(tmp_path / "s.yaml")
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
 def test_a_candidate_far_past_the_tolerance_is_rejected_before_its_remaining_seeds() -> None:
     from types import SimpleNamespace
 

@@ -53,6 +53,12 @@ NUMERICS: dict[str, Aspect] = {
 #: otherwise for a value (column-wise shards keep their own optimizer state): a quality run of a
 #: configuration resets them to the baseline's where the aspects stay equal (`SearchSpace.model_params`).
 MODEL_NEUTRAL = ("pipeline_depth", "comm_overlap", "threads_per_rank", "sharding")
+#: What a space's `quality.layout` may set for its quality runs instead of the baseline's values: the
+#: model-neutral knobs and the kernel. Every kernel computes FBGEMM's math (kernels/base.py: the same
+#: optimizers, reduced-precision rows rounded to nearest; each checked against float64), so the kernel is
+#: neutral too; it is reset only where a layout names it, as a kernel is most of a quality run's speed
+#: (on 2 CPU ranks `native` trains the baseline's model 2x as fast as `fbgemm`).
+LAYOUT_KNOBS = (*MODEL_NEUTRAL, "kernel")
 
 
 def aspect(knob: str) -> Aspect:

@@ -43,6 +43,9 @@ class QualityRuns:
     screen: str = UPFRONT  # when each numerics change is judged alone (SCREENS; cubic/quality/screen.py)
     confidence: float = 0.9  # two-sided, of the mean paired difference; the verdict needs it on one side
     max_seeds: int = 6  # the sequential verdict's seed budget per candidate (and the baseline)
+    # the model-neutral knobs' values every quality run takes instead of the baseline's
+    # (`numerics.LAYOUT_KNOBS`, `SearchSpace.model_params`): the fastest way to train the same model
+    layout: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def config(self, cfg: TrialConfig, seed: int) -> TrialConfig:
         """`cfg` as a quality run: the budget's steps on a stream that does not repeat within it, one

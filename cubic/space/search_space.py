@@ -80,7 +80,7 @@ def _build(ld: Loader, raw: dict[str, Any], f: SpaceFile,
         repeats=(f.trial or TrialSection()).repeats, budget=budget.trials,
         confirm_top_k=budget.confirm_top_k, max_concurrent=budget.max_concurrent,
         isolation=budget.isolation, description=str(raw.get("description", "")), target=f.target,
-        target_dropped=dropped, lr_scaling=lr_scaling, quality_runs=_quality_runs(ld, raw, f),
+        target_dropped=dropped, lr_scaling=lr_scaling, quality_runs=_quality_runs(ld, raw, f, knobs),
         codesign=_codesign(ld, f, knobs),
     )
     base = space.baseline_params()
@@ -205,12 +205,22 @@ def _lr_scaling(ld: Loader, raw: dict[str, Any]) -> Any:
         raise ld.err("lr_scaling", str(e).removeprefix("lr_scaling: ")) from None
 
 
-def _quality_runs(ld: Loader, raw: dict[str, Any], f: SpaceFile) -> QualityRuns | None:
+def _quality_runs(ld: Loader, raw: dict[str, Any], f: SpaceFile,
+                  knobs: dict[str, Any]) -> QualityRuns | None:
     """`quality:` as the confirm's quality runs; None (the in-run NE gate) where the file has
-    none."""
+    none. Its `layout` names model-neutral knobs of the space, each at one of its values."""
     if raw.get("quality") is None:
         return None
     given = {k: v for k, v in f.quality.model_dump().items() if v is not None}  # the rest: defaults
+    for k, v in given.get("layout", {}).items():
+        if k not in numerics.LAYOUT_KNOBS:
+            raise ld.err(f"quality.layout.{k}", "not a model-neutral knob; choose from "
+                         f"{list(numerics.LAYOUT_KNOBS)}")
+        if k not in knobs:
+            raise ld.err(f"quality.layout.{k}", "not a knob of this space; a quality run keeps the "
+                         "baseline's value of a fixed setting")
+        if v not in knobs[k].choices:
+            raise ld.err(f"quality.layout.{k}", f"{v!r}; choose one of {list(knobs[k].choices)}")
     if isinstance(given.get("screen"), bool):
         given["screen"] = UPFRONT if given["screen"] else OFF
     seeds = given.get("seeds", QualityRuns.seeds)

@@ -196,13 +196,16 @@ class SearchSpace:
         return numerics.key(self.config(params), self.quality_knobs)
 
     def model_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The params a quality run of params' model trains: each of `MODEL_NEUTRAL` set back to the
-        baseline's value where that keeps the same `numerics_key`. Configurations that train the
-        same model then run one config, so one's runs answer the others' from the quality store
-        (`cubic.quality.store`) seed by seed. Only knobs that change where and when the same math
-        runs are reset, never a kernel or a precision."""
-        key, base, out = self.numerics_key(params), self.baseline_params(), dict(params)
-        for k in numerics.MODEL_NEUTRAL:
+        """The params a quality run of params' model trains: each of `MODEL_NEUTRAL` set to the
+        quality layout's value (the space's `quality.layout`, else the baseline's), and the kernel
+        where the layout names one, wherever that keeps the same `numerics_key`. Configurations that
+        train the same model then run one config, so one's runs answer the others' from the quality
+        store (`cubic.quality.store`) seed by seed. Only knobs that change where and when the same
+        math runs are reset (`numerics.LAYOUT_KNOBS`), never a precision."""
+        layout = self.quality_runs.layout if self.quality_runs else {}
+        key, out = self.numerics_key(params), dict(params)
+        base = {**self.baseline_params(), **layout}
+        for k in (*numerics.MODEL_NEUTRAL, *(k for k in layout if k not in numerics.MODEL_NEUTRAL)):
             if k in out and out[k] != base[k]:
                 other = self.canonical({**out, k: base[k]})
                 try:

@@ -18,6 +18,7 @@ from pydantic import BeforeValidator, Field, create_model
 
 from cubic.space.codesign import CodesignSection
 from cubic.space.lr_scaling import LRS, RULES
+from cubic.space.numerics import LAYOUT_KNOBS
 from cubic.space.quality_runs import SCREENS
 from cubic_harness.config import CHOICES, TrialConfig
 from cubic_harness.schema import Strict
@@ -109,6 +110,9 @@ class Quality(Strict):
     screen: bool | Literal[SCREENS] | None = None  # type: ignore[valid-type]  # true: upfront, false: off
     confidence: Annotated[float, Field(ge=0.5, lt=1)] | None = None
     max_seeds: PosInt | None = None
+    layout: dict[str, Any] | None = Field(
+        None, description=f"model-neutral knobs ({', '.join(LAYOUT_KNOBS)}) and the values every quality "
+        "run takes instead of the baseline's: the same model, trained faster")
 
 
 class SpaceFile(Strict):

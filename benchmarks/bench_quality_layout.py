@@ -1,0 +1,99 @@
+"""Does a quality layout train the same model, and how much sooner? `quality.layout` (a space's
+model-neutral knobs for its quality runs, `cubic.space.numerics.LAYOUT_KNOBS`) against the baseline's.
+
+For each model (the default space's baseline, and its fp16/bf16 stack), the quality run `make tune`
+trains (1M samples, 64k held out; `QualityRuns.config`) is run in the baseline's layout and in the
+space's quality layout, alternating within each seed. Reported per model: the paired eval NE
+difference per seed (the layout's verdict must not move: well inside the gate's 0.10% tolerance) and
+the median wall seconds of each layout with their ratio.
+
+    .venv/bin/python benchmarks/bench_quality_layout.py [--seeds 3] [--layout kernel=native]
+        -> benchmarks/data/quality_layout.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from cubic.space.search_space import load_space  # noqa: E402
+from cubic_harness.trial import run_trial  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "quality_layout.json"
+SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "dlrm_cpu.yaml"
+MODELS = {  # name -> the numerics over the baseline's
+    "baseline (fp32)": {},
+    "fp16 tables, bf16 dense, fp16 comm": {
+        "emb_precision": "fp16", "dense_precision": "bf16", "comm_precision": "fp16"},
+}
+
+
+def parse_layout(items: list[str]) -> dict[str, str | int]:
+    out: dict[str, str | int] = {}
+    for item in items:
+        k, _, v = item.partition("=")
+        out[k] = int(v) if v.isdigit() else v
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--layout", nargs="*", default=None,
+                    help="KNOB=VALUE... (default: the space's quality.layout)")
+    args = ap.parse_args()
+    space = load_space(SPACE)
+    qr = space.quality_runs
+    layout = parse_layout(args.layout) if args.layout is not None else dict(qr.layout)
+    if not layout:
+        sys.exit("the space has no quality.layout; give --layout KNOB=VALUE")
+    base = space.baseline_params()
+    con = Console(width=140)
+    rows = []
+    for name, numerics in MODELS.items():
+        runs: dict[str, list[tuple[float, float]]] = {"baseline layout": [], "quality layout": []}
+        for seed in range(args.seeds):
+            for label, over in (("baseline layout", {}), ("quality layout", layout)):
+                cfg = qr.config(space.config({**base, **numerics, **over}), seed)
+                t0 = time.perf_counter()
+                res = run_trial(cfg)
+                wall = time.perf_counter() - t0
+                if res.status != "ok":
+                    sys.exit(f"{name} {label} seed {seed}: {res.status} {res.error}")
+                ne = float(res.extra["eval_ne"])
+                runs[label].append((ne, wall))
+                con.print(f"{name} | {label} seed {seed}: eval NE {ne:.5f}, {wall:.1f} s", highlight=False)
+        diffs = [(q[0] - b[0]) / b[0] for b, q in zip(runs["baseline layout"], runs["quality layout"],
+                                                        strict=True)]
+        walls = {k: statistics.median(w for _, w in v) for k, v in runs.items()}
+        rows.append({"model": name, "numerics": numerics, "layout": layout,
+                     "eval_ne": {k: [ne for ne, _ in v] for k, v in runs.items()},
+                     "wall_s": {k: [w for _, w in v] for k, v in runs.items()},
+                     "paired_diff": diffs, "median_wall_s": walls,
+                     "speedup": walls["baseline layout"] / walls["quality layout"]})
+    tab = Table(title=f"quality runs in the layout {layout} vs the baseline's ({args.seeds} seeds)")
+    for col in ("model", "eval NE diff per seed", "max |diff|", "baseline layout", "quality layout",
+                "x sooner"):
+        tab.add_column(col, justify="right")
+    for r in rows:
+        tab.add_row(r["model"], ", ".join(f"{d:+.4%}" for d in r["paired_diff"]),
+                    f"{max(abs(d) for d in r['paired_diff']):.4%}",
+                    f"{r['median_wall_s']['baseline layout']:.1f} s",
+                    f"{r['median_wall_s']['quality layout']:.1f} s", f"{r['speedup']:.2f}x")
+    con.print(tab)
+    DATA.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "tolerance": qr.tolerance,
+                                "rows": rows}, indent=1))
+    con.print(f"wrote {DATA}")
+
+
+if __name__ == "__main__":
+    main()
