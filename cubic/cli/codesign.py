@@ -55,7 +55,10 @@ def codesign(
     try:
         sp = load_space(space)
         rd = run_dir if run_dir is not None or storage else Path("runs") / f"{sp.name}-codesign"
-        study = open_study(sp, rd, storage, seed, searcher, console)
+        from cubic.tune.view import short_config
+
+        study = open_study(sp, rd, storage, seed, searcher, console,
+                           describe=lambda knobs: short_config(sp, knobs))
         wall = study.run(trials)
     except ConfigError as e:
         print(f"error: {redact(' '.join(str(e).split()), storage)}", file=sys.stderr)

@@ -22,7 +22,8 @@ def report(
     report with the notebook's plots; of a co-design study, its front, knee and time-to-train-vs-cost plot."""
     from rich.console import Console
 
-    from cubic.results import analysis, codesign_report
+    from cubic.codesign import report as codesign_report
+    from cubic.results import analysis
     from cubic.results import report as rep
 
     if output is None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,6 @@ from cubic.codesign.objectives import directions, scores, values
 from cubic.search.samplers import distributions
 from cubic.space.codesign import CodesignSection
 from cubic.space.search_space import SearchSpace
-from cubic.tune.view import short_config
 from cubic_harness.config import TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sim.backend import simulate
@@ -95,12 +95,16 @@ class CodesignStudy:
         seed: int = 0,
         searcher: str = "nsga2",
         console: Console | None = None,
+        describe: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
+        """`describe`: a configuration's knobs in the words the front prints (`cubic codesign` passes the
+        tuner's short form), stored on each trial so `cubic report` can show it without the space."""
         if searcher not in SEARCHERS:
             raise ConfigError(f"--searcher {searcher!r}: choose one of {list(SEARCHERS)}")
         self.space, self.section = space, section_of(space)
         self.choices = cl.choices(self.section)
         self.console = console or Console()
+        self.describe = describe
         self.dists = {
             **distributions(space),
             NODE: CategoricalDistribution(list(self.section.nodes_from)),
@@ -180,8 +184,8 @@ class CodesignStudy:
         key = (ch.label, cfg.key())
         t.set_user_attr("cluster", ch.label)
         t.set_user_attr("key", cfg.key())
-        knobs = {k: params[k] for k in self.space.knobs}
-        t.set_user_attr("config", short_config(self.space, knobs))  # as the front shows it
+        if self.describe is not None:  # as the front shows it
+            t.set_user_attr("config", self.describe({k: params[k] for k in self.space.knobs}))
         t.set_user_attr("global_batch", cfg.global_batch)
         t.set_user_attr("figures", ch.figures())
         same = self.priced.get(key)
@@ -235,6 +239,7 @@ def open_study(
     seed: int,
     searcher: str,
     console: Console,
+    describe: Callable[[dict[str, Any]], str] | None = None,
 ) -> CodesignStudy:
     """The study in `storage` (a URL) or RUN_DIR/study.db, checked before anything is written."""
     from cubic.study.store import check_run_dir, open_storage, storage_url
@@ -245,4 +250,4 @@ def open_study(
         run_dir.mkdir(parents=True, exist_ok=True)
     url = storage or storage_url(run_dir, must_exist=False)
     rdb = open_storage(url, None if storage else f"--run-dir {run_dir}")
-    return CodesignStudy(space, rdb, seed=seed, searcher=searcher, console=console)
+    return CodesignStudy(space, rdb, seed=seed, searcher=searcher, console=console, describe=describe)
