@@ -1,5 +1,6 @@
 """Does a quality layout train the same model, and how much sooner? `quality.layout` (a space's
-model-neutral knobs for its quality runs, `cubic.space.numerics.LAYOUT_KNOBS`) against the baseline's.
+model-neutral knobs for its quality runs, `cubic.space.numerics.LAYOUT_KNOBS`) against the
+baseline's.
 
 For each model (the default space's baseline, and its fp16/bf16 stack), the quality run `make tune`
 trains (1M samples, 64k held out; `QualityRuns.config`) is run in the baseline's layout and in the
@@ -8,7 +9,7 @@ difference per seed (the layout's verdict must not move: well inside the gate's 
 the median wall seconds of each layout with their ratio.
 
     .venv/bin/python benchmarks/bench_quality_layout.py [--seeds 3] [--layout kernel=native]
-        -> benchmarks/data/quality_layout.json
+        -> benchmarks/data/quality_layout.json   (--more: seeds after its own; --show: its tables)
 """
 
 from __future__ import annotations
@@ -45,42 +46,12 @@ def parse_layout(items: list[str]) -> dict[str, str | int]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--layout", nargs="*", default=None,
-                    help="KNOB=VALUE... (default: the space's quality.layout)")
-    args = ap.parse_args()
-    space = load_space(SPACE)
-    qr = space.quality_runs
-    layout = parse_layout(args.layout) if args.layout is not None else dict(qr.layout)
-    if not layout:
-        sys.exit("the space has no quality.layout; give --layout KNOB=VALUE")
-    base = space.baseline_params()
-    con = Console(width=140)
-    rows = []
-    for name, numerics in MODELS.items():
-        runs: dict[str, list[tuple[float, float]]] = {"baseline layout": [], "quality layout": []}
-        for seed in range(args.seeds):
-            for label, over in (("baseline layout", {}), ("quality layout", layout)):
-                cfg = qr.config(space.config({**base, **numerics, **over}), seed)
-                t0 = time.perf_counter()
-                res = run_trial(cfg)
-                wall = time.perf_counter() - t0
-                if res.status != "ok":
-                    sys.exit(f"{name} {label} seed {seed}: {res.status} {res.error}")
-                ne = float(res.extra["eval_ne"])
-                runs[label].append((ne, wall))
-                con.print(f"{name} | {label} seed {seed}: eval NE {ne:.5f}, {wall:.1f} s", highlight=False)
-        diffs = [(q[0] - b[0]) / b[0] for b, q in zip(runs["baseline layout"], runs["quality layout"],
-                                                        strict=True)]
-        walls = {k: statistics.median(w for _, w in v) for k, v in runs.items()}
-        rows.append({"model": name, "numerics": numerics, "layout": layout,
-                     "eval_ne": {k: [ne for ne, _ in v] for k, v in runs.items()},
-                     "wall_s": {k: [w for _, w in v] for k, v in runs.items()},
-                     "paired_diff": diffs, "median_wall_s": walls,
-                     "speedup": walls["baseline layout"] / walls["quality layout"]})
-    tab = Table(title=f"quality runs in the layout {layout} vs the baseline's ({args.seeds} seeds)")
+def show(data: dict, con: Console) -> None:
+    """The layout's cost to each model's eval NE, its seconds saved, and the verdict it leaves
+    alone: each model's paired difference from the baseline model, in either layout."""
+    rows, layout = data["rows"], data["rows"][0]["layout"]
+    seeds = len(rows[0]["paired_diff"])
+    tab = Table(title=f"quality runs in the layout {layout} vs the baseline's ({seeds} seeds)")
     for col in ("model", "eval NE diff per seed", "max |diff|", "baseline layout", "quality layout",
                 "x sooner"):
         tab.add_column(col, justify="right")
@@ -90,8 +61,71 @@ def main() -> None:
                     f"{r['median_wall_s']['baseline layout']:.1f} s",
                     f"{r['median_wall_s']['quality layout']:.1f} s", f"{r['speedup']:.2f}x")
     con.print(tab)
+    verdict = Table(title=f"the gate's paired difference from {rows[0]['model']} "
+                          f"(tolerance {data['tolerance']:.2%}), in either layout")
+    for col in ("model", "baseline layout: mean (per seed)", "quality layout: mean (per seed)"):
+        verdict.add_column(col, justify="right")
+    for r in rows[1:]:
+        cells = []
+        for lay in ("baseline layout", "quality layout"):
+            d = [c / b - 1 for c, b in zip(r["eval_ne"][lay], rows[0]["eval_ne"][lay], strict=True)]
+            cells.append(f"{statistics.mean(d):+.4%} (" + ", ".join(f"{x:+.3%}" for x in d) + ")")
+        verdict.add_row(r["model"], *cells)
+    con.print(verdict)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--more", action="store_true",
+                    help=f"run the seeds after those in {DATA.name} and add them to it")
+    ap.add_argument("--show", action="store_true", help=f"only print the tables of {DATA.name}")
+    ap.add_argument("--layout", nargs="*", default=None,
+                    help="KNOB=VALUE... (default: the space's quality.layout)")
+    args = ap.parse_args()
+    con = Console(width=140)
+    if args.show:
+        show(json.loads(DATA.read_text()), con)
+        return
+    space = load_space(SPACE)
+    qr = space.quality_runs
+    layout = parse_layout(args.layout) if args.layout is not None else dict(qr.layout)
+    if not layout:
+        sys.exit("the space has no quality.layout; give --layout KNOB=VALUE")
+    base = space.baseline_params()
+    before = {r["model"]: r for r in json.loads(DATA.read_text())["rows"]} if args.more else {}
+    rows = []
+    for name, numerics in MODELS.items():
+        old = before.get(name)
+        if old is not None and old["layout"] != layout:
+            sys.exit(f"{DATA.name} holds the layout {old['layout']}, not {layout}")
+        runs: dict[str, list[tuple[float, float]]] = {
+            k: list(zip(old["eval_ne"][k], old["wall_s"][k], strict=True)) if old else []
+            for k in ("baseline layout", "quality layout")}
+        first = len(runs["baseline layout"])
+        for seed in range(first, first + args.seeds):
+            for label, over in (("baseline layout", {}), ("quality layout", layout)):
+                cfg = qr.config(space.config({**base, **numerics, **over}), seed)
+                t0 = time.perf_counter()
+                res = run_trial(cfg)
+                wall = time.perf_counter() - t0
+                if res.status != "ok":
+                    sys.exit(f"{name} {label} seed {seed}: {res.status} {res.error}")
+                ne = float(res.extra["eval_ne"])
+                runs[label].append((ne, wall))
+                con.print(f"{name} | {label} seed {seed}: eval NE {ne:.5f}, {wall:.1f} s",
+                          highlight=False)
+        diffs = [(q[0] - b[0]) / b[0]
+                 for b, q in zip(runs["baseline layout"], runs["quality layout"], strict=True)]
+        walls = {k: statistics.median(w for _, w in v) for k, v in runs.items()}
+        rows.append({"model": name, "numerics": numerics, "layout": layout,
+                     "eval_ne": {k: [ne for ne, _ in v] for k, v in runs.items()},
+                     "wall_s": {k: [w for _, w in v] for k, v in runs.items()},
+                     "paired_diff": diffs, "median_wall_s": walls,
+                     "speedup": walls["baseline layout"] / walls["quality layout"]})
     DATA.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "tolerance": qr.tolerance,
                                 "rows": rows}, indent=1))
+    show(json.loads(DATA.read_text()), con)
     con.print(f"wrote {DATA}")
 
 
