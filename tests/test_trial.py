@@ -277,6 +277,31 @@ def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatc
     assert rank_env(over) == {}
 
 
+def test_trials_after_torchrec_planning_still_fork_their_ranks() -> None:
+    """TorchRec's planner sets TORCHINDUCTOR_CACHE_DIR in the planning process; the trials after it
+    are forked from the fork server all the same (in a fresh process, as a tune's Ray worker is)."""
+    pytest.importorskip("torchrec")
+    script = (
+        "import os, json\n"
+        "from cubic_harness.trial import run_trial\n"
+        "from tests.helpers import tiny_cfg\n"
+        "def main():\n"
+        "    os.environ.pop('TORCHINDUCTOR_CACHE_DIR', None)\n"
+        "    starts = [run_trial(tiny_cfg(world_size=2, sharding=s)).env['rank_start']\n"
+        "              for s in ('table_wise', 'torchrec_planner', 'table_wise')]\n"
+        "    print(json.dumps([starts, 'TORCHINDUCTOR_CACHE_DIR' in os.environ]))\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    starts, set_by_planner = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set_by_planner  # the premise: planning with TorchRec set it
+    assert starts[0] == starts[2] == "forkserver", starts
+
+
 def test_a_setting_taken_from_the_environment_is_recorded_in_the_result(monkeypatch) -> None:
     """A variable that changes a measurement without being a config field (a benchmark's forced replica
     transport or thread pool) is in the result's env, so no stored number hides it; unset, nothing is."""
