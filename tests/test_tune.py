@@ -257,6 +257,24 @@ def test_back_off_prunes_by_what_was_judged_and_keeps_the_layout_alone_as_the_la
     plan.record(v, FAILED)
     assert plan.next(best_passed=100.0).kept == {d}  # {d, e}'s run was 90: it cannot beat 100
 
+
+def test_a_back_off_trial_no_faster_than_what_passed_is_not_judged() -> None:
+    """A variant's own back-off trial that ran no faster than the best that passed costs no quality
+    run: it is slow, and so are the variants that keep only some of its changes."""
+    from cubic.tune.backoff import SLOW, Variant
+
+    d, e, c = "dense_precision", "emb_precision", "comm_precision"
+    plan = back_off_plan_of_three_changes()
+    v = plan.next(best_passed=100.0)
+    assert v is not None and v.kept == {d, e} and not v.measured
+    assert plan.ran(v, 100.0, best_passed=100.0) is False and plan.outcomes[v.kept] == SLOW
+    assert plan.next(best_passed=100.0).kept == {d, c}  # not {d} or {e}: slower than {d, e}
+    faster = back_off_plan_of_three_changes()
+    w = faster.next(best_passed=100.0)
+    assert faster.ran(w, 101.0, best_passed=100.0) is True and w.kept not in faster.outcomes
+    alone = Variant(frozenset(), {})  # the layout alone: its paired re-measurements judge it
+    assert faster.ran(alone, 90.0, best_passed=100.0) is True
+
 BAD_YAML = "name: x\nknobs:\n  sharding: [table_wise\n  kernel: [torch]\n"
 
 

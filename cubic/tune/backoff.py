@@ -15,7 +15,8 @@ baseline's values. With n changes there are 2^n - 1 variants below the source.
 2. Prune by what was judged, on two monotone assumptions: a change only adds error, and it only adds speed.
    - A variant that keeps every change of one that failed (or was not resolved) would fail too.
    - A variant that keeps only changes of one measured no faster than the baseline cannot win.
-   - A variant whose search run is no faster than the best that passed cannot win either.
+   - A variant whose search run is no faster than the best that passed cannot win either; nor one
+     that keeps a change whose own back-off trial ran no faster (it then costs no quality run).
 3. Stop at the first variant that passes: every later one is expected slower.
 4. Budget: at most n variants need quality runs, as many as a chain dropping one change at a time. The
    layout without any change needs only re-measurements, so it stays as the last resort beyond that budget.
@@ -77,6 +78,16 @@ class BackoffPlan:
 
     def record(self, v: Variant, outcome: str) -> None:
         self.outcomes[v.kept] = outcome
+
+    def ran(self, v: Variant, qps: float, best_passed: float) -> bool:
+        """v's own trial ran at `qps`: whether it is still worth judging. A variant that keeps a
+        change and ran no faster than the best that passed cannot win (2.), so it is slow and costs
+        no quality run; its subsets are pruned as slower still. The layout alone costs no quality
+        run: its paired re-measurements judge it."""
+        if v.kept and qps <= best_passed:
+            self.record(v, SLOW)
+            return False
+        return True
 
 
 def plan(space: SearchSpace, src: dict[str, Any], changed: Sequence[str],

@@ -169,7 +169,7 @@ class Confirm(Candidates):
                     view.add(rec, time.monotonic() - p.started)
                     self.last_backoff = rec if rec.state == TrialState.COMPLETE else None
                     if self.last_backoff is not None:
-                        self.screened.append(rec)
+                        self.ran_backoff(rec)
         # (a candidate's runs come in pairs)
         left = sum(max(0, self.reps - self.runs(t)) * (1 if t is base or base is None else 2)
                    for t in order if self.phase(t) is not Phase.FAILED)
@@ -216,6 +216,18 @@ class Confirm(Candidates):
             self.judging, self.last_backoff = v, None
             return True
         return False
+
+    def ran_backoff(self, rec: TrialRecord) -> None:
+        """The back-off variant's trial completed: judge it, unless its run is no faster than the
+        best that passed (`BackoffPlan.ran`), which no re-measurement or quality run can change."""
+        assert self.plan is not None and self.judging is not None
+        best = self.best_passed()
+        if self.plan.ran(self.judging, rec.value or 0.0, best):
+            self.screened.append(rec)
+            return
+        self.judging = None
+        self.ctx.view.note(f"confirm: back off: #{rec.number} ({rec.value or 0.0:,.0f} qps) is no "
+                           f"faster than the best that passed ({best:,.0f}): not judged")
 
     def outcome(self, t: TrialRecord | None) -> str:
         """What judging a back-off variant's trial found (None: it did not complete)."""
