@@ -47,14 +47,18 @@ def one(clone: Path, label: str, log: Path, run_dir: str = "runs/dlrm_cpu") -> d
     df = analysis.load_study(clone / run_dir)
     s = analysis.summary(df)
     win = df.attrs.get("winner") or {}
-    with sqlite3.connect(clone / "runs" / "quality.db") as con:
-        trained = con.execute("select count(*) from cubic_quality_runs").fetchone()[0]
     text = log.read_text()
+    said = re.search(r"^quality runs: (\d+) trained, (\d+) reused", text, re.M)
+    if said:  # the tune's own count: the clone's store also holds the runs of its later tunes
+        trained, reused = int(said[1]), int(said[2])
+    else:
+        with sqlite3.connect(clone / "runs" / "quality.db") as con:
+            trained, reused = con.execute("select count(*) from cubic_quality_runs").fetchone()[0], 0
+    screen = len(re.findall(r"^quality screen: .* alone, seed ", text, re.M))
     return {"label": label, "clone": str(clone), "wall_s": wall_s(log), "trials": s["trials"],
-            "quality_runs_trained": trained, "screen_runs": len(re.findall(r"^quality screen: .* alone, seed ", text,
-                                                                          re.M)),
-            "winner_trial": win.get("trial"), "winner": win.get("short_config"), "speedup": win.get("speedup"),
-            "speedup_spread": win.get("speedup_spread"),
+            "quality_runs_trained": trained, "quality_runs_reused": reused, "screen_runs": screen,
+            "winner_trial": win.get("trial"), "winner": win.get("short_config"),
+            "speedup": win.get("speedup"), "speedup_spread": win.get("speedup_spread"),
             "vs_torchrec_planner": (win.get("vs_torchrec_planner") or {}).get("speedup")}
 
 
