@@ -56,6 +56,11 @@ def tune(
                                              "and added to (table cubic_quality_runs): a run dir, a storage URL, "
                                              "or a .db file (created) [default: this tune's own store; --backend sim: "
                                              "runs/quality.db, else runs/SPACE/study.db, read only]."),
+    quality_from: str | None = typer.Option(
+        None, "--quality-from", help="--backend sim: take the numerics verdicts from the real "
+        "quality runs of this space (a file or a shipped space's name), which trains the same "
+        "workload at another size; a change carries as cubic/quality/carried.py CARRIES says "
+        "[default: the space's own runs]."),
 ) -> None:
     """Tune: baseline first, then the searcher's proposals as real trials on Ray, then confirm the top-k."""
     import optuna
@@ -70,7 +75,8 @@ def tune(
     console = Console() if sys.stdout.isatty() else Console(width=130, force_terminal=bool(live))
     req = TuneRequest(space=space, run_dir=run_dir, storage=storage, trials=trials, searcher=searcher,
                       address=address, seed=seed, live=live, backend=backend, cluster=cluster, framework=framework,
-                      warm_start=tuple(warm_start), quality_store=quality_store)
+                      warm_start=tuple(warm_start), quality_store=quality_store,
+                      quality_from=quality_from)
     tuner = None
     try:
         tuner = build(req, console)
@@ -110,6 +116,7 @@ class TuneRequest:
     framework: str = "harness"
     warm_start: tuple[str, ...] = ()
     quality_store: str | None = None
+    quality_from: str | None = None
 
     @property
     def secrets(self) -> tuple[str | None, ...]:
@@ -130,6 +137,9 @@ def check(req: TuneRequest) -> None:
         raise ConfigError(f"--trials {req.trials}: must be >= 1")
     if req.warm_start and req.searcher != "cubic":
         raise ConfigError(f"--warm-start: only the cubic searcher learns from other studies, not {req.searcher}")
+    if req.quality_from is not None and req.backend != "sim":
+        raise ConfigError("--quality-from: only --backend sim takes its quality verdicts from "
+                          f"another space's real runs; --backend {req.backend} judges its own")
 
 
 def build(req: TuneRequest, console: Any) -> Any:
@@ -153,6 +163,7 @@ def build(req: TuneRequest, console: Any) -> Any:
         check_holds(sp.baseline, sim_cluster, f"{where}: baseline")
     if req.backend == "torchrec":
         check_torchrec_space(sp, where)
+    judged_in = None if req.quality_from is None else quality_source(req.quality_from, sp)
     warm = []  # read (and judged) before this tune's own store is made: bad input writes nothing
     if req.warm_start:
         from cubic.search.warm_start import load_warm_start
@@ -165,7 +176,7 @@ def build(req: TuneRequest, console: Any) -> Any:
 
         qstore = open_quality_store(req.quality_store)
     elif sim_cluster is not None:
-        qstore = real_quality_store(sp.name)
+        qstore = real_quality_store((judged_in or sp).name)
     run_dir = req.run_dir
     if run_dir is None and req.storage is None:
         run_dir = Path("runs") / (f"{sp.name}-sim-{sim_cluster.name}" if sim_cluster is not None else
@@ -193,10 +204,27 @@ def build(req: TuneRequest, console: Any) -> Any:
 
             qstore = QualityStore(rdb.url)
         return Tuner(sp, store, runner, searcher=req.searcher, budget=req.trials, seed=req.seed, console=console,
-                     live=req.live, warm_start=warm, quality_store=qstore)
+                     live=req.live, warm_start=warm, quality_store=qstore, quality_from=judged_in)
     except BaseException:
         runner.stop()
         raise
+
+
+def quality_source(name: str, sp: Any) -> Any:
+    """The space `--quality-from` names, loaded and checked to judge `sp` (the same workload,
+    quality runs of its own: `cubic.quality.scaled.check_judges`); ConfigError (one line)
+    otherwise."""
+    from cubic.quality.scaled import check_judges
+    from cubic.space.search_space import load_space
+
+    try:
+        src = load_space(name, check_choices=False)
+        check_judges(sp, src)
+    except ConfigError as e:
+        hint = ("; give a space file or a shipped space's name (dlrm_cpu, dcn_cpu, ...)"
+                if str(e).endswith("not found") else "")
+        raise ConfigError(f"--quality-from {name}: {e}{hint}") from None
+    return src
 
 
 def real_quality_store(space_name: str) -> Any:

@@ -20,12 +20,14 @@ What carries to a simulated target (`CARRIES`, one row per aspect of `cubic.spac
 judges one (aspect, value). A precision or an optimizer rounds and updates each value the same at
 any size, so its verdict carries; a global batch, a replica count, a sync interval or a learning
 rate is a verdict of that value only, and a target whose value was never trained is not judged.
+A space at another size that trains the same workload takes its verdicts by that table from the real
+runs of one that trains here (`cubic.quality.scaled`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cubic.quality.rules import Verdict, sequential
 from cubic.quality.screen import Screened, decide, single_changes
@@ -61,6 +63,8 @@ class ChangeVerdict:
     ok: bool | None
     reason: str
     params: dict[str, Any] = field(default_factory=dict)  # the baseline with this change
+    judged_in: str = ""  # the space whose real runs judged it ("": the study's own)
+    not_carried: str = ""  # why judged_in's verdict is not this space's (ok is then None)
 
     @property
     def label(self) -> str:
@@ -77,19 +81,21 @@ class ChangeVerdict:
         why = (
             self.reason
             if self.ok is not None
-            else f"never judged by a real quality run: {self.reason}"
+            else f"never judged by a real quality run: {self.not_carried or self.reason}"
         )
         return Screened(*self.change, self.params, [], [], self.ok is True, why)
 
     def to_row(self) -> dict[str, Any]:
         """A row of the summary's screen table (`Summary.screen`)."""
         verdict = {True: "passes", False: "ruled out", None: "not judged"}[self.ok]
+        src = f" from space {self.judged_in}" if self.judged_in else ""
         return {
             "change": self.label,
-            "verdict": f"{verdict} (carried)",
+            "verdict": f"not carried{src}" if self.not_carried else f"{verdict} (carried{src})",
             "ok": self.ok,
-            "reason": f"{self.reason}; {self.carries}",
+            "reason": f"{self.not_carried or self.reason}; {self.carries}",
             "carried": True,
+            "judged_in": self.judged_in or None,
         }
 
 
@@ -99,6 +105,37 @@ class Crown:
 
     ok: bool
     reason: str
+
+
+class Carried(Protocol):
+    """What a simulated study crowns by: the real runs of its own space (`CarriedVerdicts`) or of
+    one of the same workload at another size (`cubic.quality.scaled.ScaledVerdicts`)."""
+
+    def changes(self) -> list[ChangeVerdict]: ...
+
+    def crown(self, params: dict[str, Any]) -> Crown: ...
+
+    @property
+    def source_note(self) -> str: ...
+
+
+UNCHANGED = Crown(True, "numerics unchanged: no quality verdict needed")
+
+
+def crown_of(verdicts: list[ChangeVerdict], of: str = "") -> Crown:
+    """A configuration's crown from the verdicts on each of its changes alone: crowned only where
+    every one passed; `of` names the runs' space where it is another ("of space dlrm_cpu")."""
+    out = [v.label for v in verdicts if v.ok is False]
+    if out:
+        return Crown(False, f"ruled out by real quality runs{of}: {', '.join(out)}")
+    unjudged = [v.label + (f" ({v.not_carried})" if v.not_carried else "")
+                for v in verdicts if v.ok is None]
+    if unjudged:
+        return Crown(False, f"never judged by a real quality run{of}: {', '.join(unjudged)}")
+    labels = ", ".join(v.label for v in verdicts)
+    return Crown(
+        True, f"each change passed alone in real quality runs{of} ({labels}), not judged together"
+    )
 
 
 @dataclass
@@ -166,25 +203,15 @@ class CarriedVerdicts:
         sp = self.space
         made = sp.numerics_changes(params)
         if not made:
-            return Crown(True, "numerics unchanged: no quality verdict needed")
+            return UNCHANGED
         whole = self._whole(params)
         if whole is not None:
             return whole
         alone = {c.change: c for c in self.changes()}
-        verdicts = [
+        return crown_of([
             alone.get(c) or ChangeVerdict(c, None, "not a change the screen judges alone")
             for c in sorted(made, key=str)
-        ]
-        out = [v.label for v in verdicts if v.ok is False]
-        if out:
-            return Crown(False, f"ruled out by real quality runs: {', '.join(out)}")
-        unjudged = [v.label for v in verdicts if v.ok is None]
-        if unjudged:
-            return Crown(False, f"never judged by a real quality run: {', '.join(unjudged)}")
-        labels = ", ".join(v.label for v in verdicts)
-        return Crown(
-            True, f"each change passed alone in real quality runs ({labels}), not judged together"
-        )
+        ])
 
     def _whole(self, params: dict[str, Any]) -> Crown | None:
         """The confirm's verdict on params' whole model from stored runs (None: too few)."""

@@ -67,12 +67,18 @@ class Screened:
 
 
 def single_changes(space: SearchSpace) -> list[Screened]:
-    """Every numerics change a knob of the space makes alone on the baseline (one per change: the
-    sharding types that are not column-wise are one change), in knob order; none where the space has
-    no quality runs or turns the screen off."""
+    """Every numerics change a knob of the space makes alone on the baseline
+    (`one_knob_changes`); none where the space has no quality runs or turns the screen off."""
     qr = space.quality_runs
     if qr is None or qr.screen == OFF:
         return []
+    return one_knob_changes(space)
+
+
+def one_knob_changes(space: SearchSpace) -> list[Screened]:
+    """Every numerics change a knob of the space makes alone on the baseline (one per change: the
+    sharding types that are not column-wise are one change), in knob order, whether or not the space
+    trains quality runs itself (a simulated space judged by another's: `cubic.quality.scaled`)."""
     lr_knobs = set(LR_KNOBS) & set(space.knobs)
     base = space.baseline_params()
     out: dict[tuple[str, Any], Screened] = {}

@@ -29,7 +29,8 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from cubic.execution.runner import Pending, Runner
-from cubic.quality.carried import CarriedVerdicts
+from cubic.quality.carried import Carried, CarriedVerdicts
+from cubic.quality.scaled import ScaledVerdicts
 from cubic.quality.screen import ATTR as SCREEN_ATTR
 from cubic.quality.store import QualityStore, ReusingRunner
 from cubic.search.samplers import distributions, make_sampler
@@ -49,12 +50,18 @@ from cubic_harness.config import json_safe
 from cubic_harness.errors import ConfigError
 
 
-def carried_verdicts(space: SearchSpace, store: QualityStore | None) -> CarriedVerdicts | None:
-    """What a simulated study of `space` crowns by: the real quality runs in `store`, where the space
-    trains a model here (it has quality runs); a space only simulated has none to carry (None)."""
+def carried_verdicts(space: SearchSpace, store: QualityStore | None,
+                     judged_in: SearchSpace | None = None) -> Carried | None:
+    """What a simulated study of `space` crowns by: the real quality runs in `store` of `judged_in`,
+    a space of the same workload at another size (`cubic.quality.scaled`), where given; else of the
+    space itself where it trains a model here (it has quality runs); a space only simulated has none
+    to carry (None)."""
+    where = safe_url(store.url) if store is not None else ""
+    if judged_in is not None:
+        return ScaledVerdicts(space, CarriedVerdicts(judged_in, store, where))
     if space.quality_runs is None:
         return None
-    return CarriedVerdicts(space, store, safe_url(store.url) if store is not None else "")
+    return CarriedVerdicts(space, store, where)
 
 
 MAX_SKIPS = 20  # consecutive duplicate proposals before the search gives up
@@ -66,9 +73,10 @@ class Tuner:
     def __init__(self, space: SearchSpace, store: Store, runner: Runner, searcher: str = "cubic",
                  budget: int | None = None, seed: int = 0, console: Console | None = None,
                  live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None,
-                 quality_store: QualityStore | None = None) -> None:
+                 quality_store: QualityStore | None = None,
+                 quality_from: SearchSpace | None = None) -> None:
         policy = (Policy.simulated(runner.cluster.name,  # type: ignore[attr-defined]
-                                   carried_verdicts(space, quality_store))
+                                   carried_verdicts(space, quality_store, quality_from))
                   if runner.simulated else Policy.measured(space, runner.backend))
         if quality_store is not None and policy.quality_runs is not None:
             runner = ReusingRunner(runner, quality_store)
@@ -142,9 +150,11 @@ class Tuner:
         verdicts = carried.changes()
         self.study.set_user_attr(SCREEN_ATTR, json_safe([v.to_screened().to_dict() for v in verdicts]))
         count = {ok: sum(v.ok is ok for v in verdicts) for ok in (True, False, None)}
+        apart = sum(bool(v.not_carried) for v in verdicts)
         self.view.note(f"quality verdicts carried from real runs ({carried.source_note}): {count[True]} "
-                       f"change(s) pass, {count[False]} ruled out, {count[None]} never judged; the "
-                       "search keeps to the changes that passed")
+                       f"change(s) pass, {count[False]} ruled out, {count[None]} never judged"
+                       + (f" ({apart} of them not carried here)" if apart else "")
+                       + "; the search keeps to the changes that passed")
 
     def _queue_baseline(self) -> None:
         """The baseline first, then TorchRec's planner's plan of it where the space offers that (`reference`),

@@ -5,14 +5,15 @@ is noisy, the first measurement was picked for being high) and its numerics can 
 quality runs; that holds whether cubic's harness or TorchRec trains it. A simulated trial
 (`cubic.execution.sim_runner`) predicts speed and memory and trains nothing: the same prediction again says
 nothing new, and it judges no quality itself: it crowns a numerics change only as real quality runs of the
-same space judged it (`cubic.quality.carried`), and a real tune of its winner judges the rest."""
+same space, or of one of the same workload at another size (`cubic.quality.scaled`), judged it
+(`cubic.quality.carried`), and a real tune of its winner judges the rest."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from cubic.quality.carried import CarriedVerdicts
+from cubic.quality.carried import Carried
 from cubic.space.quality_runs import QualityRuns
 from cubic.space.search_space import SearchSpace
 
@@ -26,7 +27,7 @@ class Policy:
     checks_memory: bool  # refuse a configuration the memory model says will not fit, before it starts
     provenance: dict[str, Any] = field(default_factory=dict)  # what the winner records about the backend
     # simulated: the real quality runs' verdicts it crowns by (None: measured trials judge their own)
-    carried: CarriedVerdicts | None = None
+    carried: Carried | None = None
 
     @classmethod
     def measured(cls, space: SearchSpace, backend: str = "real") -> Policy:
@@ -37,7 +38,7 @@ class Policy:
                    provenance={} if backend == "real" else {"backend": backend})
 
     @classmethod
-    def simulated(cls, cluster: str, carried: CarriedVerdicts | None) -> Policy:
+    def simulated(cls, cluster: str, carried: Carried | None) -> Policy:
         """Predicted trials: speed and memory only; numerics crowned only as real runs judged them."""
         return cls(estimates_quality=False, quality_runs=None, judges_quality=False, repeats=1,
                    checks_memory=False, provenance={"backend": "sim", "cluster": cluster},
