@@ -35,7 +35,7 @@ def test_every_shipped_file_is_found() -> None:
 @pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
 def test_every_search_space_loads_and_its_baseline_runs(path: Path) -> None:
     """A CPU space's baseline trains for real (at batch 256 and two timed steps: this checks that it runs,
-    not how fast; dlrm_cpu's is run whole below); a GPU space's is simulated on an H100 node; a space of a
+    not how fast; dlrm_cpu's is run whole below); a GPU space's is simulated on H100s; a space of a
     simulated-only workload (thousands of GPUs) is loaded and validated."""
     space = load_space(path)
     base = space.baseline
@@ -45,8 +45,8 @@ def test_every_search_space_loads_and_its_baseline_runs(path: Path) -> None:
     assert all(getattr(base, k) in allowed for k, allowed in CHOICES.items())
     if base.workload.name in SIMULATED_ONLY or path.name == "dlrm_cpu.yaml":
         return
-    if base.device == "cuda":  # no GPU here
-        res = simulate(base, resolve("h100-8"))
+    if base.device == "cuda":  # no GPU here: an H100 node, or 8 of them for a space of 64 GPUs
+        res = simulate(base, resolve("h100-8" if base.world_size <= 8 else "h100-64"))
         assert res.status == "ok" and res.qps > 0, res.error
         return
     res = run_trial(base.replace(batch_size=min(base.batch_size, 256), **TINY_RUN))
