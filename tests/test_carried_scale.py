@@ -91,6 +91,20 @@ def test_a_change_ruled_out_in_a_keeps_bs_configuration_uncrowned(judged_a) -> N
     assert sv.crown({**base, "pipeline_depth": 2}).ok  # layout only
 
 
+def test_a_stack_whose_model_a_judged_whole_takes_that_verdict(judged_a) -> None:
+    """Changes that each passed alone in A are crowned together in B, unless A's real runs judged
+    their stack whole: then that verdict decides."""
+    a, store, _ = judged_a
+    sv, base = scaled(judged_a, 8, 1024)
+    stack = {**base, "emb_precision": "fp16", "batch_size": 1024, "comm_precision": "bf16"}
+    keep(store, a, {**a.baseline_params(), "comm_precision": "bf16"}, [0.50001])
+    assert sv.crown(stack).ok  # each passed alone, not judged together
+    both = {**a.baseline_params(), "emb_precision": "fp16", "comm_precision": "bf16"}
+    keep(store, a, both, [x * 1.01 for x in BASE_NE])  # the stack fails whole in A: +1%
+    c = ScaledVerdicts(sv.space, CarriedVerdicts(a, store, "q")).crown(stack)
+    assert not c.ok and c.reason.startswith("in space dlrm_cpu: its model failed"), c.reason
+
+
 def tune_b(tmp: Path, space: Path, *extra: str) -> Any:
     from cubic.cli.app import app
 

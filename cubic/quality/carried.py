@@ -204,7 +204,7 @@ class CarriedVerdicts:
         made = sp.numerics_changes(params)
         if not made:
             return UNCHANGED
-        whole = self._whole(params)
+        whole = self.whole(params)
         if whole is not None:
             return whole
         alone = {c.change: c for c in self.changes()}
@@ -213,7 +213,7 @@ class CarriedVerdicts:
             for c in sorted(made, key=str)
         ])
 
-    def _whole(self, params: dict[str, Any]) -> Crown | None:
+    def whole(self, params: dict[str, Any]) -> Crown | None:
         """The confirm's verdict on params' whole model from stored runs (None: too few)."""
         ne, bne = self.eval_ne(params), self.base_ne
         n = min(len(ne), len(bne))

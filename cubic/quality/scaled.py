@@ -14,8 +14,9 @@ so what carries is decided by `CARRIES` (`cubic.quality.carried`) and the two ba
   space judged exactly this value from exactly this baseline); elsewhere it is "not judged at this
   size".
 
-Whole models are not carried (the other space never trained one of this size): each change alone
-decides, as `CarriedVerdicts.crown` does where no whole model was judged.
+A configuration whose changes all carry is first judged as its model: the other space's baseline with
+the same changes, where its real runs judged that whole model (a stack of changes that each passed alone
+may not pass together). Otherwise each change alone decides, as `CarriedVerdicts.crown` does.
 """
 
 from __future__ import annotations
@@ -130,7 +131,28 @@ class ScaledVerdicts:
         if not made:
             return UNCHANGED
         verdicts = [self.verdict(c) for c in sorted(made, key=str)]
+        whole = self._whole(verdicts)
+        if whole is not None:
+            return whole
         return crown_of(verdicts, f" of space {self.judged_in}")
+
+    def _whole(self, verdicts: list[ChangeVerdict]) -> Crown | None:
+        """The source space's verdict on the same stack of changes on its own baseline, where every
+        change carries here and its runs judged that whole model (None: not judged whole)."""
+        if len(verdicts) < 2 or any(v.not_carried for v in verdicts):
+            return None
+        judged = self._judged or {}
+        base = self.source.space.baseline_params()
+        stack = dict(base)
+        for v in verdicts:
+            alone = judged.get(v.change)
+            if alone is None:  # never screened there: no baseline-with-it to build the stack from
+                return None
+            stack.update({k: x for k, x in alone.params.items() if base.get(k) != x})
+        crown = self.source.whole(stack)
+        if crown is None:
+            return None
+        return Crown(crown.ok, f"in space {self.judged_in}: {crown.reason}")
 
     @property
     def source_note(self) -> str:
