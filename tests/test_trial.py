@@ -16,7 +16,7 @@ import pytest
 from cubic_harness.config import RETIRED, TrialConfig
 from cubic_harness.trial import run_trial
 from cubic_harness.workload import Workload
-from tests.helpers import tiny_cfg
+from tests.helpers import require, tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHOR = ROOT / "tests" / "data" / "anchor_workload_small.json"  # the reference's anchor format, kept here
@@ -280,7 +280,7 @@ def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatc
 def test_trials_after_torchrec_planning_still_fork_their_ranks() -> None:
     """TorchRec's planner sets TORCHINDUCTOR_CACHE_DIR in the planning process; the trials after it
     are forked from the fork server all the same (in a fresh process, as a tune's Ray worker is)."""
-    pytest.importorskip("torchrec")
+    require("torchrec")  # make installs it: missing under CI=true is a failure, not a skip
     script = (
         "import os, json\n"
         "from cubic_harness.trial import run_trial\n"

@@ -92,13 +92,17 @@ class ScaledVerdicts:
         apart = self._apart_on(change[0])
         if apart:
             return ChangeVerdict(change, None, "", params, self.judged_in, apart)
-        if self._judged is None:
-            self._judged = {v.change: v for v in self.source.changes()}
-        hit = self._judged.get(change)
+        hit = self.judged().get(change)
         if hit is None:
             return ChangeVerdict(change, None, f"space {self.judged_in}'s screen never judged it",
                                  params, self.judged_in)
         return replace(hit, params=params, judged_in=self.judged_in)
+
+    def judged(self) -> dict[tuple[str, Any], ChangeVerdict]:
+        """The source space's verdict on each change it screened alone, by change (read once)."""
+        if self._judged is None:
+            self._judged = {v.change: v for v in self.source.changes()}
+        return self._judged
 
     def _apart_on(self, name: str) -> str:
         """Where the two baselines differ on what a verdict on aspect `name` needs them to share
@@ -141,7 +145,7 @@ class ScaledVerdicts:
         change carries here and its runs judged that whole model (None: not judged whole)."""
         if len(verdicts) < 2 or any(v.not_carried for v in verdicts):
             return None
-        judged = self._judged or {}
+        judged = self.judged()
         base = self.source.space.baseline_params()
         stack = dict(base)
         for v in verdicts:
