@@ -746,3 +746,68 @@ def test_a_rejection_reaches_a_twin_through_runs_held_from_a_check_while_searchi
     store.update(fast, quality_eval_ne=[], quality_eval_auc=[], confirm_failed=["error: a crash"])
     confirm.inherit_rejection(twin)
     assert twin.quality_eval_ne == [0.8008] and confirm.verdict(twin) is None
+
+
+# three numerics changes (learning rates) and three re-measurements: for the confirm's order and its spare rule
+RACE = (TWINS.replace("emb_lr: [0.1, 0.0001]", "emb_lr: [0.1, 0.0001, 0.00011, 0.00012]")
+        .replace("repeats: 1", "repeats: 3"))
+BNE = [0.800, 0.810, 0.805, 0.808]
+
+
+def _set(store: Store, t: TrialRecord, ratios: list[float], diffs: list[float]) -> None:
+    """t re-measured at `ratios` over a baseline at 100 qps beside each, its quality runs `diffs` from BNE."""
+    store.update(t, confirm_qps=[100.0 * r for r in ratios], confirm_base_qps=[100.0] * len(ratios),
+                 quality_eval_ne=[b * (1 + d) for b, d in zip(BNE, diffs, strict=False)],
+                 quality_eval_auc=[0.7] * len(diffs))
+
+
+def test_a_candidate_the_re_measurements_cannot_tell_faster_than_one_that_passed_gets_no_more_quality_runs(
+        tmp_path: Path) -> None:
+    """`make tune` spent 8 quality runs on a stack (comm=bf16) that ended "not resolved" beside one as fast
+    (comm=fp16) that passed: the winner's name could change, its speed not. A candidate still being judged is
+    now spared once its speed-up (its final median; before that, the best of its pair and its search run) lies
+    within the range re-measured for one that passed, and its verdict says so; one faster than that range
+    goes on. Its pairs come first: a candidate quality runs judge wants all its re-measurements.
+    (The verdict logic alone: the records are set, nothing is trained.)"""
+    confirm, store, (base, passed, cand) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 260.0), ({"emb_lr": 0.00011}, 300.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    _set(store, passed, [2.5, 2.6, 2.4], [0.0001, -0.0001, 0.0])
+    _set(store, cand, [2.55], [0.001, 0.003])  # +0.2% +- : straddles the 0.2% tolerance
+    confirm.screened = [passed, cand]
+    assert confirm.verdict(passed) is True
+    # one pair: at most 3.0x (its search run), over the 2.4-2.6x that passed: still open, and its pairs come first
+    assert confirm.verdict(cand) is None and confirm.cannot_win(cand) is None and confirm.wants(cand)
+    _set(store, cand, [2.55, 2.45, 2.58], [0.001, 0.003])  # final: 2.55x, within 2.4-2.6x
+    out = confirm.cannot_win(cand)
+    assert out is not None and out.lead is passed and out.speedup == pytest.approx(2.55)
+    assert confirm.verdict(cand) is False and confirm.quality_seed(cand) is None and not confirm.wants(cand)
+    ok, why = confirm.gate(cand)
+    assert not ok and f"2.55x re-measured, within #{passed.number}'s 2.40-2.60x (it passed)" in why, why
+    assert "no further quality run" in why and cand.quality_verdict == "slower"
+    # faster than all that passed was re-measured at: its next seed is due
+    _set(store, cand, [2.65, 2.7, 2.62], [0.001, 0.003])
+    assert confirm.cannot_win(cand) is None and confirm.verdict(cand) is None
+    assert confirm.quality_seed(base) is None and confirm.quality_seed(cand) == 2
+
+
+def test_quality_runs_go_to_the_fastest_candidate_first_and_among_those_alike_to_the_cheapest_next_seed(
+        tmp_path: Path) -> None:
+    """One candidate at a time gets quality runs: the fastest by its re-measured speed-up, except that among
+    the candidates the measurements cannot tell apart from it (its median within their range) the one whose
+    next seed needs no new baseline seed goes first; a clearly slower one waits. (The verdict logic alone.)"""
+    confirm, store, (base, a, b, c) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.00011}, 290.0),
+                         ({"emb_lr": 0.00012}, 280.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:2], quality_eval_auc=[0.7] * 2)
+    _set(store, a, [2.5, 2.4, 2.6], [0.001, 0.003])  # the fastest, straddling: its seed 3 needs the baseline's
+    _set(store, b, [2.45, 2.3, 2.55], [])  # as fast within its range, its first seeds: the baseline has them
+    _set(store, c, [2.0, 2.1, 2.05], [])  # clearly slower
+    confirm.screened = [a, b, c]
+    assert confirm.focus() is b
+    assert [confirm.quality_seed(t) for t in (base, a, b, c)] == [None, None, 0, None]
+    _set(store, b, [2.45, 2.3, 2.55], [0.002, 0.0])  # b's first seeds straddle too: the faster one's turn
+    assert confirm.focus() is a
+    assert [confirm.quality_seed(t) for t in (base, a, b, c)] == [2, None, None, None]  # the baseline's seed 3
+    store.update(base, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    assert [confirm.quality_seed(t) for t in (base, a, b, c)] == [None, 2, None, None]

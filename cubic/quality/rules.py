@@ -70,6 +70,9 @@ class Verdict(StrEnum):
     UNDECIDED = "undecided"  # `judge`: the interval straddles the tolerance
     MORE = "more"  # `sequential`: another paired seed is wanted
     NOT_RESOLVED = "not resolved"  # `sequential`: undecided at the seed budget, or with no chance left to pass
+    # the confirm's, not the model's: it cannot beat the baseline or one that passed, so no (further) quality
+    # run decided it (`cubic.tune.candidates.Candidates.cannot_win`)
+    SLOWER = "slower"
 
 
 def within(ne: float, base_ne: float, tolerance: float) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -41,6 +42,28 @@ class Phase(StrEnum):
     def open(self) -> bool:
         """Not decided yet: it may still pass."""
         return self not in (Phase.PASSED, Phase.FAILED)
+
+
+@dataclass(frozen=True)
+class Outrun:
+    """Why a candidate cannot win (`Candidates.cannot_win`): its speed-up is at most what it must
+    beat, the baseline's 1.0 or the top of the range re-measured for a configuration that passed."""
+
+    speedup: float  # its final speed-up, or (`final` False) the best it was measured at
+    final: bool
+    lead: TrialRecord | None  # the configuration that passed (None: the baseline)
+    low: float  # the range of speed-ups re-measured for `lead` (1.0: the baseline)
+    top: float
+
+    def reason(self, seeds: int) -> str:
+        spent = ("no further quality run was spent on it (eval NE so far: the report)" if seeds
+                 else "no quality run was spent on it")
+        if self.lead is None:
+            return (f"at most {self.speedup:.2f}x the baseline (search, and re-measured beside it): "
+                    f"it cannot win, so {spent}")
+        how = "" if self.final else "at most "
+        return (f"{how}{self.speedup:.2f}x re-measured, within #{self.lead.number}'s "
+                f"{self.low:.2f}-{self.top:.2f}x (it passed): it cannot win, so {spent}")
 
 
 class Candidates:
@@ -87,12 +110,10 @@ class Candidates:
             return False
         if not self.ctx.policy.judges_quality or not self.ctx.space.differs_in_numerics(t.params):
             return True
-        if self.qr is not None and not t.quality_eval_ne and self.cannot_win(t) is not None:
-            return False
         if self.qr is not None:  # quality runs decide, sequentially (`rules.sequential`)
             state, _ = self.checks.sequential(t, self.base)
-            if state == MORE:
-                return None
+            if state == MORE:  # still open, unless it can no longer win
+                return False if self.cannot_win(t) is not None else None
             if state != Verdict.PASSED:  # rejected for its model: its speed no longer matters
                 return False
             return True if t.confirm_qps else None
@@ -109,26 +130,81 @@ class Candidates:
             return Phase.JUDGING
         return Phase.WAITING if self.twin_judged(t) is not None else Phase.MEASURING
 
-    def cannot_win(self, t: TrialRecord) -> float | None:
-        """t's best speed-up where that is at most 1: neither a re-measurement over the
+    def cannot_win(self, t: TrialRecord) -> Outrun | None:
+        """What t cannot beat, so that no (further) quality run is spent on it (None: it may still
+        win, or nothing to compare yet). The baseline: neither a re-measurement over the
         baseline's run beside it nor its search run over the baseline's re-measured median beat
-        the baseline, so it cannot be the winner and no quality run is spent on it (None: it may
-        still win, or nothing to compare yet)."""
+        it. One that passed: t's speed-up (its final median once its re-measurements are all in,
+        before that the best of them and of its search run) lies within the range of paired
+        speed-ups re-measured for that one. These measurements cannot tell t faster, so judging
+        its quality could change the winner's name but not its speed."""
         if self.base is None or t is self.base or not t.confirm_qps or not self.base.confirm_qps:
             return None
         bmed = statistics.median(self.base.confirm_qps)
-        ratio = max([*(t.paired_ratios or [q / bmed for q in t.confirm_qps]),
-                     (t.value or 0.0) / bmed])
-        return ratio if ratio <= 1.0 else None
+        mine = self.ratios(t)
+        best = max([*mine, (t.value or 0.0) / bmed])
+        if best <= 1.0:
+            return Outrun(best, False, None, 1.0, 1.0)
+        bound = statistics.median(mine) if self.final(t) else best
+        tops = [(self.ratios(o), o) for o in self.screened
+                if o is not t and o.confirm_qps and self.passed_final(o)]
+        r, lead = max(tops, key=lambda x: max(x[0]), default=([0.0], None))
+        if lead is None or bound > max(r):
+            return None
+        return Outrun(bound, self.final(t), lead, min(r), max(r))
+
+    def final(self, t: TrialRecord) -> bool:
+        """All of t's re-measurements are in: its speed-up will not change."""
+        return self.runs(t) >= self.reps and not self.inflight.get(t.number)
+
+    def passed_final(self, o: TrialRecord) -> bool:
+        """o passed the gate and its speed-up is final: what a candidate must beat. (Read from its
+        runs, not `phase`, which asks `cannot_win`.)"""
+        if o.confirm_failed or not self.final(o):
+            return False
+        if not self.ctx.space.differs_in_numerics(o.params):
+            return True
+        return self.qr is not None and self.checks.sequential(o, self.base)[0] == Verdict.PASSED
+
+    def focus(self) -> TrialRecord | None:
+        """The open candidate whose quality runs come next (None: none is ready). One at a time,
+        the fastest by its final speed-up first, since a slower one that passed would not spare
+        it, while its pass spares every slower one (`cannot_win`). Among those the measurements
+        cannot tell apart from the fastest (it lies within their re-measured range), the one whose
+        next seed costs fewest runs (the baseline's seed already in), so the cheapest verdict comes
+        first and may spare the others."""
+        if self.qr is None or self.base is None:
+            return None
+        ready = [t for t in self.screened if t is not self.base and self.final(t)
+                 and t.confirm_qps and self.phase(t) is Phase.JUDGING]
+        if not ready:
+            return None
+        speed = {t.number: self.ratios(t) for t in ready}
+        top = max(statistics.median(r) for r in speed.values())
+        tied = [t for t in ready if top <= max(speed[t.number])]
+
+        def cost(t: TrialRecord) -> int:  # runs its next seed takes: its own, and the baseline's
+            return 1 + (self.qdone(self.base) <= self.qdone(t))
+
+        return min(tied, key=lambda t: (cost(t), -statistics.median(speed[t.number])))
+
+    def ratios(self, t: TrialRecord) -> list[float]:
+        """t's re-measured speed-ups: paired, else over the baseline's re-measured median, else
+        (the baseline not re-measured) its re-measured qps."""
+        if t.paired_ratios:
+            return t.paired_ratios
+        if self.base is not None and self.base.confirm_qps:
+            bmed = statistics.median(self.base.confirm_qps)
+            return [q / bmed for q in t.confirm_qps]
+        return list(t.confirm_qps)
 
     def seeds_wanted(self, t: TrialRecord) -> int:
         """How many quality seeds t's verdict needs by now: the first `seeds`, then one more pair
         at a time while its interval straddles the tolerance; the baseline as many as the
         candidate that wants the most (the pairs)."""
         if t is self.base:
-            return max([self.qr.seeds]
-                       + [self.seeds_wanted(c) for c in self.screened if c is not self.base])
-        if self.phase(t) is not Phase.JUDGING:  # not re-measured yet, or decided (layout: passed)
+            return max([self.qr.seeds, *(self.seeds_wanted(f) for f in [self.focus()] if f)])
+        if self.phase(t) is not Phase.JUDGING or t is not self.focus():  # (one at a time)
             return 0
         pairs = min(self.qdone(t), self.qdone(self.base))
         return min(self.qr.max_seeds, max(self.qr.seeds, pairs + 1))
@@ -163,7 +239,7 @@ class Candidates:
     def same_model(self, t: TrialRecord, n: int) -> tuple[TrialRecord, str] | None:
         """A settled candidate whose quality runs are t's, and how that is known (None: none):
         1. the same numerics key (the same model on the same samples), t's own n runs so far its
-           first ones;
+           first ones; here also one not settled that holds more of them (it cannot win);
         2. another key, and t's own first n >= IDENTICAL_SEEDS runs equal to its first n bit for
            bit (eval NE and AUC), with more of them. A knob that rounds nothing the model does
            not round anyway (bf16 communication of embeddings that bf16 dense math reads) is
@@ -173,8 +249,10 @@ class Candidates:
             return None
         space = self.ctx.space
         key = space.numerics_key(t.params)
-        twin = next((o for o in self.screened if o is not t and self.settled(o)
-                     and space.numerics_key(o.params) == key), None)
+        # (one that cannot win holds its runs so far for a faster layout of its model)
+        twin = next((o for o in self.screened if o is not t and space.numerics_key(o.params) == key
+                     and (self.settled(o) or self.qdone(o) > n and not self.qinflight.get(o.number))),
+                    None)
         if twin is not None and t.quality_eval_ne == twin.quality_eval_ne[:n]:
             return twin, f" trains what #{twin.number} trains"
         if (n < IDENTICAL_SEEDS or t.quality_runs_of is not None
@@ -194,12 +272,16 @@ class Candidates:
                        f"model here ({inert}: no change to what it trains)")
 
     def wants(self, t: TrialRecord) -> bool:
-        """One more re-measurement of t now? (Screening: only the first until the verdict is in.)"""
+        """One more re-measurement of t now? A candidate being screened gets its first, and all of
+        them once quality runs are to judge it; one that passed gets the rest."""
         n = self.runs(t) + self.inflight.get(t.number, 0)
         if n >= self.reps:
             return False
         phase = self.phase(t)
-        return phase is Phase.PASSED or (phase is Phase.MEASURING and n == 0) or t is self.base
+        # all before its quality runs: a pair costs a fifth of a quality run, and with its speed
+        # final `focus` orders the candidates and `cannot_win` spares them by their real speed
+        return (phase is Phase.PASSED or (phase is Phase.MEASURING and n == 0) or t is self.base
+                or (phase is Phase.JUDGING and self.qr is not None))
 
     def twin_judged(self, t: TrialRecord) -> TrialRecord | None:
         """A candidate screened before t that trains the same model and is still being judged
@@ -296,11 +378,10 @@ class Candidates:
                               + sd if ne else
                               "baseline (its quality runs failed: " + str(t.quality_failed) + ")")
             return True, "baseline"
-        if (changed and qr is not None and not t.quality_eval_ne
-                and (ratio := self.cannot_win(t)) is not None):
-            return False, (f"at most {ratio:.2f}x the baseline (search, and re-measured beside "
-                           "it): it cannot win, so no quality run was spent on it "
-                           f"(changes {', '.join(changed)})")
+        if (changed and qr is not None and self.checks.sequential(t, base)[0] == MORE
+                and (out := self.cannot_win(t)) is not None):
+            store.update(t, quality_verdict=Verdict.SLOWER)
+            return False, f"{out.reason(self.qdone(t))} (changes {', '.join(changed)})"
         if changed and not self.ctx.policy.judges_quality:
             carried = self.ctx.policy.carried
             if carried is not None:

@@ -18,17 +18,23 @@ skew the very numbers that pick the winner):
    median of those pairs' ratios (`TrialRecord.confirm_speedup`). Why: this machine drifts by 1.5x
    over minutes, and a baseline re-measured three times back to back caught one fast spell that
    every candidate measured later was compared with; a tune then crowned the baseline. A candidate
-   that changes numerics gets one re-measurement first. If neither that pair nor its search run
-   (over the baseline's re-measured median) beat the baseline, it cannot win: it fails without a
-   quality run. Otherwise its quality runs decide (`cubic.quality.rules.sequential`: the first
-   `seeds`, then one more pair while the interval straddles the tolerance, up to `max_seeds` or
-   until its chance to pass within them is spent), or without quality runs its NE over the
-   baseline's samples. A model whose quality already failed (its own runs, or a twin's it inherits)
-   is not re-measured at all, and a layout of a model still being judged on a faster twin waits for
-   that verdict; one whose first quality runs equal a decided candidate's bit for bit takes that
-   one's runs (`same_model`); only a candidate that passes gets its other `repeats - 1`
-   re-measurements. The baseline runs alone only up to its own `repeats`, once no candidate wants a
-   run.
+   that changes numerics gets one re-measurement first, then, where quality runs are to judge it,
+   its other `repeats - 1` (a pair costs a fifth of a quality run). It cannot win, and fails without
+   a (further) quality run, where its speed-up (its final median; before that, the best of its
+   pairs and its search run) is at most 1 or within the range of pairs re-measured for a
+   configuration that passed: these measurements cannot tell it faster (`Candidates.cannot_win`).
+   Otherwise its quality runs decide (`cubic.quality.rules.sequential`: the first `seeds`, then one
+   more pair while the interval straddles the tolerance, up to `max_seeds` or until its chance to
+   pass within them is spent), or without quality runs its NE over the baseline's samples. Quality
+   runs go to one candidate at a time, the fastest first, and among those the measurements cannot
+   tell apart the one whose next seed costs fewest runs (`Candidates.focus`). Why: a pass spares
+   every slower candidate its quality runs; judged in rank order, a `make tune` spent 8 of its 13
+   confirm quality runs on a stack that ended "not resolved" beside one as fast that passed after 3.
+   A model whose quality already failed (its own runs, or a twin's it inherits) is not re-measured
+   at all, and a layout of a model still being judged on a faster twin waits for that verdict; one
+   whose first quality runs equal a decided candidate's bit for bit takes that one's runs
+   (`same_model`); a candidate that passes gets its other re-measurements. The baseline runs alone
+   only up to its own `repeats`, once no candidate wants a run.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected
    for quality (failed, or not resolved within the seed budget) and is faster than everything that
    passed, judge its layout with fewer of its numerics changes, one new trial at a time, in the

@@ -177,7 +177,8 @@ def _median(xs: list[float] | None) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-VERDICT_HEAD = {Verdict.PASSED: "ok", Verdict.FAILED: "REJECTED", NOT_RESOLVED: "NOT RESOLVED"}
+VERDICT_HEAD = {Verdict.PASSED: "ok", Verdict.FAILED: "REJECTED", NOT_RESOLVED: "NOT RESOLVED",
+                Verdict.SLOWER: "not judged"}
 EVAL_NE = re.compile(r"eval NE (?P<diff>[+-][\d.]+%) vs baseline (?:over|after) (?P<n>\d+)")
 CELL_MAX = 72  # characters of a reason without numbers of its own; the report holds the rest
 
@@ -195,7 +196,7 @@ def quality_cell(c: ConfirmedRow) -> str:
               f", CI {ci[0]:+.2%}..{ci[1]:+.2%}" if ci else "")
         seeds = f", {n} seeds" if n else ""
         return f"{VERDICT_HEAD[verdict]}: eval NE {d:+.3%}{iv}{seeds}"
-    head = "ok" if c.quality_ok else "REJECTED"
+    head = VERDICT_HEAD.get(verdict) or ("ok" if c.quality_ok else "REJECTED")
     reason = c.quality_reason or ""
     m = EVAL_NE.search(reason)
     if m:  # judged by held-out runs before the confirm (the screen, a check while searching, an early reject)
@@ -249,6 +250,12 @@ def print_summary(console: Console, s: Summary) -> None:
                       f"re-measured {_median(c.confirm_qps):,.0f} qps, but its quality verdict is "
                       "not resolved (more seeds: quality.max_seeds; a looser call: "
                       f"quality.confidence): not crowned{more}")
+    # not judged, its median over the winner's though within the winner's range: say why it is not crowned
+    for c in (c for c in s.confirmed if c.quality_verdict == Verdict.SLOWER and c.confirm_qps
+              and w and _median(c.confirm_qps) > (w.qps or 0.0)):
+        console.print(f"[bold yellow]not judged[/]: trial #{c.trial} ({c.short_config}) re-measured "
+                      f"{_median(c.confirm_qps):,.0f} qps, within the range re-measured for one that passed: "
+                      "these measurements cannot tell it faster, so no quality run was spent on it")
     if s.carried_from is not None and not s.screen:
         console.print(f"quality verdicts: none carried ({s.carried_from}): a numerics change is "
                       "never crowned")
