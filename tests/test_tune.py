@@ -765,9 +765,9 @@ def test_a_candidate_the_re_measurements_cannot_tell_faster_than_one_that_passed
         tmp_path: Path) -> None:
     """`make tune` spent 8 quality runs on a stack (comm=bf16) that ended "not resolved" beside one as fast
     (comm=fp16) that passed: the winner's name could change, its speed not. A candidate still being judged is
-    now spared once its speed-up (its final median; before that, the best of its pair and its search run) lies
-    within the range re-measured for one that passed, and its verdict says so; one faster than that range
-    goes on. Its pairs come first: a candidate quality runs judge wants all its re-measurements.
+    now spared once its re-measurements are not measurably faster than those of one that passed (before they are
+    all in: the best of them and its search run within that one's range), and its verdict says so; one
+    measurably faster goes on. Its pairs come first: a candidate quality runs judge wants all its re-measurements.
     (The verdict logic alone: the records are set, nothing is trained.)"""
     confirm, store, (base, passed, cand) = confirm_over(
         tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 260.0), ({"emb_lr": 0.00011}, 300.0)])
@@ -783,19 +783,35 @@ def test_a_candidate_the_re_measurements_cannot_tell_faster_than_one_that_passed
     assert out is not None and out.lead is passed and out.speedup == pytest.approx(2.55)
     assert confirm.verdict(cand) is False and confirm.quality_seed(cand) is None and not confirm.wants(cand)
     ok, why = confirm.gate(cand)
-    assert not ok and f"2.55x re-measured, within #{passed.number}'s 2.40-2.60x (it passed)" in why, why
+    assert not ok and f"2.55x re-measured, not measurably faster than #{passed.number}'s 2.40-2.60x" in why, why
     assert "no further quality run" in why and cand.quality_verdict == "slower"
-    # faster than all that passed was re-measured at: its next seed is due
-    _set(store, cand, [2.65, 2.7, 2.62], [0.001, 0.003])
+    confirm.tell_spared(cand), confirm.tell_spared(cand)  # the log says so, once
+    assert confirm.ctx.view.console.export_text().count(f"confirm: #{cand.number} 2.55x re-measured") == 1
+    # measurably faster (Welch, 90%): its next seed is due
+    _set(store, cand, [2.75, 2.8, 2.78], [0.001, 0.003])
     assert confirm.cannot_win(cand) is None and confirm.verdict(cand) is None
     assert confirm.quality_seed(base) is None and confirm.quality_seed(cand) == 2
 
 
-def test_quality_runs_go_to_the_fastest_candidate_first_and_among_those_alike_to_the_cheapest_next_seed(
+def test_the_stack_make_tune_judged_for_8_quality_runs_is_not_measurably_faster_than_the_one_that_passed() -> None:
+    """The pairs of a `make tune` (2026-12-03): #16 (comm=bf16) re-measured at 2.42x, median above the 2.37x of
+    #27 (comm=fp16, passed), and judged for 8 more quality runs, to "not resolved". Their pairs cannot tell #16
+    faster; a candidate 15% faster they can."""
+    from cubic.tune.candidates import told_faster
+
+    passed = [54_937 / 23_223, 53_011 / 23_613, 57_636 / 24_148]
+    judged = [58_321 / 24_116, 55_264 / 23_628, 58_578 / 22_321]
+    assert statistics.median(judged) > max(passed)  # above the passed one's whole range...
+    assert not told_faster(judged, passed, 0.9)  # ...and still not measurably faster
+    assert told_faster([r * 1.15 for r in passed], passed, 0.9)
+    assert not told_faster(passed, [r * 1.15 for r in passed], 0.9)
+
+
+def test_quality_runs_go_to_the_fastest_candidate_first_and_among_those_as_fast_to_the_cheapest_seed(
         tmp_path: Path) -> None:
     """One candidate at a time gets quality runs: the fastest by its re-measured speed-up, except that among
-    the candidates the measurements cannot tell apart from it (its median within their range) the one whose
-    next seed needs no new baseline seed goes first; a clearly slower one waits. (The verdict logic alone.)"""
+    the candidates the measurements cannot tell slower than it the one whose next seed needs no new baseline
+    seed goes first; a measurably slower one waits. (The verdict logic alone.)"""
     confirm, store, (base, a, b, c) = confirm_over(
         tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.00011}, 290.0),
                          ({"emb_lr": 0.00012}, 280.0)])

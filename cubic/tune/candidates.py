@@ -46,13 +46,13 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True)
 class Outrun:
-    """Why a candidate cannot win (`Candidates.cannot_win`): its speed-up is at most what it must
-    beat, the baseline's 1.0 or the top of the range re-measured for a configuration that passed."""
+    """Why a candidate cannot win (`Candidates.cannot_win`): the baseline's 1.0, or the would-be
+    winner, a configuration that passed, is at least as fast by what was measured."""
 
     speedup: float  # its final speed-up, or (`final` False) the best it was measured at
     final: bool
     lead: TrialRecord | None  # the configuration that passed (None: the baseline)
-    low: float  # the range of speed-ups re-measured for `lead` (1.0: the baseline)
+    low: float  # the range of paired speed-ups re-measured for `lead` (1.0: the baseline)
     top: float
 
     def reason(self, seeds: int) -> str:
@@ -61,9 +61,12 @@ class Outrun:
         if self.lead is None:
             return (f"at most {self.speedup:.2f}x the baseline (search, and re-measured beside it): "
                     f"it cannot win, so {spent}")
-        how = "" if self.final else "at most "
-        return (f"{how}{self.speedup:.2f}x re-measured, within #{self.lead.number}'s "
-                f"{self.low:.2f}-{self.top:.2f}x (it passed): it cannot win, so {spent}")
+        n, rng = self.lead.number, f"{self.low:.2f}-{self.top:.2f}x"
+        if not self.final:
+            return (f"at most {self.speedup:.2f}x re-measured, within #{n}'s {rng} (it passed): "
+                    f"it cannot win, so {spent}")
+        return (f"{self.speedup:.2f}x re-measured, not measurably faster than #{n}'s {rng} (it "
+                f"passed): it cannot win, so {spent}")
 
 
 class Candidates:
@@ -95,6 +98,7 @@ class Candidates:
         # trial number -> the baseline's qps just run before its next
         self.beside: dict[int, float | None] = {}
         self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
+        self.spared: set[int] = set()  # candidates `cannot_win` spared for one that passed, told
 
     # ------------------------------------------------------------------ state of one candidate
     def runs(self, t: TrialRecord) -> int:
@@ -134,10 +138,10 @@ class Candidates:
         """What t cannot beat, so that no (further) quality run is spent on it (None: it may still
         win, or nothing to compare yet). The baseline: neither a re-measurement over the
         baseline's run beside it nor its search run over the baseline's re-measured median beat
-        it. One that passed: t's speed-up (its final median once its re-measurements are all in,
-        before that the best of them and of its search run) lies within the range of paired
-        speed-ups re-measured for that one. These measurements cannot tell t faster, so judging
-        its quality could change the winner's name but not its speed."""
+        it. The would-be winner (of those that passed, the fastest median): t's re-measurements,
+        once all in, are not measurably faster than its (`told_faster`); before that, the best of
+        them and of t's search run is within its range. Judging t's quality could then change the
+        winner's name, not a speed the measurements can tell apart."""
         if self.base is None or t is self.base or not t.confirm_qps or not self.base.confirm_qps:
             return None
         bmed = statistics.median(self.base.confirm_qps)
@@ -145,13 +149,17 @@ class Candidates:
         best = max([*mine, (t.value or 0.0) / bmed])
         if best <= 1.0:
             return Outrun(best, False, None, 1.0, 1.0)
-        bound = statistics.median(mine) if self.final(t) else best
-        tops = [(self.ratios(o), o) for o in self.screened
-                if o is not t and o.confirm_qps and self.passed_final(o)]
-        r, lead = max(tops, key=lambda x: max(x[0]), default=([0.0], None))
-        if lead is None or bound > max(r):
+        leads = [o for o in self.screened if o is not t and o.confirm_qps and self.passed_final(o)]
+        if not leads:
             return None
-        return Outrun(bound, self.final(t), lead, min(r), max(r))
+        lead = max(leads, key=lambda o: statistics.median(self.ratios(o)))
+        theirs = self.ratios(lead)
+        if self.final(t):
+            spared = not told_faster(mine, theirs, self.qr.confidence if self.qr else 0.9)
+            bound = statistics.median(mine)
+        else:
+            spared, bound = best <= max(theirs), best
+        return Outrun(bound, self.final(t), lead, min(theirs), max(theirs)) if spared else None
 
     def final(self, t: TrialRecord) -> bool:
         """All of t's re-measurements are in: its speed-up will not change."""
@@ -170,7 +178,7 @@ class Candidates:
         """The open candidate whose quality runs come next (None: none is ready). One at a time,
         the fastest by its final speed-up first, since a slower one that passed would not spare
         it, while its pass spares every slower one (`cannot_win`). Among those the measurements
-        cannot tell apart from the fastest (it lies within their re-measured range), the one whose
+        cannot tell the fastest is faster than (`told_faster`), the one whose
         next seed costs fewest runs (the baseline's seed already in), so the cheapest verdict comes
         first and may spare the others."""
         if self.qr is None or self.base is None:
@@ -180,8 +188,8 @@ class Candidates:
         if not ready:
             return None
         speed = {t.number: self.ratios(t) for t in ready}
-        top = max(statistics.median(r) for r in speed.values())
-        tied = [t for t in ready if top <= max(speed[t.number])]
+        top = max(speed.values(), key=statistics.median)
+        tied = [t for t in ready if not told_faster(top, speed[t.number], self.qr.confidence)]
 
         def cost(t: TrialRecord) -> int:  # runs its next seed takes: its own, and the baseline's
             return 1 + (self.qdone(self.base) <= self.qdone(t))
@@ -319,6 +327,17 @@ class Candidates:
             self.ctx.view.note(f"quality: #{t.number} trains what #{rejected.number} trains: "
                                "rejected with it, not re-measured")
 
+    def tell_spared(self, t: TrialRecord) -> None:
+        """Say once that t, still being judged, is spared its quality runs by one that passed."""
+        if (t.number in self.spared or self.qr is None
+                or not self.ctx.space.differs_in_numerics(t.params)
+                or self.checks.sequential(t, self.base)[0] != MORE):
+            return
+        out = self.cannot_win(t)
+        if out is not None and out.lead is not None:
+            self.spared.add(t.number)
+            self.ctx.view.note(f"confirm: #{t.number} {out.reason(self.qdone(t))}")
+
     def next_remeasure(self) -> tuple[TrialRecord, TrialRecord | None] | None:
         """The next re-measurement, as (whose, the candidate it pairs with): a candidate's own
         run right after the baseline's beside it (step 3), the pair's other half first; the
@@ -433,3 +452,21 @@ class Candidates:
 def median_finite(xs: Any) -> float | None:
     vals = [float(x) for x in (xs or []) if x is not None and math.isfinite(float(x))]
     return statistics.median(vals) if vals else None
+
+
+def told_faster(mine: list[float], theirs: list[float], confidence: float) -> bool:
+    """Whether speed-ups `mine` are measurably above `theirs`: the `confidence` interval (the
+    quality gate's) of the difference of their mean logs, Welch's, lies above 0; with a single
+    measurement on either side, its median above all of theirs. Why logs: speed-ups are ratios,
+    and a pair's noise is a share of its speed."""
+    a, b = [math.log(x) for x in mine], [math.log(x) for x in theirs]
+    if len(a) < 2 or len(b) < 2:
+        return statistics.median(mine) > max(theirs)
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    d = statistics.mean(a) - statistics.mean(b)
+    if va + vb == 0:
+        return d > 0
+    from scipy.stats import t as student_t  # (as in `cubic.quality.rules`: slow to import)
+
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return d - float(student_t.ppf(0.5 + confidence / 2, df)) * math.sqrt(va + vb) > 0

@@ -20,14 +20,15 @@ skew the very numbers that pick the winner):
    every candidate measured later was compared with; a tune then crowned the baseline. A candidate
    that changes numerics gets one re-measurement first, then, where quality runs are to judge it,
    its other `repeats - 1` (a pair costs a fifth of a quality run). It cannot win, and fails without
-   a (further) quality run, where its speed-up (its final median; before that, the best of its
-   pairs and its search run) is at most 1 or within the range of pairs re-measured for a
-   configuration that passed: these measurements cannot tell it faster (`Candidates.cannot_win`).
+   a (further) quality run, where the best of its pairs and its search run is at most 1, or where
+   its pairs are not measurably faster than those of the would-be winner, a configuration that
+   passed (`Candidates.cannot_win`, `told_faster`: Welch's interval on the logs at the gate's
+   confidence).
    Otherwise its quality runs decide (`cubic.quality.rules.sequential`: the first `seeds`, then one
    more pair while the interval straddles the tolerance, up to `max_seeds` or until its chance to
    pass within them is spent), or without quality runs its NE over the baseline's samples. Quality
    runs go to one candidate at a time, the fastest first, and among those the measurements cannot
-   tell apart the one whose next seed costs fewest runs (`Candidates.focus`). Why: a pass spares
+   tell slower the one whose next seed costs fewest runs (`Candidates.focus`). Why: a pass spares
    every slower candidate its quality runs; judged in rank order, a `make tune` spent 8 of its 13
    confirm quality runs on a stack that ended "not resolved" beside one as fast that passed after 3.
    A model whose quality already failed (its own runs, or a twin's it inherits) is not re-measured
@@ -72,6 +73,7 @@ from cubic.tune.work import BackoffRun, GateRun, RemeasureRun
 __all__ = ["IDENTICAL_SEEDS", "SCREEN_FACTOR", "Candidates", "Confirm", "Phase", "median_finite"]
 
 SCREEN_FACTOR = 3  # confirm screens at most this many x confirm_top_k configurations
+SHOWN = 5  # back-off variants the log names (a source with 7 changes has 127)
 
 
 class Confirm(Candidates):
@@ -125,6 +127,7 @@ class Confirm(Candidates):
                 continue
             for t in self.screened:  # the same model was rejected: its verdict, without a run
                 self.inherit_rejection(t)
+                self.tell_spared(t)
             order = ([base] if base else []) + self.screened
             nxt = self.next_remeasure()
             if nxt is not None and not pending:  # one at a time (see the module docstring)
@@ -287,7 +290,8 @@ class Confirm(Candidates):
                else "is not resolved" if unresolved else "fails")
         shown = "; ".join(
             f"{v.label()} ({v.speed:,.0f} qps {'measured' if v.measured else 'predicted'})"
-            for v in plan.order)
+            for v in plan.order[:SHOWN]) + (f"; {len(plan.order) - SHOWN} more"
+                                             if len(plan.order) > SHOWN else "")
         self.ctx.view.note(
             f"confirm: back off: #{src.number} ({self.speed(src):,.0f} qps) is faster than all "
             f"that passed but its quality {why}; judging its layout with fewer of its numerics "

@@ -250,12 +250,12 @@ def print_summary(console: Console, s: Summary) -> None:
                       f"re-measured {_median(c.confirm_qps):,.0f} qps, but its quality verdict is "
                       "not resolved (more seeds: quality.max_seeds; a looser call: "
                       f"quality.confidence): not crowned{more}")
-    # not judged, its median over the winner's though within the winner's range: say why it is not crowned
+    # not judged, its median over the winner's though not measurably faster: say why it is not crowned
     for c in (c for c in s.confirmed if c.quality_verdict == Verdict.SLOWER and c.confirm_qps
               and w and _median(c.confirm_qps) > (w.qps or 0.0)):
         console.print(f"[bold yellow]not judged[/]: trial #{c.trial} ({c.short_config}) re-measured "
-                      f"{_median(c.confirm_qps):,.0f} qps, within the range re-measured for one that passed: "
-                      "these measurements cannot tell it faster, so no quality run was spent on it")
+                      f"{_median(c.confirm_qps):,.0f} qps, not measurably faster than one that passed, so "
+                      "its quality was not judged")
     if s.carried_from is not None and not s.screen:
         console.print(f"quality verdicts: none carried ({s.carried_from}): a numerics change is "
                       "never crowned")
