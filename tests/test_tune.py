@@ -827,3 +827,22 @@ def test_quality_runs_go_to_the_fastest_candidate_first_and_among_those_as_fast_
     assert [confirm.quality_seed(t) for t in (base, a, b, c)] == [2, None, None, None]  # the baseline's seed 3
     store.update(base, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
     assert [confirm.quality_seed(t) for t in (base, a, b, c)] == [None, 2, None, None]
+
+
+def test_the_walk_ends_where_the_rest_of_the_ranking_cannot_beat_the_one_that_passed(tmp_path: Path) -> None:
+    """The ranking is by search run, a measurement picked for being high: once the next candidate's search run
+    (over the baseline's re-measured median) is within the pairs of the fastest that passed, neither it nor any
+    after it can win, and the walk screens no more of them, though fewer than confirm_top_k passed. A search run
+    above those pairs is screened. (The verdict logic alone: the records are set, nothing is trained.)"""
+    confirm, store, (base, passed, near, far) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.00011}, 270.0),
+                         ({"emb_lr": 0.00012}, 255.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    _set(store, passed, [2.5, 2.6, 2.4], [0.0001, -0.0001, 0.0])
+    confirm.screened, confirm.walked = [passed], 1
+    assert confirm.would_win() is passed
+    assert confirm.beyond_reach(near) is None  # 2.7x by its search run: above 2.4-2.6x
+    assert confirm.beyond_reach(far) is passed  # 2.55x: within
+    confirm.walked = 2
+    assert confirm.reached_end() and confirm.walked == 3
+    assert f"confirm: #{far.number} and the 0 after it in the ranking" in confirm.ctx.view.console.export_text()

@@ -98,7 +98,7 @@ class Candidates:
         # trial number -> the baseline's qps just run before its next
         self.beside: dict[int, float | None] = {}
         self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
-        self.spared: set[int] = set()  # candidates `cannot_win` spared for one that passed, told
+        self.spared: set[int] = set()  # spared for one that passed, and said so (`tell_spared`)
 
     # ------------------------------------------------------------------ state of one candidate
     def runs(self, t: TrialRecord) -> int:
@@ -149,10 +149,9 @@ class Candidates:
         best = max([*mine, (t.value or 0.0) / bmed])
         if best <= 1.0:
             return Outrun(best, False, None, 1.0, 1.0)
-        leads = [o for o in self.screened if o is not t and o.confirm_qps and self.passed_final(o)]
-        if not leads:
+        lead = self.would_win()
+        if lead is None or lead is t:
             return None
-        lead = max(leads, key=lambda o: statistics.median(self.ratios(o)))
         theirs = self.ratios(lead)
         if self.final(t):
             spared = not told_faster(mine, theirs, self.qr.confidence if self.qr else 0.9)
@@ -161,6 +160,22 @@ class Candidates:
             spared, bound = best <= max(theirs), best
         return Outrun(bound, self.final(t), lead, min(theirs), max(theirs)) if spared else None
 
+    def would_win(self) -> TrialRecord | None:
+        """Of the candidates that passed with their speed-ups final, the fastest median: the winner
+        if nothing faster passes (None: none)."""
+        leads = [o for o in self.screened if o.confirm_qps and self.passed_final(o)]
+        return max(leads, key=lambda o: statistics.median(self.ratios(o)), default=None)
+
+    def beyond_reach(self, t: TrialRecord) -> TrialRecord | None:
+        """The would-be winner where t, not screened yet, cannot beat it: t's search run over the
+        baseline's re-measured median is within its range of pairs (None: t may). Every later
+        candidate of the ranking (by search run) cannot either, so the walk ends there."""
+        lead = self.would_win()
+        if lead is None or self.base is None or not self.base.confirm_qps:
+            return None
+        bmed = statistics.median(self.base.confirm_qps)
+        return lead if (t.value or 0.0) / bmed <= max(self.ratios(lead)) else None
+
     def final(self, t: TrialRecord) -> bool:
         """All of t's re-measurements are in: its speed-up will not change."""
         return self.runs(t) >= self.reps and not self.inflight.get(t.number)
@@ -168,7 +183,7 @@ class Candidates:
     def passed_final(self, o: TrialRecord) -> bool:
         """o passed the gate and its speed-up is final: what a candidate must beat. (Read from its
         runs, not `phase`, which asks `cannot_win`.)"""
-        if o.confirm_failed or not self.final(o):
+        if o is self.base or o.confirm_failed or not self.final(o):
             return False
         if not self.ctx.space.differs_in_numerics(o.params):
             return True
@@ -177,10 +192,9 @@ class Candidates:
     def focus(self) -> TrialRecord | None:
         """The open candidate whose quality runs come next (None: none is ready). One at a time,
         the fastest by its final speed-up first, since a slower one that passed would not spare
-        it, while its pass spares every slower one (`cannot_win`). Among those the measurements
-        cannot tell the fastest is faster than (`told_faster`), the one whose
-        next seed costs fewest runs (the baseline's seed already in), so the cheapest verdict comes
-        first and may spare the others."""
+        it, while its pass spares every slower one (`cannot_win`). Of those the fastest is not
+        measurably faster than (`told_faster`), the one whose next seed costs fewest runs (the
+        baseline's seed already in): the cheapest verdict first, which may spare the others."""
         if self.qr is None or self.base is None:
             return None
         ready = [t for t in self.screened if t is not self.base and self.final(t)
@@ -208,8 +222,8 @@ class Candidates:
 
     def seeds_wanted(self, t: TrialRecord) -> int:
         """How many quality seeds t's verdict needs by now: the first `seeds`, then one more pair
-        at a time while its interval straddles the tolerance; the baseline as many as the
-        candidate that wants the most (the pairs)."""
+        at a time while its interval straddles the tolerance, for one candidate at a time
+        (`focus`); the baseline its first `seeds`, and as many as that one wants (the pairs)."""
         if t is self.base:
             return max([self.qr.seeds, *(self.seeds_wanted(f) for f in [self.focus()] if f)])
         if self.phase(t) is not Phase.JUDGING or t is not self.focus():  # (one at a time)

@@ -11,8 +11,11 @@ The walk, one run at a time (trials side by side on one node share its memory ba
 skew the very numbers that pick the winner):
 1. Candidates: every completed trial but the baseline, fastest first, less those a check while
    searching already rejected (`TrialRecord.feasible`).
-2. Screen the next candidate while fewer than k passed or may still pass, and fewer than
-   SCREEN_FACTOR x k candidates needed runs of their own. One that trains a model already rejected
+2. Screen the next candidate while fewer than k passed or may still pass, fewer than
+   SCREEN_FACTOR x k candidates needed runs of their own, and its search run, over the baseline's
+   re-measured median, is above the pairs of the would-be winner (of those that passed, the fastest
+   median; `Candidates.beyond_reach`): the ranking is by search run, a measurement picked for being
+   high, so no later candidate can beat that one. One that trains a model already rejected
    inherits the verdict.
 3. Every re-measurement of a candidate runs right after one of the baseline, and its speed-up is the
    median of those pairs' ratios (`TrialRecord.confirm_speedup`). Why: this machine drifts by 1.5x
@@ -120,7 +123,7 @@ class Confirm(Candidates):
             # those that cost runs of their own
             own = sum(t.quality_runs_of is None for t in self.screened)
             if (passed < k and passed + undecided < k and own < max_screen
-                    and self.walked < len(self.cands)):
+                    and self.walked < len(self.cands) and not self.reached_end()):
                 t = self.cands[self.walked]
                 self.walked += 1
                 self.screened.append(t)
@@ -155,6 +158,19 @@ class Confirm(Candidates):
                 continue
             self.collect(pending, order)
         return self.judge_all()
+
+    def reached_end(self) -> bool:
+        """Whether the rest of the ranking cannot beat the would-be winner (`beyond_reach`), said
+        once."""
+        t = self.cands[self.walked]
+        lead = self.beyond_reach(t)
+        if lead is not None:
+            self.ctx.view.note(
+                f"confirm: #{t.number} and the {len(self.cands) - self.walked - 1} after it in the "
+                f"ranking ran at most {t.value or 0.0:,.0f} qps in the search, within the pairs "
+                f"re-measured for #{lead.number}, which passed: not screened")
+            self.walked = len(self.cands)
+        return lead is not None
 
     def collect(self, pending: list[Pending], order: list[TrialRecord]) -> None:
         """Record the runs that finished (up to half a second's wait), then the ETA over `order`."""
