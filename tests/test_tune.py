@@ -846,3 +846,24 @@ def test_the_walk_ends_where_the_rest_of_the_ranking_cannot_beat_the_one_that_pa
     confirm.walked = 2
     assert confirm.reached_end() and confirm.walked == 3
     assert f"confirm: #{far.number} and the 0 after it in the ranking" in confirm.ctx.view.console.export_text()
+
+
+def test_two_layouts_spared_as_slower_are_not_shown_as_one_judged_model(tmp_path: Path) -> None:
+    """Two layouts of one model, each spared for its own speed with the same words (a `make tune`: "at most
+    2.64x ..."), are each their own row in the summary, not "same model as #N": no quality run judged them."""
+    from cubic.tune.summary import confirmed_rows
+
+    slow = {"emb_lr": 0.00011}
+    confirm, store, (base, passed, one, other) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({**slow, "pipeline_depth": 1}, 250.0),
+                         (slow, 250.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    _set(store, passed, [2.5, 2.6, 2.4], [0.0001, -0.0001, 0.0])
+    for t in (one, other):
+        _set(store, t, [2.3], [0.001, 0.003])
+    confirm.screened = [passed, one, other]
+    for t in confirm.judge_all():
+        assert t is base or t is passed or (t.quality_verdict == "slower" and "at most 2.50x" in t.quality_reason)
+    assert one.quality_reason == other.quality_reason
+    rows = confirmed_rows(confirm.ctx, [passed, one, other], 100.0)
+    assert [r.same_model_as for r in rows] == [None, None, None]

@@ -56,15 +56,15 @@ class Outrun:
     top: float
 
     def reason(self, seeds: int) -> str:
-        spent = ("no further quality run was spent on it (eval NE so far: the report)" if seeds
+        spent = ("no further quality run was spent on it (its runs so far: the report)" if seeds
                  else "no quality run was spent on it")
         if self.lead is None:
             return (f"at most {self.speedup:.2f}x the baseline (search, and re-measured beside it): "
                     f"it cannot win, so {spent}")
         n, rng = self.lead.number, f"{self.low:.2f}-{self.top:.2f}x"
         if not self.final:
-            return (f"at most {self.speedup:.2f}x re-measured, within #{n}'s {rng} (it passed): "
-                    f"it cannot win, so {spent}")
+            return (f"at most {self.speedup:.2f}x (its search run and first pair), within #{n}'s "
+                    f"{rng} (it passed): it cannot win, so {spent}")
         return (f"{self.speedup:.2f}x re-measured, not measurably faster than #{n}'s {rng} (it "
                 f"passed): it cannot win, so {spent}")
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from optuna.trial import TrialState
 
+from cubic.quality.rules import Verdict
 from cubic.quality.store import ReusingRunner
 from cubic.study.record import BACKOFF, NOT_RUN, REFERENCE, TrialRecord
 from cubic.study.store import safe_url
@@ -146,7 +147,9 @@ def confirmed_rows(ctx: Tuning, confirmed: list[TrialRecord],
     first_of: dict[tuple, int] = {}
     rows = []
     for t in confirmed:
-        judged = t.quality_eval_diff is not None or "eval NE" in (t.quality_reason or "")
+        # (a candidate spared as slower was judged by its own speed, not by its model's runs)
+        judged = t.quality_verdict != Verdict.SLOWER and (
+            t.quality_eval_diff is not None or "eval NE" in (t.quality_reason or ""))
         key = ((space.numerics_key(t.params), t.quality_verdict, t.quality_eval_diff, t.quality_reason
                 if t.quality_eval_diff is None else None) if judged else None)
         rows.append(ConfirmedRow(
