@@ -867,3 +867,21 @@ def test_two_layouts_spared_as_slower_are_not_shown_as_one_judged_model(tmp_path
     assert one.quality_reason == other.quality_reason
     rows = confirmed_rows(confirm.ctx, [passed, one, other], 100.0)
     assert [r.same_model_as for r in rows] == [None, None, None]
+
+
+def test_layouts_of_one_open_model_count_once_so_the_walk_screens_another_model(tmp_path: Path) -> None:
+    """A `make tune`'s first five candidates were layouts of one stack: counted as five open candidates they
+    filled confirm_top_k, the walk screened no other model, and that stack alone was judged (8 quality runs, "not
+    resolved"). Layouts of one model pass or fail together, so they count once, and the walk goes on to another
+    model. (The verdict logic alone: the records are set, nothing is trained.)"""
+    stack = {"emb_lr": 0.0001}
+    confirm, store, (base, a, b, c, other) = confirm_over(
+        tmp_path, RACE.replace("pipeline_depth: [0, 1]", "pipeline_depth: [0, 1, 2]"),
+        [({}, 100.0), ({**stack, "pipeline_depth": 1}, 300.0), (stack, 290.0),
+         ({**stack, "pipeline_depth": 2}, 280.0), ({"emb_lr": 0.00011}, 270.0)])
+    assert len({confirm.ctx.space.config(t.params).key() for t in (a, b, c)}) == 3  # three layouts
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:2], quality_eval_auc=[0.7] * 2)
+    while confirm.screen_next(3, 9):
+        confirm.screened.append(confirm.cands[confirm.walked])
+        confirm.walked += 1
+    assert other in confirm.screened, [t.number for t in confirm.screened]

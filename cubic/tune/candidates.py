@@ -305,6 +305,13 @@ class Candidates:
         return (phase is Phase.PASSED or (phase is Phase.MEASURING and n == 0) or t is self.base
                 or (phase is Phase.JUDGING and self.qr is not None))
 
+    def model_of(self, t: TrialRecord) -> tuple:
+        """What t's quality verdict is a verdict of: its model (numerics key) where it changes
+        numerics, else itself (a layout passes on its own)."""
+        space = self.ctx.space
+        return (("model", space.numerics_key(t.params)) if space.differs_in_numerics(t.params)
+                else ("layout", t.number))
+
     def twin_judged(self, t: TrialRecord) -> TrialRecord | None:
         """A candidate screened before t that trains the same model and is still being judged
         (None: none). t's first re-measurement waits for that verdict: a rejection reaches t

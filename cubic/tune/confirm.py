@@ -11,7 +11,9 @@ The walk, one run at a time (trials side by side on one node share its memory ba
 skew the very numbers that pick the winner):
 1. Candidates: every completed trial but the baseline, fastest first, less those a check while
    searching already rejected (`TrialRecord.feasible`).
-2. Screen the next candidate while fewer than k passed or may still pass, fewer than
+2. Screen the next candidate while fewer than k passed or may still pass (layouts of one model
+   count once: they pass or fail with it; a tune whose first five candidates were one stack's
+   layouts judged only that stack, 8 quality runs to "not resolved"), fewer than
    SCREEN_FACTOR x k candidates needed runs of their own, and its search run, over the baseline's
    re-measured median, is above the pairs of the would-be winner (of those that passed, the fastest
    median; `Candidates.beyond_reach`): the ranking is by search run, a measurement picked for being
@@ -117,13 +119,7 @@ class Confirm(Candidates):
         pending: list[Pending] = []
         while True:
             ctx.check_lease()
-            phases = [self.phase(t) for t in self.screened]
-            passed = sum(ph is Phase.PASSED for ph in phases)
-            undecided = sum(ph.open for ph in phases)
-            # those that cost runs of their own
-            own = sum(t.quality_runs_of is None for t in self.screened)
-            if (passed < k and passed + undecided < k and own < max_screen
-                    and self.walked < len(self.cands) and not self.reached_end()):
+            if self.screen_next(k, max_screen):
                 t = self.cands[self.walked]
                 self.walked += 1
                 self.screened.append(t)
@@ -158,6 +154,17 @@ class Confirm(Candidates):
                 continue
             self.collect(pending, order)
         return self.judge_all()
+
+    def screen_next(self, k: int, max_screen: int) -> bool:
+        """Whether the walk screens its next candidate (step 2)."""
+        phases = [self.phase(t) for t in self.screened]
+        passed = sum(ph is Phase.PASSED for ph in phases)
+        # the models still open: layouts of one model pass or fail together
+        undecided = len({self.model_of(t) for t, ph in zip(self.screened, phases, strict=True)
+                         if ph.open})
+        own = sum(t.quality_runs_of is None for t in self.screened)  # cost runs of their own
+        return (passed < k and passed + undecided < k and own < max_screen
+                and self.walked < len(self.cands) and not self.reached_end())
 
     def reached_end(self) -> bool:
         """Whether the rest of the ranking cannot beat the would-be winner (`beyond_reach`), said
