@@ -611,9 +611,10 @@ budget: {trials: 4, confirm_top_k: 2}
 
 # ~1 min, in the default tier: the confirm alone, run in-process (3 re-measurements and 3-4 quality runs)
 def test_a_layout_waits_for_its_twins_verdict_and_a_rejection_costs_it_no_re_measurement(tmp_path: Path) -> None:
-    """Two layouts of one numerics change are screened together. The faster one's re-measurement and quality
-    runs judge the model; the other is not re-measured while that verdict is out, and the rejection reaches it
-    with the twin's runs, so it costs no run at all. The layout-only candidate is paired and wins."""
+    """Two layouts of one numerics change: the faster one's re-measurement and quality runs judge the model; the
+    other is not re-measured while that verdict is out, and the rejection reaches it with the twin's runs, so it
+    costs no run at all. The layout-only candidate is paired and wins. (confirm_top_k 1: with 2 the walk screens
+    the layout beside the open model at once, and once it passes faster the twins are spared for speed.)"""
     from rich.console import Console
 
     from cubic.tune.checks import QualityChecks
@@ -624,7 +625,7 @@ def test_a_layout_waits_for_its_twins_verdict_and_a_rejection_costs_it_no_re_mea
     from cubic_harness.trial import run_trial
     from tests.test_memory import InlineRunner
 
-    space = load_space(space_file(tmp_path, TWINS))
+    space = load_space(space_file(tmp_path, TWINS.replace("confirm_top_k: 2", "confirm_top_k: 1")))
     store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
     base_params = space.baseline_params()
     base_res = run_trial(space.config(base_params))  # the baseline's search run, measured

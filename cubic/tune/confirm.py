@@ -149,7 +149,8 @@ class Confirm(Candidates):
                 self.qinflight[t.number] = self.qinflight.get(t.number, 0) + 1
                 continue
             if not pending:
-                if not self.backoff(pending):
+                # (a verdict a twin inherited above may have left the walk short of k)
+                if not self.screen_next(k, max_screen) and not self.backoff(pending):
                     break
                 continue
             self.collect(pending, order)
