@@ -886,3 +886,22 @@ def test_layouts_of_one_open_model_count_once_so_the_walk_screens_another_model(
         confirm.screened.append(confirm.cands[confirm.walked])
         confirm.walked += 1
     assert other in confirm.screened, [t.number for t in confirm.screened]
+
+
+def test_a_layout_of_a_model_that_passed_takes_its_verdict_before_its_speed_is_weighed(tmp_path: Path) -> None:
+    """A `make tune` spared four layouts of the model that passed as "not judged" (one re-measured at 2.60x, over
+    the winner's 2.43x): quality runs go to one candidate at a time, and they waited for a turn that the spare
+    rule never gave them. A layout takes its twin's runs and verdict as soon as the twin holds more of them.
+    (The verdict logic alone: the records are set, nothing is trained.)"""
+    stack = {"emb_lr": 0.0001}
+    confirm, store, (base, passed, layout) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({**stack, "pipeline_depth": 1}, 300.0), (stack, 290.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    _set(store, passed, [2.5, 2.6, 2.4], [0.0001, -0.0001, 0.0])
+    _set(store, layout, [2.55, 2.5, 2.6], [])
+    confirm.screened = [passed, layout]
+    assert confirm.verdict(passed) is True and confirm.verdict(layout) is False  # spared while it waits
+    confirm.adopt_twin(layout)
+    assert layout.quality_eval_ne == passed.quality_eval_ne and layout.quality_runs_of == passed.number
+    assert confirm.verdict(layout) is True
+    assert f"#{layout.number} trains what #{passed.number} trains" in confirm.ctx.view.console.export_text()

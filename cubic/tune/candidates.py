@@ -348,6 +348,20 @@ class Candidates:
             self.ctx.view.note(f"quality: #{t.number} trains what #{rejected.number} trains: "
                                "rejected with it, not re-measured")
 
+    def adopt_twin(self, t: TrialRecord) -> None:
+        """Give t the runs of a screened twin that trains the same model and holds more of them,
+        settled (passed, or not) or spared: its model's verdict before its own speed is weighed.
+        Why here and not only when t asks for a seed: quality runs go to one candidate at a time,
+        and a layout of a model that passed was spared as "not judged" while waiting its turn."""
+        if (self.qr is None or self.qinflight.get(t.number)
+                or not self.ctx.space.differs_in_numerics(t.params)):
+            return
+        found = self.same_model(t, self.qdone(t))
+        if found is not None and self.qdone(found[0]) > self.qdone(t):
+            owner, how = found
+            self.ctx.store.update(t, **owner.heldout(verdict=False))
+            self.ctx.view.note(f"quality: #{t.number}{how}, so #{owner.number}'s quality runs apply")
+
     def tell_spared(self, t: TrialRecord) -> None:
         """Say once that t, still being judged, is spared its quality runs by one that passed."""
         if (t.number in self.spared or self.qr is None

@@ -126,6 +126,7 @@ class Confirm(Candidates):
                 continue
             for t in self.screened:  # the same model was rejected: its verdict, without a run
                 self.inherit_rejection(t)
+                self.adopt_twin(t)
                 self.tell_spared(t)
             order = ([base] if base else []) + self.screened
             nxt = self.next_remeasure()
