@@ -14,6 +14,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from cubic.quality.rules import FUTILE, MORE, NOT_RESOLVED, Verdict, matched_ne, noise_floor, within
+from cubic.space.quality_runs import QualityRuns
 from cubic.study.record import TrialRecord
 from cubic.tune.checks import QualityChecks, early_reject, paired_diff
 from cubic.tune.context import Tuning
@@ -154,7 +155,7 @@ class Candidates:
             return None
         theirs = self.ratios(lead)
         if self.final(t):
-            spared = not told_faster(mine, theirs, self.qr.confidence if self.qr else 0.9)
+            spared = not told_faster(mine, theirs, (self.qr or QualityRuns).confidence)
             bound = statistics.median(mine)
         else:
             spared, bound = best <= max(theirs), best
