@@ -708,6 +708,31 @@ def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_
     assert f"equal #{judged.number}'s bit for bit" in confirm.ctx.view.console.export_text()
 
 
+def test_two_open_models_whose_runs_equal_bit_for_bit_pool_their_seeds_as_one(tmp_path: Path) -> None:
+    """A `make tune` judged the fp16/bf16 stack with fp32 and with bf16 communication as two models, both
+    open at the tolerance: their first two seeds equal to every digit, then seeds 3-6 trained twice (4 of
+    its 17 quality runs). Once two seeds are equal bit for bit, the models are one (`Candidates.key`) even
+    while undecided: the faster asks for seed 3 and takes the slower one's instead of training its own, and
+    the two count once toward `confirm_top_k`. (The verdict logic alone: the records are set, nothing is
+    trained.)"""
+    confirm, store, (base, slow, fast) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 250.0), ({"emb_lr": 0.00011}, 260.0)])
+    space = confirm.ctx.space
+    assert space.numerics_key(slow.params) != space.numerics_key(fast.params)
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE, quality_eval_auc=[0.7] * 4)
+    straddle = [0.001, 0.003, 0.0005]  # +0.15% +- : straddles the 0.2% tolerance, open after three seeds
+    _set(store, slow, [2.5, 2.5, 2.5], straddle)
+    _set(store, fast, [2.6, 2.6, 2.6], straddle[:2])
+    confirm.screened = [slow, fast]
+    assert confirm.verdict(slow) is None and confirm.verdict(fast) is None  # both open
+    assert confirm.model_of(slow) != confirm.model_of(fast)  # not known alike before the runs are compared
+    assert confirm.focus() is fast
+    assert confirm.quality_seed(fast) is None  # seed 3 is the slow one's: not trained again
+    assert fast.quality_eval_ne == slow.quality_eval_ne and fast.quality_runs_of == slow.number
+    assert confirm.model_of(slow) == confirm.model_of(fast)
+    assert f"equal #{slow.number}'s bit for bit" in confirm.ctx.view.console.export_text()
+
+
 def test_a_candidate_whose_chance_to_pass_is_spent_stops_after_three_seeds_and_its_verdict_says_why(
         tmp_path: Path) -> None:
     """A candidate at the tolerance (+0.20% +- 0.01% against 0.20% over three seeds) would spend the whole

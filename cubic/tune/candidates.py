@@ -100,8 +100,17 @@ class Candidates:
         self.beside: dict[int, float | None] = {}
         self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
         self.spared: set[int] = set()  # spared for one that passed, and said so (`tell_spared`)
+        # a numerics key -> the key whose quality runs its own equal bit for bit (`same_model` case 2)
+        self.alike: dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ state of one candidate
+    def key(self, t: TrialRecord) -> tuple:
+        """t's model: its numerics key, or the key its quality runs were found to equal bit for bit."""
+        k = self.ctx.space.numerics_key(t.params)
+        while k in self.alike:
+            k = self.alike[k]
+        return k
+
     def runs(self, t: TrialRecord) -> int:
         return len(t.confirm_qps) + len(t.confirm_failed)
 
@@ -260,20 +269,19 @@ class Candidates:
             self.checks.sequential(o, self.base)[0] != MORE
 
     def same_model(self, t: TrialRecord, n: int) -> tuple[TrialRecord, str] | None:
-        """A settled candidate whose quality runs are t's, and how that is known (None: none):
-        1. the same numerics key (the same model on the same samples), t's own n runs so far its
-           first ones; here also one not settled that holds more of them (it cannot win);
+        """A candidate whose quality runs are t's, and how that is known (None: none):
+        1. the same model (`key`) on the same samples, t's own n runs so far its first ones, settled,
+           or holding more of them (here also one that cannot win: it holds its model's runs);
         2. another key, and t's own first n >= IDENTICAL_SEEDS runs equal to its first n bit for
-           bit (eval NE and AUC), with more of them. A knob that rounds nothing the model does
-           not round anyway (bf16 communication of embeddings that bf16 dense math reads) is
-           inert for it, which no rule over knobs can know for every model, and the runs show.
-           Two equal seeds, not one: each seed draws other data and another teacher."""
+           bit (eval NE and AUC): from then on one model (`alike`), its runs pooled seed by seed,
+           settled or not. A knob that rounds nothing the model does not round anyway (bf16
+           communication of embeddings that bf16 dense math reads) is inert for it, which no rule
+           over knobs can know for every model, and the runs show. Two equal seeds, not one: each
+           seed draws other data and another teacher."""
         if self.qinflight.get(t.number):
             return None
-        space = self.ctx.space
-        key = space.numerics_key(t.params)
-        # (one that cannot win holds its runs so far for a faster layout of its model)
-        twin = next((o for o in self.screened if o is not t and space.numerics_key(o.params) == key
+        key = self.key(t)
+        twin = next((o for o in self.screened if o is not t and self.key(o) == key
                      and (self.settled(o) or self.qdone(o) > n and not self.qinflight.get(o.number))),
                     None)
         if twin is not None and t.quality_eval_ne == twin.quality_eval_ne[:n]:
@@ -282,11 +290,14 @@ class Candidates:
                 or None in t.quality_eval_ne + t.quality_eval_auc):
             return None
         alike = next((o for o in self.screened if o is not t and o is not self.base
-                      and self.qdone(o) > n and self.settled(o)
+                      and self.key(o) != key and self.qdone(o) >= n
+                      and not self.qinflight.get(o.number)
                       and o.quality_eval_ne[:n] == t.quality_eval_ne
                       and o.quality_eval_auc[:n] == t.quality_eval_auc), None)
         if alike is None:
             return None
+        self.alike[key] = self.key(alike)
+        space = self.ctx.space
         knobs = dict.fromkeys(space.differs_in_numerics(t.params)
                               + space.differs_in_numerics(alike.params))
         inert = ", ".join(f"{k} {t.params.get(k)} vs {alike.params.get(k)}" for k in knobs
@@ -309,8 +320,7 @@ class Candidates:
     def model_of(self, t: TrialRecord) -> tuple:
         """What t's quality verdict is a verdict of: its model (numerics key) where it changes
         numerics, else itself (a layout passes on its own)."""
-        space = self.ctx.space
-        return (("model", space.numerics_key(t.params)) if space.differs_in_numerics(t.params)
+        return (("model", self.key(t)) if self.ctx.space.differs_in_numerics(t.params)
                 else ("layout", t.number))
 
     def twin_judged(self, t: TrialRecord) -> TrialRecord | None:
@@ -323,9 +333,9 @@ class Candidates:
         if (self.qr is None or t not in self.screened
                 or not self.ctx.space.differs_in_numerics(t.params)):
             return None
-        key = self.ctx.space.numerics_key(t.params)
+        key = self.key(t)
         earlier = self.screened[:self.screened.index(t)]
-        return next((o for o in earlier if self.ctx.space.numerics_key(o.params) == key
+        return next((o for o in earlier if self.key(o) == key
                      and self.verdict(o) is None), None)
 
     def inherit_rejection(self, t: TrialRecord) -> None:
@@ -337,11 +347,11 @@ class Candidates:
         if (self.runs(t) or self.inflight.get(t.number) or self.qinflight.get(t.number)
                 or not space.differs_in_numerics(t.params) or self.phase(t) is Phase.FAILED):
             return
-        key = space.numerics_key(t.params)
+        key = self.key(t)
         rejected = next((o for o in self.screened if o is not t
                          and len(o.quality_eval_ne) >= max(1, self.qdone(t))
                          and not self.qinflight.get(o.number)
-                         and space.numerics_key(o.params) == key
+                         and self.key(o) == key
                          and self.checks.sequential(o, self.base)[0] not in (MORE, Verdict.PASSED)),
                         None)
         if rejected is not None:
