@@ -1,6 +1,6 @@
 """What the fork server saves a TorchRec tune: trials' wall time with ranks forked from a server that preloaded
-TorchRec (`trial.rank_context`, a TorchRec tune's process) beside ranks spawned afresh (a process whose server
-holds the harness only), each mode in its own fresh process, alternating.
+TorchRec (`trial.rank_context`, a TorchRec tune's process) beside ranks spawned afresh (`trial.spawned_ranks`),
+each mode in its own fresh process, alternating.
 
 Each process runs `--trials` short TorchRec trials of the tiny workload on 2 ranks, as a tune's worker runs its
 trials one after another; the first trial of a forked process also starts the server. Reports per mode the median
@@ -25,20 +25,19 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
-import json, os, sys
+import contextlib, json, sys
 from cubic_harness.config import TrialConfig
 from cubic_harness.torchrec_trial import run_torchrec
-from cubic_harness.trial import rank_context
+from cubic_harness.trial import spawned_ranks
 from cubic_harness.workload import Workload
 
 mode, n = sys.argv[1], int(sys.argv[2])
-if mode == "spawn":
-    rank_context(dict(os.environ))  # this process's server holds the harness: TorchRec ranks are spawned
 cfg = TrialConfig(workload=Workload.tiny(), world_size=2, batch_size=256, kernel="fbgemm", warmup_steps=2,
                   measure_steps=6, windows=1, timeout_s=300)
 out = []
 for _ in range(n):
-    r = run_torchrec(cfg)
+    with spawned_ranks() if mode == "spawn" else contextlib.nullcontext():
+        r = run_torchrec(cfg)
     assert r.status == "ok", r.error
     out.append({k: r.env[k] for k in ("wall_s", "startup_s", "rank_start")})
 print(json.dumps(out))

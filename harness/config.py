@@ -27,9 +27,31 @@ def host_cores() -> int:
 
 def oversubscribed(ranks: int, threads: int, cores: int) -> bool:
     """More threads than cores among a host's ranks. Their OpenMP workers must then wait passively
-    (`trial.rank_env`), a setting a rank cannot take after the fork, so it starts spawned, not forked from the
-    preloaded server (`trial.rank_context`), and holds a larger bare process (a cluster's `spawned_process_mb`)."""
+    (`trial.rank_env`), a setting libgomp reads when it loads, so such a rank forks from a server started
+    with it (`trial.rank_context`)."""
     return ranks * threads > cores
+
+
+def ranks_spawned(cfg: TrialConfig, framework: str) -> bool:
+    """Whether a trial's ranks start afresh instead of forking from a fork server (`trial.rank_context`):
+    TorchRec's 2D on CPU, whose ranks run with PYTHONOPTIMIZE=1 (harness/torchrec_trial.py), which a
+    forked interpreter cannot take. A spawned rank holds more (a cluster's `spawned_process_mb`)."""
+    return framework == "torchrec" and cfg.device != "cuda" and cfg.group_size < cfg.world_size
+
+
+def load_time_env(name: str) -> str:
+    """A variable as this process's libraries read it when they loaded: the environment its image was
+    started with (/proc/self/environ; a forked rank's is its fork server's), not os.environ, which a rank
+    replaces with its trial's after the fork. "default" where unset."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                k, _, v = item.partition(b"=")
+                if k.decode(errors="replace") == name:
+                    return v.decode(errors="replace")
+        return "default"
+    except OSError:  # not Linux: what the process holds now
+        return os.environ.get(name, "default")
 
 
 def json_safe(x: Any) -> Any:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from torchrec.distributed.model_parallel import DMPCollection
 from torchrec.streamable import Pipelineable
 
 from cubic_harness import torchrec_compat as compat
-from cubic_harness.config import TORCHREC_TYPES, TrialConfig
+from cubic_harness.config import TORCHREC_TYPES, TrialConfig, load_time_env
 from cubic_harness.torchrec_rules import UnsupportedConfig, torchrec_unsupported
 
 
@@ -462,7 +461,7 @@ def _report(cfg: TrialConfig, run: _Built, steps: _Steps, evaluation: dict | Non
             "placed": placed,
             "model_parallel": type(run.dmp).__name__, "kernel": run.kernel, "syncs": steps.syncs,
             "sharding_group": run.mine, "checksum": checksum,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+            "omp_wait_policy": load_time_env("OMP_WAIT_POLICY"),  # as libgomp read it
             # the dense gradients' comm hooks DDP runs (allreduce_comm_precision: torch's
             # fp16/bf16_compress_hook)
             "ddp_hooks": compat.ddp_hook_names(run.dmp),

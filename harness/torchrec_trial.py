@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cubic_harness import torchrec_compat as compat
-from cubic_harness.config import TrialConfig, TrialResult
+from cubic_harness.config import TrialConfig, TrialResult, ranks_spawned
 from cubic_harness.errors import ConfigError, debugging
 from cubic_harness.torchrec_job import placement_of, torchrec_job, torchrec_model
 from cubic_harness.torchrec_rules import (
@@ -98,7 +98,7 @@ def run_torchrec(cfg: TrialConfig, cwd: str | None = None) -> TrialResult:
         return TrialResult.failed(status, str(e), cfg, env=env)
     t0, started_at = time.perf_counter(), time.time()
     env.update(placement="local", nodes=1, rank_nodes=[platform.node()] * cfg.world_size,
-               rank_start=_start(cfg, job)[0].get_start_method())
+               rank_start=_start(cfg)[0].get_start_method())
     status, error, got = _launch(cfg, job, job["placements"], cwd)
     env["wall_s"] = round(time.perf_counter() - t0, 2)
     if status != "ok":
@@ -145,14 +145,13 @@ def run_torchrec_trial(cfg: TrialConfig, export: dict[str, Any]) -> dict[str, An
     return out
 
 
-def _start(cfg: TrialConfig, job: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+def _start(cfg: TrialConfig) -> tuple[Any, dict[str, str]]:
     """How the ranks start and the environment variables they add to this process's: the harness's
     rank environment (oversubscribed: PASSIVE), forked from a fork server that preloaded TorchRec
-    where `trial.rank_context` allows it. 2D on CPU is always spawned: its ranks run with
-    PYTHONOPTIMIZE=1 (DMPCollection's CUDA-only assert, module docstring), which a forked
-    interpreter cannot take."""
+    where `trial.rank_context` allows it. 2D on CPU is always spawned (`config.ranks_spawned`): its
+    ranks run with PYTHONOPTIMIZE=1 (DMPCollection's CUDA-only assert, module docstring)."""
     extra = rank_env(cfg)
-    if job.get("dmp_collection") and cfg.device != "cuda":
+    if ranks_spawned(cfg, "torchrec"):
         return mp.get_context("spawn"), {**extra, "PYTHONOPTIMIZE": "1"}
     return rank_context({**os.environ, **extra}, TORCHREC_PRELOAD), extra
 
@@ -161,7 +160,7 @@ def _launch(cfg: TrialConfig, job: dict[str, Any], placements: dict[str, dict],
             cwd: str | None = None) -> tuple[str, str, dict[int, dict]]:
     """Start `cfg.world_size` ranks training `job` (in the folder `cwd`) and wait: (status, one-line
     error, {rank: output})."""
-    ctx, extra = _start(cfg, job)
+    ctx, extra = _start(cfg)
     q = ctx.Queue()
     # the parent owns the rendezvous on an OS-chosen port, as harness/trial.py does (no port to
     # race for)

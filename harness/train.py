@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cubic_harness.config import TrialConfig
+from cubic_harness.config import TrialConfig, load_time_env
 from cubic_harness.data import Batch, eval_batches, rank_batches
 from cubic_harness.faults import maybe_fault
 from cubic_harness.model import DenseArch, build_dense_arch
@@ -191,6 +191,7 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
         "comm_hidden_ms": hidden_s * 1e3 / cfg.measure_steps,
         "plan_json": plan.to_json(),
         "first_step_at": first_step_at,
+        "omp_wait_policy": load_time_env("OMP_WAIT_POLICY"),  # as libgomp read it
     }
     if fp8_report is not None:
         out["fp8_probe"] = fp8_report

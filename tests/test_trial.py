@@ -277,6 +277,20 @@ def test_oversubscribed_ranks_wait_passively_and_others_are_untouched(monkeypatc
     assert rank_env(over) == {}
 
 
+def test_an_oversubscribed_trial_forks_from_a_server_that_loaded_its_wait_policy(monkeypatch) -> None:
+    """About half of a 2-core `make tune`'s trials run 2 ranks x 2 threads, which wait passively (OpenMP reads
+    that when it loads). They were spawned, 3.4 s to the first step instead of 0.7, since the one fork server
+    held the first trial's environment. Each load-time environment now has its own server: both kinds fork,
+    and what libgomp read in the rank (its image's environment, not os.environ) is each one's own."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    over = tiny_cfg(world_size=2, threads_per_rank=len(os.sched_getaffinity(0)))
+    plain = tiny_cfg(world_size=2)
+    for cfg, want in ((over, "PASSIVE"), (plain, "default"), (over, "PASSIVE")):
+        res = run_trial(cfg)
+        assert res.status == "ok", res.error
+        assert (res.env["rank_start"], res.env["omp_wait_policy"]) == ("forkserver", want)
+
+
 def test_trials_after_torchrec_planning_still_fork_their_ranks() -> None:
     """TorchRec's planner sets TORCHINDUCTOR_CACHE_DIR in the planning process; the trials after it
     are forked from the fork server all the same (in a fresh process, as a tune's Ray worker is)."""

@@ -417,16 +417,15 @@ def dense_other(device: torch.device, gemm: dict, reps: int, batches: tuple[int,
     return out
 
 
-def framework_step(spawned: bool = False) -> dict:
-    """The harness's own step where there is nothing to compute: its fixed cost and a rank's memory.
-    `spawned`: the rank oversubscribed (more threads than cores), so it starts spawned, not forked
-    (`config.oversubscribed`): its memory is an oversubscribed trial's bare rank."""
+def framework_step() -> dict:
+    """The harness's own step where there is nothing to compute: its fixed cost and a rank's memory, a
+    rank forked from its fork server as every harness rank is (`trial.rank_context`)."""
     from cubic_harness.config import TrialConfig
     from cubic_harness.trial import run_trial
     from cubic_harness.workload import Workload
 
     cfg = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, warmup_steps=5, measure_steps=30,
-                      windows=3, kernel="native", threads_per_rank=host_cores() + 1 if spawned else 1)
+                      windows=3, kernel="native")
     old = os.environ.get("CUBIC_LOCAL_CLUSTER")
     os.environ["CUBIC_LOCAL_CLUSTER"] = "none"  # one table-wise rank: no plan to price, no file to read
     try:
@@ -438,8 +437,6 @@ def framework_step(spawned: bool = False) -> dict:
             os.environ["CUBIC_LOCAL_CLUSTER"] = old
     if res.status != "ok":
         raise RuntimeError(f"calibration step failed: {res.error}")
-    if spawned and res.env.get("rank_start") != "spawn":
-        raise RuntimeError(f"calibration step: an oversubscribed rank started by {res.env.get('rank_start')}")
     return {"step_ms": res.step_ms_p50, "peak_mem_mb": res.peak_mem_mb}
 
 
@@ -606,8 +603,7 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
 
     progress("framework step")
     fw = framework_step() if not cuda else {"step_ms": 1.0, "peak_mem_mb": 0.0}
-    spawned_mb = framework_step(spawned=True)["peak_mem_mb"] if not cuda else 0.0
-    src["framework_step"] = fw | ({"spawned_peak_mem_mb": spawned_mb} if spawned_mb else {})
+    src["framework_step"] = fw
     src["seconds"] = round(time.perf_counter() - t_start, 1)
 
     mem_gb = (torch.cuda.get_device_properties(0).total_memory / 2**30) if cuda else _host_gb()
@@ -632,7 +628,6 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
             **_measured_extras(src, shared),
             "step_overhead_ms": round(fw["step_ms"], 3),
             "process_mb": round(fw["peak_mem_mb"], 1),
-            **({"spawned_process_mb": round(spawned_mb, 1)} if spawned_mb else {}),
         },
         "intra_node": link,
         "network": dict(link),
@@ -714,7 +709,8 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     their difference is the framework's alone; the harness's own figures (`base`) are what it is added to:
     1. the fixed cost of a step: a bare one-rank step (the tiny workload, batch 16). TorchRec's
        `step_overhead_ms` is the harness's plus the paired difference. Its peak RSS is a forked TorchRec rank's
-       `process_mb`; the same step on an oversubscribed rank (spawned) gives `spawned_process_mb`.
+       `process_mb`; the same step on a rank spawned afresh (TorchRec's 2D ranks on CPU) gives
+       `spawned_process_mb`.
     2. the collection's work per looked-up id (KeyedJaggedTensor routing, the distribution's bookkeeping,
        autograd): two table-wise steps on two ranks (the tiny workload's tables, batch 512) that differ only
        in their bags, PROFILE_POOLS ids each. The growth of the difference per id a rank looks up, added to
@@ -731,8 +727,9 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     validates it on those)."""
     import dataclasses
 
-    from cubic_harness.config import TrialConfig, host_cores
+    from cubic_harness.config import TrialConfig
     from cubic_harness.torchrec_trial import package_version, run_torchrec
+    from cubic_harness.trial import spawned_ranks
     from cubic_harness.workload import Workload
 
     reps = 2 if short else 3
@@ -741,8 +738,9 @@ def torchrec_profile(base: Any, short: bool = False, progress: Progress = lambda
     bare = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, **steps)
     bare_steps = _both_steps(bare, reps)
     fixed = bare_steps.paired
-    progress("a bare TorchRec rank spawned afresh (an oversubscribed trial's)")
-    spawned = run_torchrec(bare.replace(threads_per_rank=host_cores() + 1))
+    progress("a bare TorchRec rank spawned afresh (as TorchRec's 2D ranks on CPU are)")
+    with spawned_ranks():
+        spawned = run_torchrec(bare)
     if spawned.status != "ok" or spawned.env.get("rank_start") != "spawn":
         raise RuntimeError("calibration step (a spawned TorchRec rank): "
                            f"{spawned.error or 'started by ' + str(spawned.env.get('rank_start'))}")

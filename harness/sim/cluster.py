@@ -91,8 +91,8 @@ class Device:
     step_overhead_ms: float  # framework cost per step (Python, autograd, collective calls)
     cores: int = 0  # CPU: cores of a node, shared by its ranks; 0 on GPU
     process_mb: float = 0.0  # what a rank holds before any model state (a torch + gloo process on CPU)
-    spawned_process_mb: float = 0.0  # CPU: the same for a rank spawned afresh (an oversubscribed trial's,
-    #   `config.oversubscribed`) instead of forked from the preloaded server; 0: as process_mb
+    spawned_process_mb: float = 0.0  # CPU: the same for a rank spawned afresh instead of forked from a
+    #   preloaded server (`config.ranks_spawned`: TorchRec's 2D); 0: as process_mb
     elementwise_gbs: dict[str, dict[int, float]] = field(default_factory=dict)  # dense work beyond GEMMs:
     #   activation bytes per second, per dense precision, by batch size (interpolated in log batch)
     shared_speed: dict[str, float] = field(default_factory=dict)  # CPU: speed a rank keeps (dense, embedding)
@@ -301,7 +301,7 @@ class FrameworkSpec(Strict):
     step_overhead_ms: NonNeg | None = None
     glue_ns_per_id: NonNeg | None = None
     process_mb: NonNeg | None = None
-    spawned_process_mb: NonNeg | None = None  # a rank spawned afresh (an oversubscribed trial's); absent: process_mb
+    spawned_process_mb: NonNeg | None = None  # a rank spawned afresh (`config.ranks_spawned`); absent: process_mb
     reads_own_ids: bool | None = None
     dist_overhead_ms: NonNeg | None = None
     collection_ms: NonNeg | None = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cubic_harness.config import DTYPE_BYTES, TrialConfig, oversubscribed
+from cubic_harness.config import DTYPE_BYTES, TrialConfig, ranks_spawned
 from cubic_harness.dense_cost import DenseCost
 from cubic_harness.sharding.transport import HOST_BATCH_BYTES
 from cubic_harness.sim.cluster import Cluster
@@ -83,8 +83,7 @@ def _fixed_bytes(cfg: TrialConfig, c: Cluster, dc: DenseCost) -> float:
     """What every position holds: the process, the dense part, the pre-generated batches."""
     # the framework: torch, the embedding kernels' code, the process groups, dynamo (the optimizer
     # and DDP import it): the calibration's bare one-rank trial's peak
-    spawned = c.device.type == "cpu" and c.device.spawned_process_mb and oversubscribed(
-        min(cfg.world_size, c.devices_per_node), cfg.threads_per_rank, c.device.cores)
+    spawned = c.device.type == "cpu" and c.device.spawned_process_mb and ranks_spawned(cfg, c.framework)
     fixed = (c.device.spawned_process_mb if spawned else c.device.process_mb) * 2**20
     # the dense part: weights, gradients (DDP's buckets hold them), Adagrad's sum of squares and its
     # step's temporaries (the sum's square root, for every parameter at once: the foreach
