@@ -144,6 +144,12 @@ def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
     re_measured = ranked["confirm_qps_median"].notna()
     assert re_measured.iloc[0] and not re_measured[re_measured.idxmin():].any()  # all re-measured first
     assert ranked.loc[~re_measured, "speedup"].iloc[0] == 10.0
+    # the winner heads the table, above one the confirm spared after a pair whose figure is higher
+    assert df["is_winner"].any(), "the fixture has a winner"
+    spared = lucky.copy()
+    other = ok.loc[ok["confirm_qps_median"].notna() & ~ok["is_winner"], "number"].iloc[0]
+    spared.loc[spared["number"] == other, "speedup"] = 20.0
+    assert bool(analysis.top_k(spared, k=len(ok))["number"].iloc[0] == df.loc[df["is_winner"], "number"].iloc[0])
     # tiny inputs are normal early in a tune: no exception, just nothing to rank
     one = df[df["number"] == 0]
     assert (analysis.knob_importance(one) == 0).all()

@@ -24,6 +24,7 @@ from cubic.search.samplers import SEARCHERS, distributions, make_sampler
 from cubic.space.search_space import load_space
 from cubic.study.record import FIELDS, TrialRecord
 from cubic.study.store import FLAT_KEYS, Store, open_storage, storage_url
+from cubic.tune.candidates import Phase
 from cubic_harness.config import TrialResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -911,6 +912,37 @@ def test_layouts_of_one_open_model_count_once_so_the_walk_screens_another_model(
         confirm.screened.append(confirm.cands[confirm.walked])
         confirm.walked += 1
     assert other in confirm.screened, [t.number for t in confirm.screened]
+
+
+def test_a_layout_that_passed_but_cannot_beat_the_would_be_winner_is_not_re_measured_further(
+        tmp_path: Path) -> None:
+    """A `make tune` re-measured four layouts of the model that passed three times each (16 runs), though after
+    one pair each was within the would-be winner's range. One that passed now gets its other re-measurements
+    only while the best of its search run and its pairs so far is above that range (`Candidates.outpaced`),
+    and says so once; a faster one goes on. (The verdict logic alone: the records are set, nothing is
+    trained.)"""
+    stack = {"emb_lr": 0.0001}
+    confirm, store, (base, passed, twin, layout) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), (stack, 260.0), ({**stack, "pipeline_depth": 1}, 250.0),
+                         ({"pipeline_depth": 1}, 300.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    ok = [0.0001, -0.0001, 0.0]
+    _set(store, passed, [2.5, 2.6, 2.4], ok)
+    _set(store, twin, [], ok)
+    confirm.screened = [passed, twin, layout]
+    assert confirm.would_win() is passed and confirm.wants(twin)  # its first pair
+    _set(store, twin, [2.55], ok)
+    assert confirm.phase(twin) is Phase.PASSED and not confirm.wants(twin)  # 2.55x: within 2.4-2.6x
+    confirm.tell_spared(twin)
+    assert (f"#{twin.number} passed, at most 2.55x (its search run and pairs so far), within "
+            f"#{passed.number}'s 2.40-2.60x" in confirm.ctx.view.console.export_text())
+    assert confirm.phase(layout) is Phase.PASSED and confirm.wants(layout)  # its search run: 3.0x
+    # crowned over all its pairs: the spared one's single 2.55x is no verdict on its speed
+    from cubic.tune.summary import winner
+
+    confirm.screened = [passed, twin]
+    w = winner(confirm.ctx, confirm.checks, confirm.judge_all(), "cubic", 100.0)
+    assert twin.quality_ok and w is not None and w.trial == passed.number
 
 
 def test_a_layout_of_a_model_that_passed_takes_its_verdict_before_its_speed_is_weighed(tmp_path: Path) -> None:

@@ -56,9 +56,14 @@ class Outrun:
     low: float  # the range of paired speed-ups re-measured for `lead` (1.0: the baseline)
     top: float
 
-    def reason(self, seeds: int) -> str:
+    def reason(self, seeds: int, passed: bool = False) -> str:
+        """Why, in a line; `passed`: t passed, and is spared its other re-measurements."""
         spent = ("no further quality run was spent on it (its runs so far: the report)" if seeds
                  else "no quality run was spent on it")
+        if passed and self.lead is not None:
+            return (f"passed, at most {self.speedup:.2f}x (its search run and pairs so far), within "
+                    f"#{self.lead.number}'s {self.low:.2f}-{self.top:.2f}x: it cannot win, so it is "
+                    "not re-measured further")
         if self.lead is None:
             return (f"at most {self.speedup:.2f}x the baseline (search, and re-measured beside it): "
                     f"it cannot win, so {spent}")
@@ -169,6 +174,22 @@ class Candidates:
         else:
             spared, bound = best <= max(theirs), best
         return Outrun(bound, self.final(t), lead, min(theirs), max(theirs)) if spared else None
+
+    def outpaced(self, t: TrialRecord) -> Outrun | None:
+        """Why t, which passed, cannot beat the would-be winner (None: it may): the best of its
+        search run and its pairs so far is within that one's range, `cannot_win`'s rule before
+        the pairs are all in. Its further re-measurements could change the winner's name, not a
+        speed they can tell apart, so it gets none and is not crowned (a `make tune` re-measured
+        four layouts of the model that passed three times each, none of them faster)."""
+        if (self.base is None or t is self.base or not self.base.confirm_qps or self.final(t)
+                or self.phase(t) is not Phase.PASSED):
+            return None
+        lead = self.would_win()
+        if lead is None or lead is t:
+            return None
+        best = max([*self.ratios(t), (t.value or 0.0) / statistics.median(self.base.confirm_qps)])
+        theirs = self.ratios(lead)
+        return Outrun(best, False, lead, min(theirs), max(theirs)) if best <= max(theirs) else None
 
     def would_win(self) -> TrialRecord | None:
         """Of the candidates that passed with their speed-ups final, the fastest median: the winner
@@ -312,6 +333,8 @@ class Candidates:
         if n >= self.reps:
             return False
         phase = self.phase(t)
+        if phase is Phase.PASSED and self.outpaced(t) is not None:
+            return False
         # all before its quality runs: a pair costs a fifth of a quality run, and with its speed
         # final `focus` orders the candidates and `cannot_win` spares them by their real speed
         return (phase is Phase.PASSED or (phase is Phase.MEASURING and n == 0) or t is self.base
@@ -374,9 +397,16 @@ class Candidates:
             self.ctx.view.note(f"quality: #{t.number}{how}, so #{owner.number}'s quality runs apply")
 
     def tell_spared(self, t: TrialRecord) -> None:
-        """Say once that t, still being judged, is spared its quality runs by one that passed."""
-        if (t.number in self.spared or self.qr is None
-                or not self.ctx.space.differs_in_numerics(t.params)
+        """Say once that t is spared by one that passed: still being judged, its quality runs;
+        passed, its other re-measurements."""
+        if t.number in self.spared:
+            return
+        out = self.outpaced(t)
+        if out is not None:
+            self.spared.add(t.number)
+            self.ctx.view.note(f"confirm: #{t.number} {out.reason(self.qdone(t), passed=True)}")
+            return
+        if (self.qr is None or not self.ctx.space.differs_in_numerics(t.params)
                 or self.checks.sequential(t, self.base)[0] != MORE):
             return
         out = self.cannot_win(t)

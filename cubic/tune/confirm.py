@@ -24,7 +24,9 @@ skew the very numbers that pick the winner):
    over minutes, and a baseline re-measured three times back to back caught one fast spell that
    every candidate measured later was compared with; a tune then crowned the baseline. A candidate
    that changes numerics gets one re-measurement first, then, where quality runs are to judge it,
-   its other `repeats - 1` (a pair costs a fifth of a quality run). It cannot win, and fails without
+   its other `repeats - 1` (a pair costs a fifth of a quality run); one that passed gets its other
+   re-measurements unless the best of its search run and its pairs so far is within the would-be
+   winner's pairs (`Candidates.outpaced`: it is then not crowned). It cannot win, and fails without
    a (further) quality run, where the best of its pairs and its search run is at most 1, or where
    its pairs are not measurably faster than those of the would-be winner, a configuration that
    passed (`Candidates.cannot_win`, `told_faster`: Welch's interval on the logs at the gate's
@@ -38,8 +40,8 @@ skew the very numbers that pick the winner):
    confirm quality runs on a stack that ended "not resolved" beside one as fast that passed after 3.
    A model whose quality already failed (its own runs, or a twin's it inherits) is not re-measured
    at all, and a layout of a model still being judged on a faster twin waits for that verdict; one
-   whose first quality runs equal a decided candidate's bit for bit takes that one's runs
-   (`same_model`); a candidate that passes gets its other re-measurements. The baseline runs alone
+   whose first quality runs equal another's bit for bit trains the same model (`same_model`); a
+   candidate that passes gets its other re-measurements, unless outpaced. The baseline runs alone
    only up to its own `repeats`, once no candidate wants a run.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected
    for quality (failed, or not resolved within the seed budget) and is faster than everything that
@@ -275,7 +277,7 @@ class Confirm(Candidates):
         """The fastest re-measured median among the configurations that passed (0 where none
         did)."""
         passed = [t for t in ([self.base] if self.base else []) + self.screened
-                  if t.confirm_qps and self.phase(t) is Phase.PASSED]
+                  if t.confirm_qps and self.phase(t) is Phase.PASSED and self.outpaced(t) is None]
         return max((statistics.median(t.confirm_qps) for t in passed), default=0.0)
 
     def backoff_plan(self) -> BackoffPlan | None:

@@ -34,6 +34,9 @@ def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], sea
     ok = [t for t in confirmed if t.quality_ok and t.confirm_qps]
     if not ok:
         return None
+    # crowned over all its re-measurements: one that passed and was spared the rest as unable to
+    # win (`Candidates.outpaced`) holds fewer, and its best pair is no verdict on its speed
+    ok = [t for t in ok if len(t.confirm_qps) >= ctx.policy.repeats] or ok
     w = max(ok, key=lambda t: t.confirm_speedup(base_q) or 0.0)
     cq, pairs = w.confirm_qps, w.paired_ratios
     bq = base.confirm_qps if base else None
