@@ -914,6 +914,30 @@ def test_layouts_of_one_open_model_count_once_so_the_walk_screens_another_model(
     assert other in confirm.screened, [t.number for t in confirm.screened]
 
 
+def test_open_candidates_get_their_other_pairs_one_at_a_time_and_a_pass_spares_the_slower_on_its_first(
+        tmp_path: Path) -> None:
+    """A `make tune` re-measured every open candidate in full before any quality run: 78 runs, and the pass
+    that came then spared most of those candidates. Every candidate gets its first pair; then one at a time,
+    the fastest by its pairs so far, its other pairs and its quality runs. Once it passes, a slower one whose
+    first pair and search run are within its range is spared without its other pairs. (The verdict logic
+    alone: the records are set, nothing is trained.)"""
+    confirm, store, (base, fast, slow) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 260.0), ({"emb_lr": 0.00011}, 250.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:2], quality_eval_auc=[0.7] * 2)
+    _set(store, fast, [2.5], [])
+    _set(store, slow, [2.4], [])
+    confirm.screened = [fast, slow]
+    assert confirm.phase(fast) is confirm.phase(slow) is Phase.JUDGING
+    assert confirm.wants(fast) and not confirm.wants(slow)  # the fastest first pair's other pairs first
+    _set(store, fast, [2.5, 2.6, 2.4], [])
+    assert confirm.focus() is fast and not confirm.wants(slow)  # then its quality runs
+    assert confirm.quality_seed(fast) == 0
+    _set(store, fast, [2.5, 2.6, 2.4], [0.0001, -0.0001])
+    assert confirm.verdict(fast) is True
+    assert confirm.verdict(slow) is False and not confirm.wants(slow)  # 2.5x at most: within 2.4-2.6x
+    assert len(slow.confirm_qps) == 1
+
+
 def test_a_layout_that_passed_but_cannot_beat_the_would_be_winner_is_not_re_measured_further(
         tmp_path: Path) -> None:
     """A `make tune` re-measured four layouts of the model that passed three times each (16 runs), though after
