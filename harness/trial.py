@@ -223,7 +223,8 @@ def trial_env(cfg: TrialConfig) -> dict[str, str]:
 
 # Fork servers a process keeps, one per framework and load-time environment: a tune on 2 cores runs
 # the harness plain and oversubscribed (PASSIVE), and may plan or train with TorchRec. Each holds its
-# framework's imports (~0.3-0.6 GB) for the process's life, so a process that meets more spawns.
+# framework's imports for the process's life (the harness's: 0.62 GB RSS, `ps` during a `make tune`),
+# so a process that meets more environments spawns the rest.
 MAX_SERVERS = 4
 _ServerKey = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
 _servers: dict[_ServerKey, Any] = {}
@@ -275,15 +276,18 @@ def _server_for(preload: tuple[str, ...], native: dict[str, str]) -> Any:
     """The context of the server that preloaded `preload` and holds `native` as its load-time
     environment, started now if this process has room for another (None: it has not)."""
     key = (preload, tuple(sorted(native.items())))
-    if key not in _servers:
-        mine = _native_view(dict(os.environ))
-        if len(_servers) >= MAX_SERVERS or any(k not in native for k in mine):
-            return None  # (a load-time variable this process has and the rank must not: spawned)
-        server = ForkServer()
-        server.set_forkserver_preload(list(preload))
-        with _environ({k: v for k, v in native.items() if mine.get(k) != v}):
-            server.ensure_running()  # the server copies this environment, and its libraries read it
-        _servers[key] = server
+    with _start_lock:  # (trials in threads of one process: one server per key)
+        if key not in _servers:
+            mine = _native_view(dict(os.environ))
+            if len(_servers) >= MAX_SERVERS or any(k not in native for k in mine):
+                return None  # (a load-time variable this process has and the rank must not: spawned)
+            server = ForkServer()
+            server.set_forkserver_preload(list(preload))
+            # the server copies this environment, and its libraries read it; os.environ holds the
+            # variables only while it starts, as `run_ranks` does while spawning
+            with _environ({k: v for k, v in native.items() if mine.get(k) != v}):
+                server.ensure_running()
+            _servers[key] = server
     return _ServerContext(key)
 
 
@@ -322,7 +326,6 @@ def rank_context(env: dict[str, str], preload: tuple[str, ...] = RANK_PRELOAD) -
             _server = (preload, _native_view(dict(os.environ)))
         return mp.get_context("forkserver" if _server == (preload, native) else "spawn")
     return _server_for(preload, native) or mp.get_context("spawn")
-
 
 
 def run_ranks(cfg: TrialConfig, collect_tables: bool = False) -> tuple[str, str, dict[int, dict]]:
