@@ -969,6 +969,28 @@ def test_a_layout_that_passed_but_cannot_beat_the_would_be_winner_is_not_re_meas
     assert twin.quality_ok and w is not None and w.trial == passed.number
 
 
+def test_a_candidate_far_above_a_noisy_would_be_winners_median_is_judged_not_spared(tmp_path: Path) -> None:
+    """A `make tune` crowned a 2D layout at 1.64x: one baseline run in a slow spell gave it the pairs
+    1.46-2.56x, and every stack at 2.4-2.5x was within that range and not measurably faster, so spared. A
+    candidate more than REACH x the would-be winner's median is judged however noisy the pairs, before its
+    pairs are all in and after; one a few percent faster is still spared. (The verdict logic alone: the
+    records are set, nothing is trained.)"""
+    confirm, store, (base, noisy, stack, close) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 170.0), ({"emb_lr": 0.00011}, 230.0),
+                         ({"emb_lr": 0.00012}, 175.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    _set(store, noisy, [1.64, 1.46, 2.56], [0.0001, -0.0001, 0.0])
+    _set(store, stack, [2.39], [])
+    _set(store, close, [1.70, 1.66, 1.72], [0.001, 0.003])
+    confirm.screened = [noisy, stack, close]
+    assert confirm.would_win() is noisy
+    assert confirm.cannot_win(stack) is None  # 2.39x (and 2.30x searched): over 1.1 x 1.64x
+    _set(store, stack, [2.39, 2.54, 2.55], [])
+    assert confirm.cannot_win(stack) is None and confirm.verdict(stack) is None
+    out = confirm.cannot_win(close)  # 1.70x: within 1.1 x 1.64x, not measurably faster
+    assert out is not None and out.lead is noisy
+
+
 def test_a_layout_of_a_model_that_passed_takes_its_verdict_before_its_speed_is_weighed(tmp_path: Path) -> None:
     """A `make tune` spared four layouts of the model that passed as "not judged" (one re-measured at 2.60x, over
     the winner's 2.43x): quality runs go to one candidate at a time, and they waited for a turn that the spare
