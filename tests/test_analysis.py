@@ -136,10 +136,13 @@ def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
     paired = ok["confirm_paired_speedup"].where(ok["speedup_remeasured"])
     assert ok["speedup"].tolist() == pytest.approx(paired.fillna(own).tolist())
     # a trial measured once never ranks above one the confirm re-measured, however high its one figure
-    once = ok[ok["confirm_qps_median"].isna()]
-    assert len(once) and ok["confirm_qps_median"].notna().any(), "the fixture holds both kinds"
+    # (which trials the fixture's confirm re-measures depends on their speeds: one is made measured once here)
+    assert ok["confirm_qps_median"].notna().sum() >= 2, "the fixture's confirm re-measured some"
+    once = ok[ok["confirm_qps_median"].isna() | ~ok["is_winner"]]
     lucky = df.copy()
-    lucky.loc[lucky["number"] == once["number"].iloc[0], "speedup"] = 10.0
+    at = lucky["number"] == once["number"].iloc[-1]
+    lucky.loc[at, ["confirm_qps_median", "confirm_paired_speedup"]] = math.nan
+    lucky.loc[at, "speedup"] = 10.0
     ranked = analysis.top_k(lucky, k=len(ok))
     re_measured = ranked["confirm_qps_median"].notna()
     assert re_measured.iloc[0] and not re_measured[re_measured.idxmin():].any()  # all re-measured first
