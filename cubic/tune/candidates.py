@@ -159,37 +159,44 @@ class Candidates:
         winner's name, not a speed the measurements can tell apart."""
         if self.base is None or t is self.base or not t.confirm_qps or not self.base.confirm_qps:
             return None
-        bmed = statistics.median(self.base.confirm_qps)
         mine = self.ratios(t)
-        best = max([*mine, (t.value or 0.0) / bmed])
+        best = self.best_so_far(t)
         if best <= 1.0:
             return Outrun(best, False, None, 1.0, 1.0)
+        if not self.final(t):
+            return self.within_reach(t)
         lead = self.would_win()
         if lead is None or lead is t:
             return None
         theirs = self.ratios(lead)
-        if self.final(t):
-            bound = statistics.median(mine)
-            spared = (not told_faster(mine, theirs, (self.qr or QualityRuns).confidence)
-                      and bound <= reach(theirs))
-        else:
-            spared, bound = best <= reach(theirs), best
-        return Outrun(bound, self.final(t), lead, min(theirs), max(theirs)) if spared else None
+        bound = statistics.median(mine)
+        spared = (not told_faster(mine, theirs, (self.qr or QualityRuns).confidence)
+                  and bound <= reach(theirs))
+        return Outrun(bound, True, lead, min(theirs), max(theirs)) if spared else None
 
     def outpaced(self, t: TrialRecord) -> Outrun | None:
-        """Why t, which passed, cannot beat the would-be winner (None: it may): the best of its
-        search run and its pairs so far is within that one's range, `cannot_win`'s rule before
-        the pairs are all in. Its further re-measurements could change the winner's name, not a
-        speed they can tell apart, so it gets none and is not crowned (a `make tune` re-measured
-        four layouts of the model that passed three times each, none of them faster)."""
+        """Why t, which passed, cannot beat the would-be winner (None: it may): `within_reach`
+        before its pairs are all in. Its further re-measurements could change the winner's name,
+        not a speed they can tell apart, so it gets none and is not crowned (a `make tune`
+        re-measured four layouts of the model that passed three times each, none of them faster)."""
         if (self.base is None or t is self.base or not self.base.confirm_qps or self.final(t)
                 or self.phase(t) is not Phase.PASSED):
             return None
+        return self.within_reach(t)
+
+    def best_so_far(self, t: TrialRecord) -> float:
+        """The best of t's pairs so far and its search run over the baseline's re-measured median
+        (the baseline re-measured): the most its speed-up can turn out to be."""
+        assert self.base is not None and self.base.confirm_qps
+        return max([*self.ratios(t), (t.value or 0.0) / statistics.median(self.base.confirm_qps)])
+
+    def within_reach(self, t: TrialRecord) -> Outrun | None:
+        """The would-be winner, where `best_so_far(t)` is within its `reach` (None: it is not, or
+        there is none): the spare rule before t's pairs are all in."""
         lead = self.would_win()
         if lead is None or lead is t:
             return None
-        best = max([*self.ratios(t), (t.value or 0.0) / statistics.median(self.base.confirm_qps)])
-        theirs = self.ratios(lead)
+        best, theirs = self.best_so_far(t), self.ratios(lead)
         return Outrun(best, False, lead, min(theirs), max(theirs)) if best <= reach(theirs) else None
 
     def would_win(self) -> TrialRecord | None:
