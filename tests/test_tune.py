@@ -849,11 +849,51 @@ def test_quality_runs_go_to_the_fastest_candidate_first_and_among_those_as_fast_
     confirm.screened = [a, b, c]
     assert confirm.focus() is b
     assert [confirm.quality_seed(t) for t in (base, a, b, c)] == [None, None, 0, None]
-    _set(store, b, [2.45, 2.3, 2.55], [0.002, 0.0])  # b's first seeds straddle too: the faster one's turn
+    _set(store, b, [2.45, 2.3, 2.55], [0.0012, 0.0032])  # b's seeds straddle too, no likelier: a's turn
     assert confirm.focus() is a
     assert [confirm.quality_seed(t) for t in (base, a, b, c)] == [2, None, None, None]  # the baseline's seed 3
     store.update(base, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
     assert [confirm.quality_seed(t) for t in (base, a, b, c)] == [None, 2, None, None]
+
+
+def test_a_candidate_as_fast_whose_verdict_may_come_sooner_gets_its_pairs_and_quality_runs_first(
+        tmp_path: Path) -> None:
+    """The runs of a `make tune` (2026-12-03, seed 0): #12 (comm=bf16), re-measured in full and at +0.04% +-
+    0.1% after the two seeds of a check while searching, took 8 quality runs to "not resolved" (0.10%
+    tolerance); #26 (comm=fp16), as fast on its first pair, waited, then passed after 3 and was crowned.
+    Now a candidate whose pairs are not all in, that may be as fast and whose next seed is cheaper, gets its
+    pairs first; then, as fast, its seeds; at equal cost the likelier pass goes first; its pass spares #12.
+    (The verdict logic alone: the records are set, nothing is trained.)"""
+    confirm, store, (base, stack, other) = confirm_over(
+        tmp_path, RACE.replace("tolerance: 0.002", "tolerance: 0.001"),
+        [({}, 26_567.0), ({"emb_lr": 0.0001}, 75_584.0), ({"emb_lr": 0.00011}, 67_431.0)])
+    bne = [0.83724, 0.83521, 0.88837]
+    store.update(base, confirm_qps=[27_008.0, 25_921.0, 25_737.0, 26_298.0], quality_eval_ne=bne[:2],
+                 quality_eval_auc=[0.7] * 2)
+
+    def runs(t: TrialRecord, qps: list[float], beside: list[float], ne: list[float]) -> None:
+        store.update(t, confirm_qps=qps, confirm_base_qps=beside, quality_eval_ne=ne,
+                     quality_eval_auc=[0.7] * len(ne))
+
+    runs(stack, [66_097.0, 66_793.0, 63_385.0], [27_008.0, 25_921.0, 25_737.0], [0.83696, 0.83618])
+    runs(other, [65_706.0], [26_298.0], [])
+    confirm.screened = [stack, other]
+    assert confirm.phase(stack) is confirm.phase(other) is Phase.JUDGING
+    # its next seed needs no baseline seed, and its first pair and search run reach #12's pairs
+    assert confirm.focus() is None and confirm.next_judged() is other and confirm.wants(other)
+    assert not confirm.wants(stack) and confirm.quality_seed(stack) is None
+    runs(other, [65_706.0, 72_906.0, 68_933.0], [26_298.0, 29_666.0, 28_175.0], [])
+    assert confirm.focus() is other and confirm.quality_seed(other) == 0
+    runs(other, other.confirm_qps, other.confirm_base_qps, [0.83712, 0.83543])
+    # both want the baseline's seed 3 now: the likelier pass (+0.006% +- 0.03%) is judged first
+    assert confirm.turn(other)[1] < confirm.turn(stack)[1]
+    assert confirm.focus() is other and confirm.quality_seed(base) == 2
+    store.update(base, quality_eval_ne=bne, quality_eval_auc=[0.7] * 3)
+    assert confirm.quality_seed(other) == 2 and confirm.quality_seed(stack) is None
+    runs(other, other.confirm_qps, other.confirm_base_qps, [0.83712, 0.83543, 0.88851])
+    assert confirm.verdict(other) is True
+    out = confirm.cannot_win(stack)  # 2.46x beside 2.46x that passed: spared, 6 quality runs fewer
+    assert out is not None and out.lead is other and confirm.verdict(stack) is False
 
 
 def test_the_walk_ends_where_the_rest_of_the_ranking_cannot_beat_the_one_that_passed(tmp_path: Path) -> None:

@@ -36,7 +36,9 @@ skew the very numbers that pick the winner):
    more pair while the interval straddles the tolerance, up to `max_seeds` or until its chance to
    pass within them is spent), or without quality runs its NE over the baseline's samples. Quality
    runs go to one candidate at a time, the fastest first, and among those the measurements cannot
-   tell slower the one whose next seed costs fewest runs (`Candidates.focus`). Why: a pass spares
+   tell slower the one whose verdict may come soonest: its next seed costs fewest runs, then its
+   chance to pass within the seed budget is highest (`Candidates.focus`, `turn`); an open candidate
+   that may be as fast and comes first by that gets its pairs before. Why: a pass spares
    every slower candidate its quality runs; judged in rank order, a `make tune` spent 8 of its 13
    confirm quality runs on a stack that ended "not resolved" beside one as fast that passed after 3.
    A model whose quality already failed (its own runs, or a twin's it inherits) is not re-measured
