@@ -936,6 +936,28 @@ def test_two_layouts_spared_as_slower_are_not_shown_as_one_judged_model(tmp_path
     assert [r.same_model_as for r in rows] == [None, None, None]
 
 
+def test_two_models_pooled_as_one_are_shown_as_one_judged_model(tmp_path: Path) -> None:
+    """A `make tune`'s summary showed #15 (comm=bf16) and #27 (comm=fp32), whose runs the confirm pooled as
+    one model, as two rows with one verdict: the row keyed on the numerics. It keys on the quality runs that
+    judged them, so the pooled one reads "same model as"; a model with its own runs does not. (The verdict
+    logic alone: the records are set, nothing is trained.)"""
+    from cubic.tune.summary import confirmed_rows
+
+    confirm, store, (base, one, pooled, own) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.00011}, 290.0),
+                         ({"emb_lr": 0.00012}, 280.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    ok = [0.0001, -0.0001, 0.0]
+    for t, ratios in ((one, [3.0, 3.0, 3.0]), (pooled, [2.9, 2.9, 2.9]), (own, [2.8, 2.8, 2.8])):
+        _set(store, t, ratios, ok)
+    store.update(own, quality_eval_ne=[math.nextafter(x, 1.0) for x in own.quality_eval_ne])
+    confirm.screened = [one, pooled, own]
+    confirm.judge_all()
+    assert confirm.ctx.space.numerics_key(one.params) != confirm.ctx.space.numerics_key(pooled.params)
+    rows = confirmed_rows(confirm.ctx, [one, pooled, own], 100.0)
+    assert [r.same_model_as for r in rows] == [None, one.number, None]
+
+
 def test_layouts_of_one_open_model_count_once_so_the_walk_screens_another_model(tmp_path: Path) -> None:
     """A `make tune`'s first five candidates were layouts of one stack: counted as five open candidates they
     filled confirm_top_k, the walk screened no other model, and that stack alone was judged (8 quality runs, "not

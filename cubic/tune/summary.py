@@ -144,8 +144,8 @@ def not_crowned(ctx: Tuning, win: Winner | None, base_q: float | None) -> list[N
 def confirmed_rows(ctx: Tuning, confirmed: list[TrialRecord],
                    base_q: float | None) -> list[ConfirmedRow]:
     """One row per confirmed configuration. `same_model_as`: the earlier row whose configuration trains the
-    same model (equal `numerics_key`) and was judged by the same quality runs, so the summary shows that
-    verdict once."""
+    same model and was judged by the same quality runs (equal bit for bit: one `numerics_key`, or two the
+    confirm pooled), so the summary shows that verdict once."""
     space, qr = ctx.space, ctx.policy.quality_runs
     first_of: dict[tuple, int] = {}
     rows = []
@@ -153,7 +153,10 @@ def confirmed_rows(ctx: Tuning, confirmed: list[TrialRecord],
         # (a candidate spared as slower was judged by its own speed, not by its model's runs)
         judged = t.quality_verdict != Verdict.SLOWER and (
             t.quality_eval_diff is not None or "eval NE" in (t.quality_reason or ""))
-        key = ((space.numerics_key(t.params), t.quality_verdict, t.quality_eval_diff, t.quality_reason
+        # its model: the quality runs that judged it (two keys whose runs equal bit for bit were pooled
+        # as one, `Candidates.same_model`), else its numerics
+        model = tuple(t.quality_eval_ne) if t.quality_eval_ne else space.numerics_key(t.params)
+        key = ((model, t.quality_verdict, t.quality_eval_diff, t.quality_reason
                 if t.quality_eval_diff is None else None) if judged else None)
         rows.append(ConfirmedRow(
             trial=t.number, short_config=short_config(space, t.params),
