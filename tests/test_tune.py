@@ -814,9 +814,11 @@ def test_a_candidate_the_re_measurements_cannot_tell_faster_than_one_that_passed
     assert "no further quality run" in why and cand.quality_verdict == "slower"
     confirm.tell_spared(cand), confirm.tell_spared(cand)  # the log says so, once
     assert confirm.ctx.view.console.export_text().count(f"confirm: #{cand.number} 2.55x re-measured") == 1
-    # measurably faster (Welch, 90%): its next seed is due
+    # measurably faster (Welch, 90%): confirmed on three more pairs, then its next seed is due
     _set(store, cand, [2.75, 2.8, 2.78], [0.001, 0.003])
     assert confirm.cannot_win(cand) is None and confirm.verdict(cand) is None
+    assert confirm.wants(cand) and confirm.quality_seed(cand) is None
+    _set(store, cand, [2.75, 2.8, 2.78, 2.77, 2.79, 2.76], [0.001, 0.003])
     assert confirm.quality_seed(base) is None and confirm.quality_seed(cand) == 2
 
 
@@ -894,6 +896,43 @@ def test_a_candidate_as_fast_whose_verdict_may_come_sooner_gets_its_pairs_and_qu
     assert confirm.verdict(other) is True
     out = confirm.cannot_win(stack)  # 2.46x beside 2.46x that passed: spared, 6 quality runs fewer
     assert out is not None and out.lead is other and confirm.verdict(stack) is False
+
+
+def test_a_lead_over_the_would_be_winner_is_confirmed_on_more_pairs_before_its_quality_runs(
+        tmp_path: Path) -> None:
+    """The runs of a `make tune` (2026-12-03, seed 0): #29 (comm=fp16) passed at 2.33-2.46x; #18, a layout
+    of the stack at the tolerance, read 2.48-2.61x on three pairs (the baseline in a slow spell), just
+    measurably faster, and its 7 quality runs ended "not resolved". A candidate whose pairs tell it faster
+    than the would-be winner now gets up to 3 more before any quality run: where they bring it back within
+    reach it is spared; where it stays faster its seeds are due. (The verdict logic alone.)"""
+    confirm, store, (base, passed, stack) = confirm_over(
+        tmp_path, RACE.replace("tolerance: 0.002", "tolerance: 0.001"),
+        [({}, 24_030.0), ({"emb_lr": 0.0001}, 52_776.0), ({"emb_lr": 0.00011}, 52_978.0)])
+    bne = [0.83724, 0.83521, 0.88837]
+    store.update(base, confirm_qps=[21_452.0, 22_227.0, 22_188.0], quality_eval_ne=bne,
+                 quality_eval_auc=[0.7] * 3)
+
+    def runs(t: TrialRecord, qps: list[float], beside: list[float], ne: list[float]) -> None:
+        store.update(t, confirm_qps=qps, confirm_base_qps=beside, quality_eval_ne=ne,
+                     quality_eval_auc=[0.7] * len(ne))
+
+    runs(passed, [51_536.0, 51_383.0, 52_050.0], [21_431.0, 22_094.0, 21_142.0], [0.83712, 0.83543, 0.88851])
+    fast = ([52_828.0, 49_207.0, 52_822.0], [20_275.0, 19_775.0, 21_303.0])
+    runs(stack, *fast, [0.83696, 0.83618])
+    confirm.screened = [passed, stack]
+    assert confirm.would_win() is passed and confirm.cannot_win(stack) is None
+    assert confirm.reps_of(stack) == 6 and confirm.wants(stack)
+    assert confirm.focus() is None and confirm.quality_seed(stack) is None
+    # three more pairs at the pass's speed: not measurably faster, spared without a quality run
+    runs(stack, fast[0] + [50_500.0, 51_000.0, 50_800.0], fast[1] + [21_300.0, 21_200.0, 21_400.0],
+         [0.83696, 0.83618])
+    assert confirm.reps_of(stack) == 3 and confirm.final(stack)
+    out = confirm.cannot_win(stack)
+    assert out is not None and out.lead is passed and confirm.verdict(stack) is False
+    # three more as fast as the first: its seed 3 is due
+    runs(stack, fast[0] * 2, fast[1] * 2, [0.83696, 0.83618])
+    assert confirm.final(stack) and confirm.cannot_win(stack) is None
+    assert confirm.focus() is stack and confirm.quality_seed(stack) == 2
 
 
 def test_the_walk_ends_where_the_rest_of_the_ranking_cannot_beat_the_one_that_passed(tmp_path: Path) -> None:

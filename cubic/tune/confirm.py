@@ -25,7 +25,9 @@ skew the very numbers that pick the winner):
    every candidate measured later was compared with; a tune then crowned the baseline. A candidate
    that changes numerics gets one re-measurement first, then, where quality runs are to judge it,
    its other `repeats - 1` (a pair costs a fifth of a quality run), one candidate at a time, the
-   fastest by its pairs so far (`Candidates.next_judged`); one that passed gets its other
+   fastest by its pairs so far (`Candidates.next_judged`), and while they tell it measurably faster
+   than the would-be winner up to `repeats` more before its quality runs (`Candidates.reps_of`: that
+   lead alone sends it to up to 2 x `max_seeds` quality runs); one that passed gets its other
    re-measurements unless the best of its search run and its pairs so far is within the would-be
    winner's pairs (`Candidates.outpaced`: it is then not crowned). It cannot win, and fails without
    a (further) quality run, where the best of its pairs and its search run is at most 1, or where
