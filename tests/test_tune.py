@@ -187,7 +187,7 @@ def test_the_confirm_backs_off_a_rejected_fastest_configuration_to_its_layout(tm
 
 
 
-def back_off_plan_of_three_changes(measured: dict[frozenset, float] | None = None):
+def back_off_plan_of_three_changes(measured: dict[frozenset, float] | None = None, ruled_out: tuple = ()):
     """The 1.00x `make tune`'s source (stop 29): fp16 tables, bf16 dense and bf16 comm on the default space,
     rejected as not resolved. The screen measured dense bf16 costliest; dense bf16 also carries the speed."""
     from cubic.tune import backoff
@@ -207,7 +207,7 @@ def back_off_plan_of_three_changes(measured: dict[frozenset, float] | None = Non
 
     cost = {"dense_precision": 0.079, "comm_precision": 0.074, "emb_precision": 0.034}
     return backoff.plan(space, src, changed, lambda p: (measured or {}).get(kept(p)),
-                        lambda ps: [speed(p) for p in ps], cost.__getitem__)
+                        lambda ps: [speed(p) for p in ps], cost.__getitem__, ruled_out=ruled_out)
 
 
 def test_back_off_judges_the_fastest_expected_variant_first_and_goes_on_past_a_failure() -> None:
@@ -257,6 +257,17 @@ def test_back_off_prunes_by_what_was_judged_and_keeps_the_layout_alone_as_the_la
     assert v is not None and v.kept == {d, c} and v.measured
     plan.record(v, FAILED)
     assert plan.next(best_passed=100.0).kept == {d}  # {d, e}'s run was 90: it cannot beat 100
+
+
+def test_back_off_judges_no_variant_that_keeps_a_change_the_screen_ruled_out() -> None:
+    """A `make tune` backed off from a 2D layout with SGD tables and judged two variants that kept SGD, which
+    its screen had put at +3.5% eval NE, for 3 pairs and a quality run each. A change the screen ruled out
+    alone is kept by no variant, and the budget counts only the changes left."""
+    d, e, c = "dense_precision", "emb_precision", "comm_precision"
+    plan = back_off_plan_of_three_changes(ruled_out=(e,))
+    assert plan.budget == 2 and all(e not in v.kept for v in plan.order)
+    assert [v.kept for v in plan.order] == [{d, c}, {d}, {c}, set()]
+    assert len(back_off_plan_of_three_changes().order) == 7
 
 
 def test_a_back_off_trial_no_faster_than_what_passed_is_not_judged() -> None:

@@ -25,7 +25,7 @@ baseline's values. With n changes there are 2^n - 1 variants below the source.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,14 +93,20 @@ class BackoffPlan:
 def plan(space: SearchSpace, src: dict[str, Any], changed: Sequence[str],
          measured: Callable[[dict[str, Any]], float | None],
          predict: Callable[[list[dict[str, Any]]], list[float]] | None,
-         cost: Callable[[str], float]) -> BackoffPlan:
+         cost: Callable[[str], float], ruled_out: Collection[str] = ()) -> BackoffPlan:
     """The back-off plan for source params `src` whose numerics changes (knobs) are `changed`.
     measured: a variant's search-run qps, None where the search did not run it; predict: the proxy's qps
-    for variants (None: no proxy); cost: what the screen measured a knob's change alone to cost in eval NE."""
+    for variants (None: no proxy); cost: what the screen measured a knob's change alone to cost in eval NE;
+    ruled_out: knobs whose change the screen ruled out alone, which no variant keeps (2.: it failed
+    alone). Why: a `make tune` judged two variants that kept SGD tables, which its screen had put at
+    +3.5% eval NE, each for 3 pairs and a quality run."""
     base = space.baseline_params()
+    keep = [k for k in changed if k not in ruled_out]
     found: dict[tuple, tuple[frozenset[str], dict[str, Any]]] = {}
-    for r in range(len(changed) - 1, -1, -1):  # most changes kept first: the tie-break's order
-        for kept in itertools.combinations(changed, r):
+    for r in range(len(keep), -1, -1):  # most changes kept first: the tie-break's order
+        for kept in itertools.combinations(keep, r):
+            if len(kept) == len(changed):  # the source itself
+                continue
             p = space.canonical({**src, **{k: base[k] for k in changed if k not in kept}})
             if space.valid(p):
                 found.setdefault(space.tup(p), (frozenset(kept), p))
@@ -117,4 +123,4 @@ def plan(space: SearchSpace, src: dict[str, Any], changed: Sequence[str],
         return sum(cost(k) for k in changed if k not in v.kept)
 
     order = sorted(variants, key=lambda v: (-v.speed, -len(v.kept), -dropped_cost(v)))
-    return BackoffPlan(order, budget=len(changed))
+    return BackoffPlan(order, budget=len(keep))

@@ -72,6 +72,7 @@ from optuna.trial import TrialState
 
 from cubic.execution.runner import Pending
 from cubic.quality.rules import NOT_RESOLVED, Verdict, covering, paired_mean
+from cubic.quality.screen import Screened
 from cubic.search.proxy import Proxy
 from cubic.search.samplers import distributions
 from cubic.study.record import BACKOFF, TrialRecord
@@ -311,9 +312,10 @@ class Confirm(Candidates):
             mu, _ = proxy.predict([space.tup(p) for p in [src.params, *ps]])
             return [(src.value or 0.0) * math.exp(float(m - mu[0])) for m in mu[1:]]
 
+        out = [k for k in changed if (x := self.screen_of(k, src.params[k])) is not None and x.ok is False]
         plan = backoff.plan(space, src.params, changed, measured,
                             predict if proxy is not None else None,
-                            lambda k: self.change_cost(k, src.params[k]))
+                            lambda k: self.change_cost(k, src.params[k]), ruled_out=out)
         if not plan.order:
             return None
         unresolved = (self.qr is not None
@@ -328,7 +330,8 @@ class Confirm(Candidates):
             f"confirm: back off: #{src.number} ({self.speed(src):,.0f} qps) is faster than all "
             f"that passed but its quality {why}; judging its layout with fewer of its numerics "
             f"changes ({', '.join(changed)}), the fastest expected first, at most {plan.budget} "
-            f"with quality runs: {shown}")
+            f"with quality runs" + (f" (none keeps {', '.join(out)}: the screen ruled it out)"
+                                    if out else "") + f": {shown}")
         return plan
 
     def backoff_source(self) -> TrialRecord | None:
@@ -352,17 +355,19 @@ class Confirm(Candidates):
         src = max((t for t in self.ranked if rejected(t)), key=self.speed, default=None)
         return src if src is not None and self.speed(src) > best else None
 
+    def screen_of(self, knob: str, value: Any) -> Screened | None:
+        """The screen's run of `knob = value` alone (None: it ran none)."""
+        base = self.ctx.space.baseline_params()
+        return next((x for x in self.checks.screen if x.params.get(knob) == value and all(
+            x.params[k] == v for k, v in base.items() if k != knob)), None)
+
     def change_cost(self, knob: str, value: Any) -> float:
         """What the screen measured `knob = value` alone to cost in eval NE (inf: it failed, or
         no screen ran it)."""
-        base = self.ctx.space.baseline_params()
+        x = self.screen_of(knob, value)
         bne = self.base.quality_eval_ne if self.base is not None else []
-        for x in self.checks.screen:
-            if x.params.get(knob) == value and all(
-                    x.params[k] == v for k, v in base.items() if k != knob):
-                d = paired_mean(x.eval_ne, bne)
-                return float("inf") if x.ok is False or d is None else d
-        return float("inf")
+        d = paired_mean(x.eval_ne, bne) if x is not None else None
+        return float("inf") if x is None or x.ok is False or d is None else d
 
     def judge_all(self) -> list[TrialRecord]:
         """Each screened record's verdict and reason; a trial a check while searching rejected
