@@ -258,12 +258,12 @@ class Candidates:
 
     def focus(self) -> TrialRecord | None:
         """The open candidate whose quality runs come next (None: none is ready, or a candidate's
-        pairs come first: `contender`). One at a time, the fastest by its final speed-up first,
+        pairs come first: `turns`). One at a time, the fastest by its final speed-up first,
         since a slower one that passed would not spare it, while its pass spares every slower one
         (`cannot_win`). Of those the fastest is not measurably faster than (`told_faster`), the
         quickest verdict first (`turn`), which may spare the others."""
-        ready, _ = self.turns()
-        return ready
+        pick, _ = self.turns()
+        return pick
 
     def turns(self) -> tuple[TrialRecord | None, TrialRecord | None]:
         """(`focus`, the candidate whose pairs come first; None where there is none). Pairs come
