@@ -825,7 +825,9 @@ def test_a_candidate_the_re_measurements_cannot_tell_faster_than_one_that_passed
     assert "no further quality run" in why and cand.quality_verdict == "slower"
     confirm.tell_spared(cand), confirm.tell_spared(cand)  # the log says so, once
     assert confirm.ctx.view.console.export_text().count(f"confirm: #{cand.number} 2.55x re-measured") == 1
-    # measurably faster (Welch, 90%): confirmed on three more pairs, then its next seed is due
+    # measurably faster (Welch, 90%; a candidate not said spared): confirmed on three more pairs, then its
+    # next seed is due
+    confirm.spared.clear()
     _set(store, cand, [2.75, 2.8, 2.78], [0.001, 0.003])
     assert confirm.cannot_win(cand) is None and confirm.verdict(cand) is None
     assert confirm.wants(cand) and confirm.quality_seed(cand) is None
@@ -1079,6 +1081,29 @@ def test_a_layout_that_passed_but_cannot_beat_the_would_be_winner_is_not_re_meas
     confirm.screened = [passed, twin]
     w = winner(confirm.ctx, confirm.checks, confirm.judge_all(), "cubic", 100.0)
     assert twin.quality_ok and w is not None and w.trial == passed.number
+
+
+def test_a_candidate_spared_stays_spared_when_the_baselines_median_drifts(tmp_path: Path) -> None:
+    """A `make tune` spared seven candidates on their first pair and search run, said so, then re-measured each
+    twice more: the baseline's median drifted down with the machine, and the search runs' bound rose over the
+    would-be winner's pairs and back. What was said stays: no run is spent on it. (The verdict logic alone.)"""
+    confirm, store, (base, passed, cand, twin) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.00011}, 250.0),
+                         ({"emb_lr": 0.0001, "pipeline_depth": 1}, 255.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    ok = [0.0001, -0.0001, 0.0]
+    _set(store, passed, [2.5, 2.6, 2.4], ok)
+    _set(store, cand, [2.3], [0.001, 0.003])
+    _set(store, twin, [2.35], ok)
+    confirm.screened = [passed, cand, twin]
+    assert confirm.verdict(cand) is False and not confirm.wants(cand)  # 2.5x at most: within 2.4-2.6x
+    assert confirm.phase(twin) is Phase.PASSED and not confirm.wants(twin)
+    for t in (cand, twin):
+        confirm.tell_spared(t)
+    store.update(base, confirm_qps=[100.0, 100.0, 100.0, 90.0, 90.0, 90.0, 90.0])  # the median drifts to 90
+    assert confirm.best_so_far(cand) == pytest.approx(250 / 90)  # 2.78x by its search run now
+    assert confirm.verdict(cand) is False and not confirm.wants(cand)
+    assert not confirm.wants(twin)
 
 
 def test_a_candidate_far_above_a_noisy_would_be_winners_median_is_judged_not_spared(tmp_path: Path) -> None:

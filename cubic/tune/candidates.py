@@ -113,7 +113,9 @@ class Candidates:
         # trial number -> the baseline's qps just run before its next
         self.beside: dict[int, float | None] = {}
         self.qinflight: dict[int, int] = {}  # trial number -> quality runs in flight
-        self.spared: set[int] = set()  # spared for one that passed, and said so (`tell_spared`)
+        # spared for one that passed, and said so (`tell_spared`): why, kept, since the baseline's median
+        # drifts with the machine and would turn a search run's bound over and back
+        self.spared: dict[int, Outrun] = {}
         # a numerics key -> the key whose quality runs its own equal bit for bit (`same_model` case 2)
         self.alike: dict[tuple, tuple] = {}
 
@@ -168,6 +170,8 @@ class Candidates:
         winner's name, not a speed the measurements can tell apart."""
         if self.base is None or t is self.base or not t.confirm_qps or not self.base.confirm_qps:
             return None
+        if (said := self.spared.get(t.number)) is not None:
+            return said
         mine = self.ratios(t)
         best = self.best_so_far(t)
         if best <= 1.0:
@@ -191,7 +195,7 @@ class Candidates:
         if (self.base is None or t is self.base or not self.base.confirm_qps or self.final(t)
                 or self.phase(t) is not Phase.PASSED):
             return None
-        return self.within_reach(t)
+        return self.spared.get(t.number) or self.within_reach(t)
 
     def best_so_far(self, t: TrialRecord) -> float:
         """The best of t's pairs so far and its search run over the baseline's re-measured median
@@ -483,7 +487,7 @@ class Candidates:
             return
         out = self.outpaced(t)
         if out is not None:
-            self.spared.add(t.number)
+            self.spared[t.number] = out
             self.ctx.view.note(f"confirm: #{t.number} {out.reason(self.qdone(t), passed=True)}")
             return
         if (self.qr is None or not self.ctx.space.differs_in_numerics(t.params)
@@ -491,7 +495,7 @@ class Candidates:
             return
         out = self.cannot_win(t)
         if out is not None and out.lead is not None:
-            self.spared.add(t.number)
+            self.spared[t.number] = out
             self.ctx.view.note(f"confirm: #{t.number} {out.reason(self.qdone(t))}")
 
     def next_remeasure(self) -> tuple[TrialRecord, TrialRecord | None] | None:
