@@ -152,9 +152,6 @@ def _burst(a: torch.Tensor, n: int) -> None:
         a @ a
 
 
-SOLO_WINDOW_S = 3.0  # how long rank 1 sleeps while rank 0 measures alone
-
-
 def _pair_rank(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
     """One of two rank processes: (1) a GEMM and an embedding kernel alone (rank 1 waits) and then both
     ranks at once: how much of its speed a rank keeps when every core runs one; (2) all-to-all and
@@ -180,19 +177,16 @@ def _pair_rank(rank: int, port: int, sizes: list[int], reps: int, q) -> None:
     out: dict = {"shared": {}, "all_to_all": [], "all_reduce": [], "merge": {}}
     dev = torch.device("cpu")
     for name, fn in work.items():
-        # alone: rank 1 sleeps (not in a collective: gloo's wait keeps a core busy, which made the
-        # first version of this measure "alone" beside a spinning core and find no slowdown at all)
+        # alone: rank 1 blocks on the store's socket until rank 0 is done, not in a collective (gloo's
+        # wait keeps a core busy, which made the first version of this measure "alone" beside a
+        # spinning core and find no slowdown at all) nor for a fixed sleep (on a loaded machine the
+        # measurement outlasted it and calibration failed)
         dist.barrier()
         if rank == 0:
-            t0 = time.perf_counter()
             solo = _median_ms(fn, dev, 5 * reps)  # ~0.5 s: the slowdown comes and goes with the neighbours
-            spent = torch.tensor([time.perf_counter() - t0])
+            store.set(f"solo/{name}", "done")
         else:
-            time.sleep(SOLO_WINDOW_S)
-            spent = torch.zeros(1)
-        dist.all_reduce(spent)
-        if float(spent) > SOLO_WINDOW_S:
-            raise RuntimeError(f"calibration: the solo {name} measurement outlasted rank 1's sleep")
+            store.wait([f"solo/{name}"])
         dist.barrier()
         both = torch.tensor([_median_ms(fn, dev, 5 * reps)])
         dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the slower rank sets the step
