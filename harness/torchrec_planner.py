@@ -14,6 +14,7 @@ types); `ShardMetadata.placement.rank()` reads each shard's rank.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable
 
 from cubic_harness.config import SHARDING_TYPES, TORCHREC_TYPES, TrialConfig
@@ -54,8 +55,10 @@ def torchrec_plan(cfg: TrialConfig, cluster: Cluster | None, allowed: Iterable[s
         sharding_types=[k for k, ours in KINDS.items() if ours in allowed & set(t.sharding_types or allowed)],
         pooling_factors=[t.lookups(wl.profiled) / len(t.feature_names)] * len(t.feature_names))
         for t in wl.tables}
-    planner = EmbeddingShardingPlanner(topology=topology(cfg, cluster, Topology, check_memory),
-                                       batch_size=cfg.batch_size, constraints=cons, debug=False)
+    with warnings.catch_warnings():  # its default storage reservation's FutureWarning: the default is the
+        warnings.simplefilter("ignore", FutureWarning)  # rival a TorchRec user gets, kept as it is
+        planner = EmbeddingShardingPlanner(topology=topology(cfg, cluster, Topology, check_memory),
+                                           batch_size=cfg.batch_size, constraints=cons, debug=False)
     logging.disable(logging.WARNING)  # its root-logger line per data-parallel table ("spec not found")
     try:
         got = planner.plan(ebc, [EmbeddingBagCollectionSharder()])

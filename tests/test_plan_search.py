@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+import warnings
 
 import pytest
 
@@ -162,13 +163,15 @@ def test_torchrecs_planner_runs_exactly_as_planned_in_the_torchrec_backend(shard
 
 def test_torchrecs_planner_plans_on_the_clusters_topology():
     """64 H100s, MLPerf's tables: TorchRec's planner on its topology, translated shard for shard (every table
-    covered once), priced by the simulator."""
+    covered once), priced by the simulator, with no warning."""
     require("torchrec")
     from cubic_harness.torchrec_planner import torchrec_plan
 
     c = load_cluster(shipped_cluster("h100-64.yaml"))
     cfg = gpu_cfg(Workload.preset("mlperf-dcnv2"), 64, batch_size=864, sharding="torchrec_planner")
-    plan = torchrec_plan(cfg, c)
+    with warnings.catch_warnings():  # TorchRec's default reservation warns; a user's tune shows none of it
+        warnings.simplefilter("error")
+        plan = torchrec_plan(cfg, c)
     for tp, t in zip(plan.tables, cfg.workload.tables, strict=True):
         if tp.kind != "data_parallel":
             assert sum(s.rows * s.dim for s in tp.shards) == t.rows * t.dim, tp.name
