@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[cpu,dev,torchrec]"
 	$(BIN)/pip install -q --no-deps torchrec==1.8.0  # its declared fbgemm-gpu (CUDA) would replace fbgemm-gpu-cpu
 	$(BIN)/python -m cubic_kernels.native_backend  # compile the native kernels into numba's cache once
+	$(BIN)/python -m cubic_harness.synthetic  # ... and the synthetic batches' (harness/synthetic.py)
 	touch $(STAMP)
 
 SEED ?= 0

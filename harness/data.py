@@ -30,20 +30,23 @@ from cubic_harness.ids import draw_lengths, draw_ranks, rows_of_ranks
 from cubic_harness.workload import TableSpec, Workload
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+# splitmix64's constants and the hash chain's first state (`cubic_harness.synthetic` computes the same)
+GOLDEN, MIX1, MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+CHAIN_START = np.uint64(0x243F6A8885A308D3)
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: a fast, well-mixed counter-based hash (uint64 -> uint64)."""
     with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x + GOLDEN
+        x = (x ^ (x >> np.uint64(30))) * MIX1
+        x = (x ^ (x >> np.uint64(27))) * MIX2
         return x ^ (x >> np.uint64(31))
 
 
 def _uniform(*keys: np.ndarray | int) -> np.ndarray:
     """Uniform [0,1) floats from a tuple of integer keys (broadcast)."""
-    h = np.uint64(0x243F6A8885A308D3)
+    h = CHAIN_START
     for k in keys:
         h = _splitmix(np.asarray(k, dtype=np.uint64) ^ h)
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
@@ -57,19 +60,44 @@ def id_scores(seed: int, table: int, rows: np.ndarray) -> np.ndarray:
     return (0.5 + _uniform(seed, 11, table, rows.astype(np.uint64))).astype(np.float32)
 
 
-def _draw_ids(t: TableSpec, u: np.ndarray) -> np.ndarray:
+UNIFORM, ZIPF_LOG, ZIPF_POW = 0, 1, 2  # how a synthetic table's ids are drawn (`_id_law`)
+
+
+def _id_law(t: TableSpec) -> tuple[int, float, float]:
+    """How a synthetic table draws an id from a uniform u: (kind, scale, exponent) of `_draw_ids`.
+    Zipf(alpha) over ranks 1..rows inverts the continuous power-law CDF: rank = exp(u * scale) at
+    alpha 1 (scale = log(rows + 1)), else (scale * u + 1) ** exponent."""
     if t.id_dist == "uniform":
-        return np.minimum((u * t.rows).astype(np.int64), t.rows - 1)
-    # Zipf(alpha) over ranks 1..rows by inverting the continuous power-law CDF,
-    # then scattering ranks over rows so hot rows are not all at the front.
+        return UNIFORM, 0.0, 0.0
     a, n = t.zipf_alpha, float(t.rows)
     if abs(a - 1.0) < 1e-9:
-        rank = np.exp(u * np.log(n + 1.0))
-    else:
-        rank = ((n + 1.0) ** (1.0 - a) - 1.0) * u + 1.0
-        rank = rank ** (1.0 / (1.0 - a))
+        return ZIPF_LOG, float(np.log(n + 1.0)), 0.0
+    return ZIPF_POW, (n + 1.0) ** (1.0 - a) - 1.0, 1.0 / (1.0 - a)
+
+
+def _draw_ids(t: TableSpec, u: np.ndarray) -> np.ndarray:
+    """The id rule in numpy (`synthetic.table_bags` computes it compiled, bit for bit): a uniform table
+    scales u; a Zipf one inverts the power law, then scatters ranks over rows so hot rows are not all at
+    the front."""
+    kind, scale, exponent = _id_law(t)
+    if kind == UNIFORM:
+        return np.minimum((u * t.rows).astype(np.int64), t.rows - 1)
+    rank = np.exp(u * scale) if kind == ZIPF_LOG else (scale * u + 1.0) ** exponent
     rank = np.clip(rank.astype(np.int64) - 1, 0, t.rows - 1)
     return (rank * 2654435761 + 12345) % t.rows
+
+
+def _synthetic_bags(t: TableSpec, seed: int, ti: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Table `ti`'s ids for samples `g` (`pooling` a bag, sample-major) and each bag's sum of the teacher's
+    row weights: `_draw_ids` of `_uniform(seed, g, 10_000 + ti, position)` and `_uniform(seed, 99 + ti, id)`
+    * 2 - 1, compiled (`cubic_harness.synthetic`)."""
+    from cubic_harness.synthetic import table_bags
+
+    ids, bag_w = np.empty(g.size * t.pooling, np.int64), np.empty(g.size)
+    kind, scale, exponent = _id_law(t)
+    table_bags(np.uint64(seed), g, np.uint64(10_000 + ti), np.uint64(99 + ti), int(t.pooling), int(t.rows),
+               kind, float(scale), float(exponent), ids, bag_w)
+    return ids, bag_w
 
 
 def _profiled_bags(t: TableSpec, seed: int, ti: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,22 +190,22 @@ def make_batch(wl: Workload, seed: int, first_sample: int, batch_size: int, held
     scale = wl.teacher_emb_scale / np.sqrt(wl.num_tables)
     trace = _trace(wl) if wl.id_source == "trace" else None
     for ti, t in enumerate(wl.tables):
-        sc = None
+        sc = bag_w = None
         if trace is not None:
             lens, ids, sc = trace[ti].bags(idx, held_out)
         elif wl.id_source == "profile":
             lens, ids = _profiled_bags(t, seed, ti, g)
         else:
-            pos = np.arange(t.pooling, dtype=np.uint64)[None, :]
-            ids = _draw_ids(t, _uniform(seed, s, 10_000 + ti, pos)).reshape(-1)  # [B * pooling]
+            ids, bag_w = _synthetic_bags(t, seed, ti, g)  # [B * pooling], [B]
             lens = np.full(batch_size, t.pooling, dtype=np.int64)
         ids_per_table.append(ids)
         lengths.append(lens)
         data_scores.append(sc)
         if ids.size:  # the teacher reads each bag's mean row weight (an empty bag: 0)
-            row_w = _uniform(seed, 99 + ti, ids.astype(np.uint64)) * 2 - 1
-            bag = np.repeat(np.arange(batch_size), lens)
-            logit += np.bincount(bag, row_w, minlength=batch_size) / np.maximum(lens, 1) * scale
+            if bag_w is None:
+                row_w = _uniform(seed, 99 + ti, ids.astype(np.uint64)) * 2 - 1
+                bag_w = np.bincount(np.repeat(np.arange(batch_size), lens), row_w, minlength=batch_size)
+            logit += bag_w / np.maximum(lens, 1) * scale
     noise = _uniform(seed, g, 5)
     labels = (noise < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
     offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])

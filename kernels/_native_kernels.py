@@ -12,36 +12,13 @@ to nearest even, so every kernel is written once for all three storage types.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import carray, cfunc, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-# -- jit decorator with a cache that always has somewhere to live ----------------------------------
-
-
-def _jit(**kw):
-    """njit(cache=True, nogil=True); if neither the package dir nor the user cache dir is writable
-    (read-only site-packages, no HOME), cache under the temp dir rather than recompile per process."""
-
-    def deco(fn):
-        try:
-            return numba.njit(cache=True, nogil=True, **kw)(fn)
-        except RuntimeError:  # "cannot cache function ...: no locator available"
-            old = numba.config.CACHE_DIR
-            numba.config.CACHE_DIR = os.path.join(tempfile.gettempdir(), f"cubic-numba-{os.getuid()}")
-            try:
-                return numba.njit(cache=True, nogil=True, **kw)(fn)
-            finally:
-                numba.config.CACHE_DIR = old
-
-    return deco
-
+from cubic_kernels.jit import cached_jit
 
 # -- LLVM intrinsics: prefetch and the 16-bit float conversions ------------------------------------
 
@@ -177,7 +154,7 @@ _PF_PAIRS = 24  # backward: rows (and their state) prefetched this many sorted p
 # -- planning (serial, cheap): bounds checks and balanced work items -------------------------------
 
 
-@_jit()
+@cached_jit()
 def check_offsets(offsets, n_ids):
     """True when offsets are non-decreasing within [0, n_ids] (the kernels rely on it to stay in
     bounds: numba does not check indices)."""
@@ -189,7 +166,7 @@ def check_offsets(offsets, n_ids):
     return True
 
 
-@_jit()
+@cached_jit()
 def plan_forward(offsets, T, B, target):
     """Items [table, first bag, end bag) of about `target` ids each; never spanning tables."""
     items = np.empty((offsets[T * B] // max(target, 1) + 2 * T + 1, 3), np.int64)
@@ -209,7 +186,7 @@ def plan_forward(offsets, T, B, target):
     return items[:n]
 
 
-@_jit()
+@cached_jit()
 def plan_backward(keys, offsets, T, B, target):
     """Chunks [table, first pair, end pair) of about `target` sorted pairs, cut at row-run
     boundaries: every row is updated by exactly one chunk, so chunks run without locks."""
@@ -234,7 +211,7 @@ def plan_backward(keys, offsets, T, B, target):
 # -- forward ---------------------------------------------------------------------------------------
 
 
-@_jit()
+@cached_jit()
 def forward(ids, offsets, psw, w, w_off, rows, dims, d_off, B, items, k0, k1, out, err):
     """Pooled sums of items[k0:k1]: out[b, d_off[t]:+dims[t]] = sum of table t's rows in bag (t, b),
     each scaled by its id's weight `psw[j]` when `psw` is not None (per-sample weights; None compiles a
@@ -279,7 +256,7 @@ def forward(ids, offsets, psw, w, w_off, rows, dims, d_off, B, items, k0, k1, ou
 # -- backward + optimizer --------------------------------------------------------------------------
 
 
-@_jit()
+@cached_jit()
 def sort_pairs(ids, offsets, rows, B, t0, t1, keys, tmp, err, by_pos):
     """For tables t0..t1-1: the (row << 32 | bag) pairs of their ids, LSD-radix-sorted by row.
     `by_pos`: (row << 32 | the id's position) instead, for per-sample weights, which belong to an id,
@@ -331,7 +308,7 @@ def sort_pairs(ids, offsets, rows, B, t0, t1, keys, tmp, err, by_pos):
             keys[lo:hi] = tmp[lo:hi]
 
 
-@_jit(fastmath={"reassoc"})
+@cached_jit(fastmath={"reassoc"})
 def update(keys, grad, bag_of, psw, B, w, state, w_off, s_off, dims, d_off, chunks, k0, k1, lr, eps, adagrad):
     """For chunks[k0:k1], walk runs of equal rows in the sorted pairs: sum the row's gradient
     once (fp32, in bag order), then the optimizer step in place, as FBGEMM's CPU TBE does:
@@ -435,7 +412,7 @@ def _voidptr(typingctx, addr):
     return types.voidptr(types.int64), codegen
 
 
-@_jit(inline="always")
+@cached_jit(inline="always")
 def _i64(a, k):
     return carray(_voidptr(a[k]), (a[k + 1],), np.int64)
 
@@ -448,7 +425,7 @@ _WKIND = {np.dtype(np.float32): _F32, np.dtype(np.int16): _F16, np.dtype(np.uint
 _SIG = types.void(types.voidptr)
 
 
-@_jit(inline="always")
+@cached_jit(inline="always")
 def _forward_any(ids, offs, psw, a, wk, w_off, rows, dims, d_off, B, items, k, out, err):
     """`forward` of item k on the block's weights, viewed as their storage type `wk`."""
     if wk == _F32:
@@ -462,7 +439,7 @@ def _forward_any(ids, offs, psw, a, wk, w_off, rows, dims, d_off, B, items, k, o
                 items, k, k + 1, out, err)
 
 
-@_jit(inline="always")
+@cached_jit(inline="always")
 def _update_any(keys, grad, bag_of, psw, B, a, wk, state, w_off, s_off, dims, d_off, chunks, k, lr, eps, adagrad):
     """`update` of chunk k on the block's weights, viewed as their storage type `wk`."""
     if wk == _F32:
