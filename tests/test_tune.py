@@ -1145,3 +1145,56 @@ def test_a_layout_of_a_model_that_passed_takes_its_verdict_before_its_speed_is_w
     assert layout.quality_eval_ne == passed.quality_eval_ne and layout.quality_runs_of == passed.number
     assert confirm.verdict(layout) is True
     assert f"#{layout.number} trains what #{passed.number} trains" in confirm.ctx.view.console.export_text()
+
+
+def test_the_tune_decides_nothing_while_the_run_it_waits_on_is_still_running(tmp_path: Path) -> None:
+    """A run that takes many polls to end costs the loops no pass of their decisions meanwhile: the search
+    reads the study (`budget_used`) and the confirm walks its candidates (`screen_next`) as often whether each
+    run ends at the first poll or the fortieth (a pass at every poll took 3% of a core from the ranks)."""
+    from rich.console import Console
+
+    from cubic.execution.sim_runner import SimRunner
+    from cubic.tune import Tuner
+    from cubic.tune.confirm import Confirm
+    from cubic_harness.sim.cluster import load_cluster, shipped_cluster
+
+    class PolledSim(SimRunner):
+        """The simulator, each run ending only at its `polls`-th wait."""
+
+        def __init__(self, polls: int) -> None:
+            super().__init__(load_cluster(shipped_cluster("h100-8.yaml")))
+            self.polls, self.waits = polls, 0
+
+        def has_room(self, pending: list) -> bool:
+            return not pending
+
+        def wait(self, pending: list, timeout: float = 1.0) -> list:
+            self.waits += 1
+            return super().wait(pending) if self.waits % self.polls == 0 else []
+
+    def passes(polls: int) -> tuple[int, int, int]:
+        space, where = load_space(ROOT / "search_spaces" / "dlrm_gpu.yaml"), tmp_path / str(polls)
+        where.mkdir()
+        store = Store(space, open_storage(storage_url(where, must_exist=False)), where)
+        reads, walks = [0], [0]
+        used, screen_next = store.budget_used, Confirm.screen_next
+
+        def count_reads() -> int:
+            reads[0] += 1
+            return used()
+
+        def count_walks(self, *a: Any) -> bool:
+            walks[0] += 1
+            return screen_next(self, *a)
+
+        store.budget_used = count_reads  # type: ignore[method-assign]
+        runner = PolledSim(polls)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Confirm, "screen_next", count_walks)
+            Tuner(space, store, runner, budget=5, console=Console(record=True, width=200), live=False).run()
+        return reads[0], walks[0], runner.waits
+
+    reads1, walks1, waits1 = passes(1)
+    reads40, walks40, waits40 = passes(40)
+    assert waits40 > 20 * waits1  # the runs did take many polls
+    assert (reads40, walks40) == (reads1, walks1)

@@ -169,10 +169,13 @@ class Tuner:
     # ------------------------------------------------------------------ 3. search
     def _search(self) -> None:
         pending: list[Pending] = []
-        stop, skips = False, 0
+        stop, skips, idle = False, 0, False
         self.checks.start()
         while True:
             self.lease.check()
+            if idle and pending:  # nothing finished since the last pass decided to wait: nothing to decide
+                idle = not self._collect(pending, eta=False)
+                continue
             used = self.store.budget_used()
             self.view.used = used
             room = used + sum(not isinstance(p.tag, QUALITY_RUNS) for p in pending) < self.budget and not stop
@@ -197,19 +200,30 @@ class Tuner:
                 continue
             if not pending:
                 return
-            for p, res in self.runner.wait(pending, timeout=0.5):
-                pending.remove(p)
-                match p.tag:
-                    case CheckRun():
-                        self.checks.checked(p.tag, res)
-                    case ScreenRun():
-                        self.checks.screened(p.tag, res)
-                    case SearchRun(trial=trial):
-                        with self._writing():
-                            rec = self.store.finish(trial, res)
-                        self.checks.estimate(rec)
-                        self.view.add(rec, time.monotonic() - p.started)
-            self._eta(pending, self.budget - self.store.budget_used())
+            idle = not self._collect(pending)
+
+    def _collect(self, pending: list[Pending], eta: bool = True) -> bool:
+        """Record the runs that finished within half a second, then the ETA (where any did, or `eta`);
+        whether any did. Until one does, the loop decides nothing new: a pass reads the whole study
+        (~17 ms, twice), and at two passes a second it took 3% of a core from the ranks being measured."""
+        done = self.runner.wait(pending, timeout=0.5)
+        for p, res in done:
+            pending.remove(p)
+            match p.tag:
+                case CheckRun():
+                    self.checks.checked(p.tag, res)
+                case ScreenRun():
+                    self.checks.screened(p.tag, res)
+                case SearchRun(trial=trial):
+                    with self._writing():
+                        rec = self.store.finish(trial, res)
+                    self.checks.estimate(rec)
+                    self.view.add(rec, time.monotonic() - p.started)
+        if done or eta:  # (the pass before counted the trials that ran: none has ended since, unless done)
+            self._eta(pending, self.budget - (self.store.budget_used() if done else self.view.used))
+        else:
+            self.view.refresh()
+        return bool(done)
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
