@@ -20,6 +20,7 @@ eighth of the trace is the held-out set). Either way a sample is a function of i
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,10 +88,15 @@ def _draw_ids(t: TableSpec, u: np.ndarray) -> np.ndarray:
     return (rank * 2654435761 + 12345) % t.rows
 
 
-def _synthetic_bags(t: TableSpec, seed: int, ti: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _synthetic_bags(t: TableSpec, seed: int, ti: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """Table `ti`'s ids for samples `g` (`pooling` a bag, sample-major) and each bag's sum of the teacher's
     row weights: `_draw_ids` of `_uniform(seed, g, 10_000 + ti, position)` and `_uniform(seed, 99 + ti, id)`
-    * 2 - 1, compiled (`cubic_harness.synthetic`)."""
+    * 2 - 1. Compiled (`cubic_harness.synthetic`, 0.72x numpy's time a batch) where numba is loaded already,
+    as in every rank forked from the preloaded server; a process without it draws in numpy (the sums then
+    None), since importing numba (~1 s) costs a short trial more than its few batches save."""
+    if "numba" not in sys.modules:
+        u = _uniform(seed, g[:, None], 10_000 + ti, np.arange(t.pooling, dtype=np.uint64)[None, :])
+        return _draw_ids(t, u).reshape(-1), None
     from cubic_harness.synthetic import table_bags
 
     ids, bag_w = np.empty(g.size * t.pooling, np.int64), np.empty(g.size)

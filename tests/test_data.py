@@ -76,7 +76,7 @@ def test_compiled_synthetic_bags_equal_the_numpy_rule_bit_for_bit(law: str) -> N
 
     import numpy as np
 
-    from cubic_harness import data
+    from cubic_harness import data, synthetic  # noqa: F401 - numba loaded: the compiled path
 
     dist, _, alpha = law.partition(" ")
     t = dataclasses.replace(Workload.tiny().tables[0], rows=200_003, pooling=7, id_dist=dist,
