@@ -5,6 +5,7 @@ by a real trial exactly as planned."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import re
 import warnings
@@ -14,7 +15,7 @@ import pytest
 from cubic_harness.config import SHARDING_TYPES, TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sharding.planner import UNIFORM_RIVALS, PlanError, check_constraints, make_plan, plan_candidates
-from cubic_harness.sharding.search import options
+from cubic_harness.sharding.search import _Search, options
 from cubic_harness.sim.backend import simulate
 from cubic_harness.sim.cluster import load_cluster, shipped_cluster
 from cubic_harness.sim.perf import TableCosts, estimate
@@ -65,6 +66,54 @@ def test_plan_is_never_priced_slower_than_any_uniform_type_or_greedy_planner(see
         assert rivals, "no rival fits: the case tests nothing"
         for name, step in rivals.items():
             assert mine <= step * (1 + 1e-9), f"{cluster.name} W={cfg.world_size}: plan {mine} > {name} {step}"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_greedys_batched_prices_are_each_options_own_step(seed):
+    """The greedy prices a table's whole-table and column options at once (`_free_steps`) and skips row blocks
+    under a floor (`_blocks_floor`): at every table of a greedy pass, each batched price is the surrogate step
+    that option's placed part gives, and each floor is at or under it; on one node and across eight, with a
+    little room that the least-pressed positions are short of it, and on pipelined CPU ranks."""
+    wl = generated(seed)
+    # lookup-heavy small tables placed first, one a position, then large cold ones: the least-pressed position
+    # is the one already holding a cold table, and it has no room for a second
+    cold = dataclasses.replace(wl, tables=[TableSpec(f"hot{k}", 3_000, 64, 60, sharding_types=["table_wise"])
+                                           for k in range(3)]
+                               + [TableSpec(f"cold{k}", 1_500_000, 64, 1, sharding_types=["table_wise", "column_wise"])
+                                  for k in range(2 + seed)])
+    h100_8, h100_64 = load_cluster(shipped_cluster("h100-8.yaml")), load_cluster(shipped_cluster("h100-64.yaml"))
+    cases = [(gpu_cfg(wl, 8), h100_8, None), (gpu_cfg(wl, 64), h100_64, None),
+             (gpu_cfg(cold, 4), h100_8, 1.2 * 1_500_000 * (64 * 2 + 4)),
+             (TrialConfig(workload=wl, world_size=2, sharding="plan", pipeline_depth=1), fixture_cluster(), None)]
+    checked = floors = short = 0
+    for cfg, cluster, room in cases:
+        cost = TableCosts(cluster)
+        search = _Search(cfg, cost, SHARDING_TYPES, room or cost.shard_room(cfg))
+        search.offset = 1.5  # the part of the step no plan changes, as search_plan sets it
+        loads = search.empty()
+        rem_f, rem_b = sum(search.whole_fwd), sum(search.whole_bwd)
+        for i in search.order:
+            rem_f -= search.whole_fwd[i]
+            rem_b -= search.whole_bwd[i]
+            batched = search._free_steps(loads, i, search.options[i], rem_f, rem_b)
+            steps = []
+            for opt in search.options[i]:
+                part = search.place(loads, i, opt)
+                if part is None:
+                    assert opt not in batched, f"{opt} priced but does not fit"
+                    continue
+                step = loads.step_with(part, rem_f, rem_b)
+                steps.append((step, part))
+                if opt in batched:
+                    assert batched[opt] == pytest.approx(step, rel=1e-12), (cfg.world_size, i, str(opt))
+                    checked += 1
+                elif opt.kind in ("table_wise", "column_wise"):
+                    short += 1  # a head position short of room: placed one by one
+                floor = search._blocks_floor(loads, i, opt, rem_f, rem_b)
+                assert floor <= step * (1 + 1e-12), (cfg.world_size, i, str(opt))
+                floors += math.isfinite(floor)
+            loads.add(i, min(steps, key=lambda x: x[0])[1])
+    assert checked > 20 and floors > 10 and short > 0
 
 
 def test_plan_mixes_kinds_and_beats_every_uniform_type_where_tables_differ():

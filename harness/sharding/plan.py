@@ -43,7 +43,7 @@ class RowBlocks(Sequence[Shard]):
     800k shards, and the performance model reads them as one array (`array`); the `Shard` objects
     are built only for a reader of single shards (a JSON plan, the harness's own ranks)."""
 
-    __slots__ = ("table", "rows", "dim", "block", "positions", "_list")
+    __slots__ = ("table", "rows", "dim", "block", "positions", "_list", "_array")
 
     def __init__(self, table: int, rows: int, dim: int, positions: Sequence[int]) -> None:
         self.table, self.rows, self.dim = table, rows, dim
@@ -51,9 +51,17 @@ class RowBlocks(Sequence[Shard]):
         n = math.ceil(rows / self.block) if rows > 0 else 0  # every block but the last is full
         self.positions = tuple(positions[:n])
         self._list: list[Shard] | None = None
+        self._array: np.ndarray | None = None
 
     def array(self) -> np.ndarray:
-        """The shards as rows of an (n, 6) int64 array in `Shard`'s field order."""
+        """The shards as rows of an (n, 6) int64 array in `Shard`'s field order (read-only: built once, as
+        every estimate of a plan reads it)."""
+        if self._array is None:
+            self._array = self._build()
+            self._array.flags.writeable = False
+        return self._array
+
+    def _build(self) -> np.ndarray:
         n = len(self.positions)
         lo = np.arange(n, dtype=np.int64) * self.block
         out = np.empty((n, 6), dtype=np.int64)

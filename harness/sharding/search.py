@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from cubic_harness.config import DTYPE_BYTES, TrialConfig
-from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
+from cubic_harness.sharding.plan import RowBlocks, Shard, ShardingPlan, TablePlan
 
 ID_BYTES = 8  # a length on the wire (the input distribution's lengths all-to-all)
 MOVES_PER_TABLE = 4  # the improvement's move budget: at most this many accepted moves per table
@@ -51,8 +51,8 @@ class PlanCost(Protocol):
         ...
 
     def shards(self, t, cfg: TrialConfig, starts: np.ndarray, stops: np.ndarray,
-               width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`shard` of many row blocks of one width at once, as arrays."""
+               width: int | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`shard` of many row blocks at once, as arrays; `width`: one for all blocks, or one per block."""
         ...
 
     def dp_lookups(self, t, cfg: TrialConfig) -> tuple[float, float]:
@@ -136,6 +136,7 @@ class _Part:
     dp_ms: float = 0.0
     dp_sync_bytes: float = 0.0
     dp_mem: float = 0.0
+    known_distinct: bool = False  # set where the builder knows `distinct` (asked of every option tried)
 
     @functools.cached_property
     def shards(self) -> list[Shard]:
@@ -144,7 +145,7 @@ class _Part:
     @functools.cached_property
     def distinct(self) -> bool:
         """Each position at most once (every placed part): its loads add elementwise, no scatter needed."""
-        return len(np.unique(self.pos)) == len(self.pos)
+        return self.known_distinct or len(np.unique(self.pos)) == len(self.pos)
 
 
 class _Loads:
@@ -177,7 +178,8 @@ class _Loads:
         """Positions from the least pressed (ties to the lower position)."""
         return self._once("order", lambda: np.argsort(self.pressure(), kind="stable"))
 
-    def _maxima(self) -> tuple[float, ...]:
+    def maxima(self) -> tuple[float, ...]:
+        """(busiest forward, backward, columns, lengths, ids; forward and backward sums) of the state."""
         return self._once("max", lambda: (float(self.fwd.max()), float(self.bwd.max()), float(self.cols.max()),
                                           float(self.lens.max()), float(self.ids.max()), float(self.fwd.sum()),
                                           float(self.bwd.sum())))
@@ -225,7 +227,7 @@ class _Loads:
             got = self.step(rem_fwd, rem_bwd)
             self.add(-1, part, -1.0)
             return got
-        f_max, b_max, c_max, l_max, i_max, f_sum, b_sum = self._maxima()
+        f_max, b_max, c_max, l_max, i_max, f_sum, b_sum = self.maxima()
         p, G = part.pos, self.G
 
         def top(old: float, arr: np.ndarray, v: np.ndarray) -> float:
@@ -248,8 +250,12 @@ class _Loads:
         b = max(float(self.bwd.max()), (float(self.bwd.sum()) + rem_bwd) / G)
         ex, beside = self.cost.exchange_ms(self.cfg, self.recv_cols, float(self.cols.max()), self.lens_send,
                                            float(self.lens.max()), self.ids_send, float(self.ids.max()))
-        dp = self.dp_ms + (self.cost.dp_sync_ms(self.cfg, self.dp_sync_bytes) if self.dp_sync_bytes else 0.0)
-        return f + b + ex + dp, beside
+        return f + b + ex + self.dp_step(), beside
+
+    def dp_step(self) -> float:
+        """The data-parallel tables' part of the step: their own work and their one sync."""
+        sync = self.dp_sync_bytes
+        return self.dp_ms + (self.cost.dp_sync_ms(self.cfg, sync) if sync else 0.0)
 
 
 class _Pricer:
@@ -270,6 +276,18 @@ class _Pricer:
         if got is None:
             got = self._shard[key] = self.cost.shard(self.wl.tables[i], self.cfg, lo, hi, width)
         return got
+
+    def whole_costs(self, i: int, widths: Sequence[int]) -> None:
+        """`shard_cost` of table i whole at each of these widths, priced in one call (the greedy asks every
+        width of every table once)."""
+        rows = self.wl.tables[i].rows
+        todo = [w for w in widths if (i, 0, rows, w) not in self._shard]
+        if len(todo) < 2:
+            return
+        n = len(todo)
+        got = self.cost.shards(self.wl.tables[i], self.cfg, np.zeros(n), np.full(n, float(rows)), np.array(todo))
+        for k, w in enumerate(todo):
+            self._shard[(i, 0, rows, w)] = (float(got[0][k]), float(got[1][k]), float(got[2][k]))
 
     def part(self, i: int, option: Option, shards: list[Shard]) -> _Part:
         """The load of table i run as `option` with these shards (positions set)."""
@@ -299,15 +317,17 @@ class _Pricer:
             return [Shard(i, int(p), 0, t.rows, k * w, (k + 1) * w) for k, p in enumerate(ranks)]
 
         return self._loaded(option, make, ranks.astype(np.int64), np.full(n, float(t.rows)), np.full(n, float(w)),
-                            np.full(n, fwd), np.full(n, bwd), np.full(n, ids))
+                            np.full(n, fwd), np.full(n, bwd), np.full(n, ids), distinct=True)
 
     def _loaded(self, option: Option, make: Callable[[], list[Shard]], pos: np.ndarray, rows: np.ndarray,
-                dims: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, ids: np.ndarray) -> _Part:
-        """A model-parallel part from its shards and their priced lookups: what each position receives and holds."""
+                dims: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, ids: np.ndarray,
+                distinct: bool = False) -> _Part:
+        """A model-parallel part from its shards and their priced lookups: what each position receives and holds
+        (`distinct`: the caller knows each position appears once)."""
         B, G, n = self.cfg.batch_size, self.cfg.group_size, len(pos)
         return _Part(option, make, pos, fwd, bwd, dims, ids, np.full(n, G * B * ID_BYTES),
                      rows * (dims * self.wb + self.sb), recv_cols=float(dims.sum()), ids_send=float(ids.sum()) / G,
-                     lens_send=n * B * ID_BYTES)
+                     lens_send=n * B * ID_BYTES, known_distinct=distinct)
 
     def fixed(self, i: int, option: Option, positions: tuple[int, ...]) -> _Part:
         """Parts whose positions the option fixes (row-wise: all; table-row-wise: one node's), cached, their
@@ -328,7 +348,8 @@ class _Pricer:
 
             costs = self.cost.shards(t, self.cfg, lo.astype(np.float64), hi.astype(np.float64), t.dim)
             got = self._fixed[key] = self._loaded(option, make, pos, (hi - lo).astype(np.float64),
-                                                  np.full(len(pos), float(t.dim)), *costs)
+                                                  np.full(len(pos), float(t.dim)), *costs,
+                                                  distinct=len(set(positions)) == len(positions))
         return got
 
 
@@ -340,6 +361,7 @@ class _Search:
         self.pricer = _Pricer(cfg, cost)
         wl, G = cfg.workload, cfg.group_size
         self.options = [options(cfg, t, allowed) for t in wl.tables]
+        self.G = G
         self.rpn = min(cfg.ranks_per_node, G)
         self.nodes = [tuple(range(n * self.rpn, (n + 1) * self.rpn)) for n in range(G // self.rpn)]
         whole = [self.pricer.shard_cost(i, 0, t.rows, t.dim) for i, t in enumerate(wl.tables)]
@@ -435,24 +457,98 @@ class _Search:
 
     # ---------------------------------------------------------------------------------- proposers
     def greedy(self, choices: Sequence[Sequence[Option]]) -> _Loads | None:
-        """Longest table first, each taking the option that raises the surrogate least."""
+        """Longest table first, each taking the option that raises the surrogate least (ties to the option
+        listed first)."""
         loads = self.empty()
         rem_f, rem_b = sum(self.whole_fwd), sum(self.whole_bwd)
         for i in self.order:
             rem_f -= self.whole_fwd[i]
             rem_b -= self.whole_bwd[i]
-            best = None
-            for opt in choices[i]:
-                part = self.place(loads, i, opt)
-                if part is None:
-                    continue
-                s = loads.step_with(part, rem_f, rem_b)
-                if best is None or s < best[0]:
-                    best = (s, part)
+            scored = self._free_steps(loads, i, choices[i], rem_f, rem_b)
+            best: tuple[float, int, _Part | Option] | None = None
+            for k, opt in enumerate(choices[i]):
+                got = scored.get(opt)
+                if got is not None:
+                    cand: tuple[float, int, _Part | Option] = (got, k, opt)
+                elif best is not None and self._blocks_floor(loads, i, opt, rem_f, rem_b) >= best[0]:
+                    continue  # row blocks that cannot beat the best so far: not priced block by block
+                else:
+                    part = self.place(loads, i, opt)
+                    if part is None:
+                        continue
+                    cand = (loads.step_with(part, rem_f, rem_b), k, part)
+                if best is None or cand[0] < best[0]:
+                    best = cand
             if best is None:
                 return None
-            loads.add(i, best[1])
+            chosen = best[2]
+            if isinstance(chosen, Option):
+                chosen = self.place(loads, i, chosen)
+                assert chosen is not None  # scored: it fits where `_free_steps` placed it
+            loads.add(i, chosen)
         return loads
+
+    def _blocks_floor(self, loads: _Loads, i: int, opt: Option, rem_f: float, rem_b: float) -> float:
+        """A floor under `step_with` of table i as row blocks (row-wise, table-row-wise), from its totals alone:
+        no position's lookups fall and the busiest positions' exchange bytes do not either, while the
+        exchange grows by the blocks' pooled columns and lengths (each block sends its partial sums). The
+        exchange's time rises with each of its arguments, so this is never above the step the part gives;
+        -inf for the other kinds. Why: at 1,024 positions a row-wise option is 1,024 blocks to price, and its
+        pooled exchange alone rules it out."""
+        if opt.kind not in ("row_wise", "table_row_wise"):
+            return -math.inf
+        t, G = self.cfg.workload.tables[i], self.G
+        span = G if opt.kind == "row_wise" else self.rpn
+        block = math.ceil(t.rows / span) if t.rows > 0 else 0
+        n = math.ceil(t.rows / block) if block else 0
+        f_max, b_max, c_max, l_max, i_max, f_sum, b_sum = loads.maxima()
+        f, b = max(f_max, (f_sum + rem_f) / G), max(b_max, (b_sum + rem_b) / G)
+        ex, _ = self.cost.exchange_ms(self.cfg, loads.recv_cols + float(n * t.dim), c_max,
+                                      loads.lens_send + n * self.cfg.batch_size * ID_BYTES, l_max,
+                                      loads.ids_send, i_max)
+        return loads.offset + f + b + ex + loads.dp_step()
+
+    def _free_steps(self, loads: _Loads, i: int, opts: Sequence[Option], rem_f: float,
+                    rem_b: float) -> dict[Option, float]:
+        """`step_with` of table i's whole-table and column options at once, without building their parts.
+        Each takes its `parts` least-pressed positions (`_place_free`), and its shards are alike, so where
+        those are the first positions of the pressure order (every position has room for the shard), the
+        busiest position it gives is a prefix maximum of that order plus one shard's load. Options that do
+        not qualify (a table with ranks or kept together, a position short of room) are left out: the
+        caller places them one by one. Why: the greedy asks this of every option of every table, and at
+        1,024 positions building each part was most of the planning time."""
+        t, G = self.cfg.workload.tables[i], self.G
+        free = [o for o in opts if o.kind in ("table_wise", "column_wise")]
+        if not free or t.ranks or i in self.together:
+            return {}
+        order = loads.by_pressure()
+        top = max(o.parts for o in free)
+        if top > G:
+            return {}
+        head = order[:top]
+        self.pricer.whole_costs(i, [t.dim // o.parts for o in free])
+        f_max, b_max, c_max, l_max, i_max, f_sum, b_sum = loads.maxima()
+        pf, pb, pc, pl, pi = (np.maximum.accumulate(a[head]) for a in
+                              (loads.fwd, loads.bwd, loads.cols, loads.lens, loads.ids))
+        mem_head = np.maximum.accumulate(loads.mem[head]) + loads.dp_mem
+        B, lens = self.cfg.batch_size, float(G * self.cfg.batch_size * ID_BYTES)
+        dp = loads.dp_step()
+        out = {}
+        for o in free:
+            n, w = o.parts, t.dim // o.parts
+            need = t.rows * (w * self.pricer.wb + self.pricer.sb)
+            if self.room is not None and mem_head[n - 1] + need > self.room:
+                continue  # a head position lacks room: `_place_free` skips it, the caller places this
+            fk, bk, idk = self.pricer.shard_cost(i, 0, t.rows, w)
+            # sums as `step_with` takes them (numpy's, of n alike shards), so both give the same float
+            f = max(f_max, float(pf[n - 1] + fk), (f_sum + float(np.full(n, fk).sum()) + rem_f) / G)
+            b = max(b_max, float(pb[n - 1] + bk), (b_sum + float(np.full(n, bk).sum()) + rem_b) / G)
+            ex, beside = self.cost.exchange_ms(
+                self.cfg, loads.recv_cols + float(n * w), max(c_max, float(pc[n - 1] + w)),
+                loads.lens_send + n * B * ID_BYTES, max(l_max, float(pl[n - 1] + lens)),
+                loads.ids_send + float(np.full(n, idk).sum()) / G, max(i_max, float(pi[n - 1] + idk)))
+            out[o] = max(loads.offset + f + b + ex + dp, beside)
+        return out
 
     def improve(self, loads: _Loads) -> _Loads:
         """Moves off the critical position: a table there takes another option or other positions, the best
@@ -561,11 +657,19 @@ def _each_once(cands: list[tuple[str, ShardingPlan]], price) -> list:
     seen: dict[tuple, object] = {}
     out = []
     for _, plan in cands:
-        key = (tuple(tp.kind for tp in plan.tables), plan.shard_array().tobytes())
+        key = tuple((tp.kind, _layout_key(tp.shards)) for tp in plan.tables)
         if key not in seen:
             seen[key] = price(plan)
         out.append(seen[key])
     return out
+
+
+def _layout_key(shards: Sequence[Shard]) -> tuple:
+    """A table's shards as a key: row blocks by their arithmetic (a row-wise table at 1,024 positions is
+    1,024 shards), a list by its shards."""
+    if isinstance(shards, RowBlocks):
+        return ("rows", shards.rows, shards.dim, shards.positions)
+    return tuple(shards)
 
 
 def _offset(cfg: TrialConfig, cost: PlanCost, search: _Search, baselines: dict[str, ShardingPlan]) -> float:
@@ -605,8 +709,8 @@ def search_plan(cfg: TrialConfig, cost: PlanCost, allowed: Iterable[str], baseli
                     key=lambda x: x.step_ms)
     if exact and priced and math.isfinite(priced[0].step_ms):
         size = cfg.group_size * cfg.workload.num_tables
-        budget = POLISH_ESTIMATES if size <= POLISH_MAX_SIZE else 0
-        polished = search.polish(priced[0], budget)
-        if polished is not priced[0]:
-            priced.insert(0, polished)
+        if size <= POLISH_MAX_SIZE:
+            polished = search.polish(priced[0], POLISH_ESTIMATES)
+            if polished is not priced[0]:
+                priced.insert(0, polished)
     return priced

@@ -64,7 +64,7 @@ class TableCosts:
         """Local lookup of B bags, the sparse all-gather's bandwidth, the update with the union of
         W*B."""
         B, W = cfg.batch_size, cfg.world_size
-        pool, idb = t.lookups(cfg.workload.profiled), id_bytes(cfg.workload)
+        pool, idb = t.lookups(cfg.workload.profiled), self._id_bytes(cfg.workload)
         if self.cluster is None:
             return self._lookups(t, B, W * B, cfg) + W * B * (pool * idb + t.dim * 4) / 1e6
         world = spans(W, cfg.group_size, cfg.group_placement, self.cluster)[2]
@@ -102,23 +102,27 @@ class TableCosts:
         return self._idb[1]
 
     def shards(self, t: TableSpec, cfg: TrialConfig, starts: np.ndarray, stops: np.ndarray,
-               width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`shard` of many row blocks of one width at once (a row-wise table's G blocks)."""
+               width: int | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`shard` of many row blocks at once (a row-wise table's G blocks); `width`: one for all, or one
+        per block (a table's column shards of every width)."""
         wl, G, B = cfg.workload, cfg.group_size, cfg.batch_size
         um = cfg.replicas if (cfg.replicas > 1 and cfg.sparse_sync == "grad_allreduce") else 1
         wb, sb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
         starts, stops = np.asarray(starts, dtype=np.float64), np.asarray(stops, dtype=np.float64)
-        if wl.profiled and t.profile:
-            frac = idstats.shares_of_rows(t.profile, starts, stops, t.rows)
+        whole = (starts <= 0) & (stops >= t.rows)  # all of the table's lookups, as `shard_loads` has it
+        if whole.all():  # a table-wise or column shard: no row blocks to read (asked per table and width)
+            frac = np.ones(len(starts))
+        elif wl.profiled and t.profile:
+            frac = np.where(whole, 1.0, idstats.shares_of_rows(t.profile, starts, stops, t.rows))
         else:
-            frac = (stops - starts) / t.rows
+            frac = np.where(whole, 1.0, (stops - starts) / t.rows)
         bags = G * B
         ids = bags * t.lookups(wl.profiled) * frac
         f, u = lookup_bytes(ids, bags, width, wb), update_bytes(ids * um, bags * um, width, wb, sb)
         s, idb = self._speeds(cfg), self._id_bytes(wl)
         if s is None:
             return f / 1e6, u / 1e6, ids * idb
-        return (emb_ms(f, "fwd", width, s, t.weighted), emb_ms(u, "bwd", width, s, t.weighted),
+        return (_emb_ms(f, "fwd", width, s, t.weighted), _emb_ms(u, "bwd", width, s, t.weighted),
                 ids * idb)
 
     def dp_lookups(self, t: TableSpec, cfg: TrialConfig) -> tuple[float, float]:
@@ -186,3 +190,13 @@ class TableCosts:
         beside = max(m * 2**20 - b for m, b in zip(est.mem_mb, shards, strict=True))
         limit = min(est.mem_limit_mb * 2**20, cap)
         return max(0.0, limit - beside)
+
+
+def _emb_ms(nbytes: np.ndarray, phase: str, width: int | np.ndarray, s: Speeds,
+            weighted: bool) -> np.ndarray:
+    """`rates.emb_ms` of blocks of one width, or each block at its own."""
+    if np.ndim(width) == 0:
+        return emb_ms(nbytes, phase, int(width), s, weighted)
+    return np.array([emb_ms(float(b), phase, int(w), s, weighted)
+                     for b, w in zip(np.broadcast_to(nbytes, np.shape(width)).tolist(),
+                                     np.asarray(width).tolist(), strict=True)])

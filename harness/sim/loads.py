@@ -196,11 +196,16 @@ def _lookup_shares(wl: Workload, plan: ShardingPlan, sh: np.ndarray) -> np.ndarr
             continue
         t, k = wl.tables[tp.table], len(tp.shards)
         lo, hi = sh[at:at + k, 2].astype(np.float64), sh[at:at + k, 3].astype(np.float64)
+        whole = (lo <= 0) & (hi >= t.rows)
+        if whole.all():  # table-wise, column shards: every lookup (no row blocks to read)
+            frac[at:at + k] = 1.0
+            at += k
+            continue
         if wl.profiled and t.profile:
             part = idstats.shares_of_rows(t.profile, lo, hi, t.rows)
         else:
             part = (hi - lo) / t.rows
-        frac[at:at + k] = np.where((lo <= 0) & (hi >= t.rows), 1.0, part)
+        frac[at:at + k] = np.where(whole, 1.0, part)
         at += k
     return frac
 
