@@ -40,7 +40,8 @@ def main() -> None:
     base = float(ok.loc[ok["number"] == 0, "qps"].iloc[0])
     best = {str(k): float(v) for k, v in ok.groupby("sharding")["qps"].max().sort_values(ascending=False).items()}
     others = max(v for k, v in best.items() if k != "plan")
-    out = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(cmd[1:]).replace(tmp, "RUN_DIR"),
+    shown = " ".join(cmd[1:]).replace(tmp, "RUN_DIR").replace(f"{ROOT}/", "")  # the same in every clone
+    out = {"date": time.strftime("%Y-%m-%d"), "command": shown,
            "wall_s": wall, "trials": int(len(df)), "failed": int((~df["ok"]).sum()), "baseline_qps": base,
            "winner": df.attrs["winner"]["short_config"], "winner_speedup": df.attrs["winner"]["speedup"],
            "best_qps_by_sharding": best, "plan_over_best_other": best.get("plan", float("nan")) / others,
