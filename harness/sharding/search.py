@@ -148,6 +148,20 @@ class _Part:
         return self.known_distinct or len(np.unique(self.pos)) == len(self.pos)
 
 
+@dataclass(frozen=True)
+class _Rest:
+    """Work the proposer has not placed yet, counted as spread evenly over the positions: a lower bound on
+    what the finished plan's busiest position holds, so an early table is neither split for a maximum the
+    rest will fill anyway nor placed whole where the rest could have evened the columns out."""
+
+    fwd: float = 0.0
+    bwd: float = 0.0
+    cols: float = 0.0  # pooled columns (each table's width at least)
+
+
+NOTHING_LEFT = _Rest()
+
+
 class _Loads:
     """The group's positions as a plan fills them, and the surrogate step they give (module docstring)."""
 
@@ -214,17 +228,17 @@ class _Loads:
         np.add.at(extra, part.pos, part.mem)
         return bool(np.all(self.mem[part.pos] + extra[part.pos] + self.dp_mem <= self.room))
 
-    def step(self, rem_fwd: float = 0.0, rem_bwd: float = 0.0) -> float:
-        """The surrogate step; `rem_*`: work not yet placed, counted as spread evenly (a lower bound)."""
-        inner, beside = self.parts_ms(rem_fwd, rem_bwd)
+    def step(self, rest: _Rest = NOTHING_LEFT) -> float:
+        """The surrogate step; `rest`: work not yet placed, counted as spread evenly (a lower bound)."""
+        inner, beside = self.parts_ms(rest)
         return max(self.offset + inner, beside)
 
-    def step_with(self, part: _Part, rem_fwd: float = 0.0, rem_bwd: float = 0.0) -> float:
+    def step_with(self, part: _Part, rest: _Rest = NOTHING_LEFT) -> float:
         """`step` were `part` added, without adding it: the proposers ask this of every option of every
         table, and the busiest position is the old busiest or one the part touches."""
         if not part.distinct:
             self.add(-1, part)
-            got = self.step(rem_fwd, rem_bwd)
+            got = self.step(rest)
             self.add(-1, part, -1.0)
             return got
         f_max, b_max, c_max, l_max, i_max, f_sum, b_sum = self.maxima()
@@ -233,22 +247,24 @@ class _Loads:
         def top(old: float, arr: np.ndarray, v: np.ndarray) -> float:
             return max(old, float((arr[p] + v).max())) if len(p) else old
 
-        f = max(top(f_max, self.fwd, part.fwd), (f_sum + float(part.fwd.sum()) + rem_fwd) / G)
-        b = max(top(b_max, self.bwd, part.bwd), (b_sum + float(part.bwd.sum()) + rem_bwd) / G)
+        f = max(top(f_max, self.fwd, part.fwd), (f_sum + float(part.fwd.sum()) + rest.fwd) / G)
+        b = max(top(b_max, self.bwd, part.bwd), (b_sum + float(part.bwd.sum()) + rest.bwd) / G)
+        cols = self.recv_cols + part.recv_cols + rest.cols
         ex, beside = self.cost.exchange_ms(
-            self.cfg, self.recv_cols + part.recv_cols, top(c_max, self.cols, part.cols),
+            self.cfg, cols, max(top(c_max, self.cols, part.cols), cols / G),
             self.lens_send + part.lens_send, top(l_max, self.lens, part.lens), self.ids_send + part.ids_send,
             top(i_max, self.ids, part.ids))
         sync = self.dp_sync_bytes + part.dp_sync_bytes
         dp = self.dp_ms + part.dp_ms + (self.cost.dp_sync_ms(self.cfg, sync) if sync else 0.0)
         return max(self.offset + f + b + ex + dp, beside)
 
-    def parts_ms(self, rem_fwd: float = 0.0, rem_bwd: float = 0.0) -> tuple[float, float]:
+    def parts_ms(self, rest: _Rest = NOTHING_LEFT) -> tuple[float, float]:
         """(the plan's part of the step, the pipelined input distribution's time beside it)."""
         G = self.G
-        f = max(float(self.fwd.max()), (float(self.fwd.sum()) + rem_fwd) / G)
-        b = max(float(self.bwd.max()), (float(self.bwd.sum()) + rem_bwd) / G)
-        ex, beside = self.cost.exchange_ms(self.cfg, self.recv_cols, float(self.cols.max()), self.lens_send,
+        f = max(float(self.fwd.max()), (float(self.fwd.sum()) + rest.fwd) / G)
+        b = max(float(self.bwd.max()), (float(self.bwd.sum()) + rest.bwd) / G)
+        cols = self.recv_cols + rest.cols
+        ex, beside = self.cost.exchange_ms(self.cfg, cols, max(float(self.cols.max()), cols / G), self.lens_send,
                                            float(self.lens.max()), self.ids_send, float(self.ids.max()))
         return f + b + ex + self.dp_step(), beside
 
@@ -456,27 +472,33 @@ class _Search:
         return self.pricer.whole_rows(i, option, np.sort(picked))
 
     # ---------------------------------------------------------------------------------- proposers
-    def greedy(self, choices: Sequence[Sequence[Option]]) -> _Loads | None:
+    def greedy(self, choices: Sequence[Sequence[Option]], even_cols: bool = True) -> _Loads | None:
         """Longest table first, each taking the option that raises the surrogate least (ties to the option
-        listed first)."""
+        listed first). `even_cols`: the columns still to place count as spread evenly too, so the first
+        tables are split to the width the whole plan can even out (at 1,024 positions and 788 tables, whole
+        first tables fix the busiest position at a table's width for good); without it, a start that packs
+        tables as they come."""
         loads = self.empty()
-        rem_f, rem_b = sum(self.whole_fwd), sum(self.whole_bwd)
+        dims = [t.dim if even_cols else 0 for t in self.cfg.workload.tables]
+        rem_f, rem_b, rem_c = sum(self.whole_fwd), sum(self.whole_bwd), float(sum(dims))
         for i in self.order:
             rem_f -= self.whole_fwd[i]
             rem_b -= self.whole_bwd[i]
-            scored = self._free_steps(loads, i, choices[i], rem_f, rem_b)
+            rem_c -= dims[i]
+            rest = _Rest(rem_f, rem_b, rem_c)
+            scored = self._free_steps(loads, i, choices[i], rest)
             best: tuple[float, int, _Part | Option] | None = None
             for k, opt in enumerate(choices[i]):
                 got = scored.get(opt)
                 if got is not None:
                     cand: tuple[float, int, _Part | Option] = (got, k, opt)
-                elif best is not None and self._blocks_floor(loads, i, opt, rem_f, rem_b) >= best[0]:
+                elif best is not None and self._blocks_floor(loads, i, opt, rest) >= best[0]:
                     continue  # row blocks that cannot beat the best so far: not priced block by block
                 else:
                     part = self.place(loads, i, opt)
                     if part is None:
                         continue
-                    cand = (loads.step_with(part, rem_f, rem_b), k, part)
+                    cand = (loads.step_with(part, rest), k, part)
                 if best is None or cand[0] < best[0]:
                     best = cand
             if best is None:
@@ -488,7 +510,7 @@ class _Search:
             loads.add(i, chosen)
         return loads
 
-    def _blocks_floor(self, loads: _Loads, i: int, opt: Option, rem_f: float, rem_b: float) -> float:
+    def _blocks_floor(self, loads: _Loads, i: int, opt: Option, rest: _Rest) -> float:
         """A floor under `step_with` of table i as row blocks (row-wise, table-row-wise), from its totals alone:
         no position's lookups fall and the busiest positions' exchange bytes do not either, while the
         exchange grows by the blocks' pooled columns and lengths (each block sends its partial sums). The
@@ -502,14 +524,14 @@ class _Search:
         block = math.ceil(t.rows / span) if t.rows > 0 else 0
         n = math.ceil(t.rows / block) if block else 0
         f_max, b_max, c_max, l_max, i_max, f_sum, b_sum = loads.maxima()
-        f, b = max(f_max, (f_sum + rem_f) / G), max(b_max, (b_sum + rem_b) / G)
-        ex, _ = self.cost.exchange_ms(self.cfg, loads.recv_cols + float(n * t.dim), c_max,
+        f, b = max(f_max, (f_sum + rest.fwd) / G), max(b_max, (b_sum + rest.bwd) / G)
+        cols = loads.recv_cols + float(n * t.dim) + rest.cols
+        ex, _ = self.cost.exchange_ms(self.cfg, cols, max(c_max, cols / G),
                                       loads.lens_send + n * self.cfg.batch_size * ID_BYTES, l_max,
                                       loads.ids_send, i_max)
         return loads.offset + f + b + ex + loads.dp_step()
 
-    def _free_steps(self, loads: _Loads, i: int, opts: Sequence[Option], rem_f: float,
-                    rem_b: float) -> dict[Option, float]:
+    def _free_steps(self, loads: _Loads, i: int, opts: Sequence[Option], rest: _Rest) -> dict[Option, float]:
         """`step_with` of table i's whole-table and column options at once, without building their parts.
         Each takes its `parts` least-pressed positions (`_place_free`), and its shards are alike, so where
         those are the first positions of the pressure order (every position has room for the shard), the
@@ -541,10 +563,11 @@ class _Search:
                 continue  # a head position lacks room: `_place_free` skips it, the caller places this
             fk, bk, idk = self.pricer.shard_cost(i, 0, t.rows, w)
             # sums as `step_with` takes them (numpy's, of n alike shards), so both give the same float
-            f = max(f_max, float(pf[n - 1] + fk), (f_sum + float(np.full(n, fk).sum()) + rem_f) / G)
-            b = max(b_max, float(pb[n - 1] + bk), (b_sum + float(np.full(n, bk).sum()) + rem_b) / G)
+            f = max(f_max, float(pf[n - 1] + fk), (f_sum + float(np.full(n, fk).sum()) + rest.fwd) / G)
+            b = max(b_max, float(pb[n - 1] + bk), (b_sum + float(np.full(n, bk).sum()) + rest.bwd) / G)
+            cols = loads.recv_cols + float(n * w) + rest.cols
             ex, beside = self.cost.exchange_ms(
-                self.cfg, loads.recv_cols + float(n * w), max(c_max, float(pc[n - 1] + w)),
+                self.cfg, cols, max(c_max, float(pc[n - 1] + w), cols / G),
                 loads.lens_send + n * B * ID_BYTES, max(l_max, float(pl[n - 1] + lens)),
                 loads.ids_send + float(np.full(n, idk).sum()) / G, max(i_max, float(pi[n - 1] + idk)))
             out[o] = max(loads.offset + f + b + ex + dp, beside)
@@ -590,18 +613,21 @@ class _Search:
         return sorted(dp, key=lambda i: -loads.parts[i].dp_ms)[:4]
 
     def proposals(self) -> list[ShardingPlan]:
-        """The greedy over every option, each improved; on problems up to `STARTS_MAX_SIZE` also starts from
-        whole tables and from column shards (beyond it they gave the first start's plan or the table-wise
-        rival's on every benchmark case, at a greedy's cost each: benchmarks/bench_planner.py)."""
-        starts = [self.options]
+        """The greedy over every option, each improved; on problems up to `STARTS_MAX_SIZE` also the greedy
+        without the columns still to place, and starts from whole tables and from column shards (beyond it
+        they gave the first start's plan or a worse one on every benchmark case, at a greedy's cost each:
+        benchmarks/bench_planner.py)."""
+        starts = [(self.options, True)]
         extra = self.cfg.group_size * self.cfg.workload.num_tables <= STARTS_MAX_SIZE
+        if extra:
+            starts.append((self.options, False))
         for kinds in (("table_wise",), ("column_wise",)) if extra else ():
             only = [[o for o in opts if o.kind in kinds] for opts in self.options]
             if all(only) and only != self.options:
-                starts.append(only)
+                starts.append((only, False))
         out = []
-        for choices in starts:
-            loads = self.greedy(choices)
+        for choices, even_cols in starts:
+            loads = self.greedy(choices, even_cols)
             if loads is not None:
                 out.append(self.to_plan(self.improve(loads)))
         return out
