@@ -864,3 +864,22 @@ def test_a_weighted_table_costs_the_extra_kernel_work_its_backend_measured() -> 
         plain, scored = (estimate(x, plan_for(x, c), c) for x in (cfg, cfg.replace(workload=weighted)))
         for phase, m in zip(("emb_fwd", "emb_bwd"), want, strict=True):
             assert scored.per_rank[phase] == pytest.approx([m * x for x in plain.per_rank[phase]], rel=1e-9), phase
+
+
+def test_step_at_prices_a_plans_own_parts_as_the_estimate_and_rises_with_each():
+    """`step_at` (the floor under every plan in benchmarks/bench_plan_bound.py) is the estimate's own step
+    where no part is replaced, and never falls when a part takes longer."""
+    from cubic_harness.planning import plan_for
+    from cubic_harness.sim.step import estimate, step_at
+
+    c = load_cluster(shipped_cluster("h100-64.yaml"))
+    cfg = TrialConfig(workload=Workload.preset("criteo-mlperf-mini"), world_size=64, ranks_per_node=8,
+                      device="cuda", kernel="triton", sharding="table_wise", pipeline_depth=1,
+                      comm_overlap="forward_backward")
+    plan = plan_for(cfg, c)
+    step = estimate(cfg, plan, c).step_ms
+    assert step_at(cfg, plan, c) == step
+    for part in ("pooled", "emb_bwd", "allreduce"):
+        steps = [step_at(cfg, plan, c, **{part: ms}) for ms in (0.0, 0.1, 0.5, 1.0, 2.0, 8.0, 32.0)]
+        assert all(b >= a * (1 - 1e-12) for a, b in zip(steps, steps[1:])), (part, steps)
+        assert steps[-1] > step > steps[0], (part, steps)

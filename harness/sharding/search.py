@@ -9,10 +9,11 @@ planner is built, with the performance model's modelled step as the objective.
   into a surrogate of the step as `perf.estimate` composes it: the busiest position's forward plus
   its backward (the all-to-alls synchronise the group every phase), the exchanges at their busiest
   rank's bytes, the data-parallel tables' work and their one sync;
-- propose (`_propose`): tables in order of cost (longest first), each taking the option and positions
-  that raise the surrogate least (with the work still to place spread as a lower bound, so an early
-  table is not split for a maximum the rest will fill anyway); then moves off the critical position
-  (another option, another position) while one lowers the surrogate. Several starts;
+- propose (`greedy`): tables in order of cost (longest first), each taking the option and positions
+  that raise the surrogate least (with the lookups and pooled columns still to place spread as a lower
+  bound, so an early table is neither split for a maximum the rest will fill anyway nor left whole where
+  the rest could even the columns out); then moves off the critical position (another option, another
+  position) while one lowers the surrogate. Several starts;
 - partition: placement under each position's memory is part of every move (a position that would
   overflow is never chosen).
 

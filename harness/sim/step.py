@@ -91,6 +91,17 @@ class _Parts:
 
 def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     """Predict one training step of `cfg` with `plan` on cluster `c` (see `perf.py`'s overview)."""
+    return _estimate(cfg, plan, c, {})
+
+
+def step_at(cfg: TrialConfig, plan: ShardingPlan, c: Cluster, **parts_ms: float) -> float:
+    """The step `plan` gives, with the named parts of it (`_Parts` fields: `emb_fwd`, `pooled`, `inp`,
+    ...) at these durations instead of its own: the model's critical path over a plan's least possible
+    parts is a floor under every plan's step (benchmarks/bench_plan_bound.py)."""
+    return _estimate(cfg, plan, c, parts_ms).step_ms
+
+
+def _estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster, given: dict[str, float]) -> Estimate:
     wl, W, G = cfg.workload, cfg.world_size, cfg.group_size
     if W > c.devices:
         raise ModelError(f"world_size={W} needs {W} devices; cluster {c.name} has {c.devices} "
@@ -117,8 +128,8 @@ def estimate(cfg: TrialConfig, plan: ShardingPlan, c: Cluster) -> Estimate:
     gather_ms, merge_ms = _replica_ms(cfg, c, s, ld, pos, merge, r_span)
     ids = cfg.batch_size * sum(wl.lookups_per_sample())
     glue = ids * c.device.glue_ns_per_id / 1e6 / s.emb_speed  # the collection's routing, assembly
-    parts = _Parts(emb_fwd, emb_bwd, dense, glue, inp, beside, pooled, dp_sync, ar, gather_ms,
-                   merge_ms)
+    parts = dataclasses.replace(_Parts(emb_fwd, emb_bwd, dense, glue, inp, beside, pooled, dp_sync, ar,
+                                       gather_ms, merge_ms), **given)
     tl = critical_path(_ops(cfg, c, parts, dc.params * 4), c.device.overlap_hidden)
     return _result(cfg, c, s, dc, ld, placed, parts, tl, mem_limit)
 
