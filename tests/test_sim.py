@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import math
 import re
@@ -881,5 +882,5 @@ def test_step_at_prices_a_plans_own_parts_as_the_estimate_and_rises_with_each():
     assert step_at(cfg, plan, c) == step
     for part in ("pooled", "emb_bwd", "allreduce"):
         steps = [step_at(cfg, plan, c, **{part: ms}) for ms in (0.0, 0.1, 0.5, 1.0, 2.0, 8.0, 32.0)]
-        assert all(b >= a * (1 - 1e-12) for a, b in zip(steps, steps[1:])), (part, steps)
+        assert all(b >= a * (1 - 1e-12) for a, b in itertools.pairwise(steps)), (part, steps)
         assert steps[-1] > step > steps[0], (part, steps)

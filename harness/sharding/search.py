@@ -488,23 +488,23 @@ class _Search:
             rem_c -= dims[i]
             rest = _Rest(rem_f, rem_b, rem_c)
             scored = self._free_steps(loads, i, choices[i], rest)
-            best: tuple[float, int, _Part | Option] | None = None
-            for k, opt in enumerate(choices[i]):
+            best: tuple[float, _Part | Option] | None = None
+            for opt in choices[i]:
                 got = scored.get(opt)
                 if got is not None:
-                    cand: tuple[float, int, _Part | Option] = (got, k, opt)
+                    cand: tuple[float, _Part | Option] = (got, opt)
                 elif best is not None and self._blocks_floor(loads, i, opt, rest) >= best[0]:
                     continue  # row blocks that cannot beat the best so far: not priced block by block
                 else:
                     part = self.place(loads, i, opt)
                     if part is None:
                         continue
-                    cand = (loads.step_with(part, rest), k, part)
+                    cand = (loads.step_with(part, rest), part)
                 if best is None or cand[0] < best[0]:
                     best = cand
             if best is None:
                 return None
-            chosen = best[2]
+            chosen = best[1]
             if isinstance(chosen, Option):
                 chosen = self.place(loads, i, chosen)
                 assert chosen is not None  # scored: it fits where `_free_steps` placed it
