@@ -33,12 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_planner import cases  # noqa: E402
 
-from cubic_harness.config import DTYPE_BYTES  # noqa: E402
 from cubic_harness.planning import plan_for  # noqa: E402
-from cubic_harness.sim import collectives as coll  # noqa: E402
 from cubic_harness.sim.perf import TableCosts  # noqa: E402
 from cubic_harness.sim.rates import spans  # noqa: E402
-from cubic_harness.sim.step import step_at  # noqa: E402
+from cubic_harness.sim.step import pooled_ms, step_at  # noqa: E402
 from cubic_harness.sim.traffic import ID_BYTES  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "plan_bound.json"
@@ -46,7 +44,7 @@ DATA = Path(__file__).resolve().parent / "data" / "plan_bound.json"
 
 def main() -> None:
     name, cfg, c = next(x for x in cases(False) if x[0].startswith("dlrm-datasets-2022, 1,024"))
-    wl, G, B, cb = cfg.workload, cfg.group_size, cfg.batch_size, DTYPE_BYTES[cfg.comm_precision]
+    wl, G, B = cfg.workload, cfg.group_size, cfg.batch_size
     t0 = wl.tables[0]
     alike = {(t.rows, t.dim, t.lookups(wl.profiled), t.weighted) for t in wl.tables}
     assert len(alike) == 1, "the cases below hold for alike tables only"
@@ -63,7 +61,7 @@ def main() -> None:
         spread evenly, the exchanges at these busiest-rank columns and shards."""
         f, b, _ = cost.shard(t0, cfg, 0, t0.rows, dim // k)
         cols = tables * dim
-        pooled = coll.all_to_all(max(B * cols, G * B * max_cols) * cb, group, c, B * cols * cb)
+        pooled = pooled_ms(cfg, c, group, cols, max_cols)
         ex, beside = cost.exchange_ms(cfg, cols, max_cols, shards * B * ID_BYTES, max_shards * lens1,
                                       shards * ids1 / G, max_shards * ids1)
         return {"emb_fwd": tables * k * f / G, "emb_bwd": tables * k * b / G, "pooled": pooled,

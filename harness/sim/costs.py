@@ -8,13 +8,13 @@ import math
 
 import numpy as np
 
-from cubic_harness import ids as idstats
 from cubic_harness.config import DTYPE_BYTES, TrialConfig
 from cubic_harness.sharding.plan import Shard, ShardingPlan, TablePlan
 from cubic_harness.sim import collectives as coll
 from cubic_harness.sim.cluster import Cluster
+from cubic_harness.sim.loads import lookup_share, shard_ms
 from cubic_harness.sim.rates import ModelError, Speeds, emb_ms, overlapped, spans, speeds
-from cubic_harness.sim.step import estimate
+from cubic_harness.sim.step import estimate, pooled_ms
 from cubic_harness.sim.traffic import ID_BYTES, STATE_BYTES, id_bytes, lookup_bytes, update_bytes
 from cubic_harness.workload import TableSpec, Workload
 
@@ -108,22 +108,15 @@ class TableCosts:
         wl, G, B = cfg.workload, cfg.group_size, cfg.batch_size
         um = cfg.replicas if (cfg.replicas > 1 and cfg.sparse_sync == "grad_allreduce") else 1
         wb, sb = DTYPE_BYTES[cfg.emb_precision], STATE_BYTES[cfg.emb_optimizer]
-        starts, stops = np.asarray(starts, dtype=np.float64), np.asarray(stops, dtype=np.float64)
-        whole = (starts <= 0) & (stops >= t.rows)  # all of the table's lookups, as `shard_loads` has it
-        if whole.all():  # a table-wise or column shard: no row blocks to read (asked per table and width)
-            frac = np.ones(len(starts))
-        elif wl.profiled and t.profile:
-            frac = np.where(whole, 1.0, idstats.shares_of_rows(t.profile, starts, stops, t.rows))
-        else:
-            frac = np.where(whole, 1.0, (stops - starts) / t.rows)
+        frac = lookup_share(t, wl.profiled, starts, stops)
         bags = G * B
         ids = bags * t.lookups(wl.profiled) * frac
         f, u = lookup_bytes(ids, bags, width, wb), update_bytes(ids * um, bags * um, width, wb, sb)
         s, idb = self._speeds(cfg), self._id_bytes(wl)
         if s is None:
             return f / 1e6, u / 1e6, ids * idb
-        return (_emb_ms(f, "fwd", width, s, t.weighted), _emb_ms(u, "bwd", width, s, t.weighted),
-                ids * idb)
+        widths, weighted = np.broadcast_to(width, f.shape), np.full(f.shape, t.weighted)
+        return shard_ms(f, "fwd", widths, weighted, s), shard_ms(u, "bwd", widths, weighted, s), ids * idb
 
     def dp_lookups(self, t: TableSpec, cfg: TrialConfig) -> tuple[float, float]:
         """(ms of a data-parallel table's local lookups and update of every rank's bags, its bytes
@@ -149,9 +142,9 @@ class TableCosts:
         G, B, cb = cfg.group_size, cfg.batch_size, DTYPE_BYTES[cfg.comm_precision]
         if G <= 1 or not recv_cols:
             return 0.0, 0.0
-        pooled_max, pooled_mean = max(B * recv_cols, G * B * max_cols) * cb, B * recv_cols * cb
         c = self.cluster
         if c is None:
+            pooled_max = max(B * recv_cols, G * B * max_cols) * cb
             return (max(lens_send, max_lens) + max(ids_send, max_ids) + 2 * pooled_max) / 1e6, 0.0
         g = spans(cfg.world_size, G, cfg.group_placement, c)[0]
         inp = 0.0 if c.device.reads_own_ids else (
@@ -162,7 +155,7 @@ class TableCosts:
             s = self._speeds(cfg)
             if s is not None:
                 inp, beside = overlapped(inp, coll.all_to_all(0.0, g, c), cfg, c, s)
-        return inp + 2 * coll.all_to_all(pooled_max, g, c, pooled_mean), beside
+        return inp + 2 * pooled_ms(cfg, c, g, recv_cols, max_cols), beside
 
     def step_ms(self, cfg: TrialConfig, plan: ShardingPlan) -> float | None:
         """The full step estimate of `plan` (inf where a rank's memory does not hold it); None
@@ -191,12 +184,3 @@ class TableCosts:
         limit = min(est.mem_limit_mb * 2**20, cap)
         return max(0.0, limit - beside)
 
-
-def _emb_ms(nbytes: np.ndarray, phase: str, width: int | np.ndarray, s: Speeds,
-            weighted: bool) -> np.ndarray:
-    """`rates.emb_ms` of blocks of one width, or each block at its own."""
-    if np.ndim(width) == 0:
-        return emb_ms(nbytes, phase, int(width), s, weighted)
-    return np.array([emb_ms(float(b), phase, int(w), s, weighted)
-                     for b, w in zip(np.broadcast_to(nbytes, np.shape(width)).tolist(),
-                                     np.asarray(width).tolist(), strict=True)])

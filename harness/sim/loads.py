@@ -179,8 +179,8 @@ def shard_loads(cfg: TrialConfig, plan: ShardingPlan, s: Speeds) -> ShardLoads:
         touched, union = both[:n], both[n:]
     return ShardLoads(
         groups=G, table=table, rank=rank, rows=rows, dim=dim, pool=pool, frac=frac, ids=ids,
-        fwd_ms=_shard_ms(lookup_bytes(ids, bags, dim, wb), "fwd", dim, weighted, s),
-        bwd_ms=_shard_ms(update_bytes(ids * um, bags * um, dim, wb, sb), "bwd", dim, weighted, s),
+        fwd_ms=shard_ms(lookup_bytes(ids, bags, dim, wb), "fwd", dim, weighted, s),
+        bwd_ms=shard_ms(update_bytes(ids * um, bags * um, dim, wb, sb), "bwd", dim, weighted, s),
         touched=touched, union=union, bags=bags, update_ids=ids * um, row_extra=sb, wbytes=wb,
         recv_cols=float(dim.sum()), lens_send=float(n * B * ID_BYTES),
         ids_send=float((B * pool * frac * idb).sum()))
@@ -195,22 +195,23 @@ def _lookup_shares(wl: Workload, plan: ShardingPlan, sh: np.ndarray) -> np.ndarr
         if tp.kind == "data_parallel" or not tp.shards:
             continue
         t, k = wl.tables[tp.table], len(tp.shards)
-        lo, hi = sh[at:at + k, 2].astype(np.float64), sh[at:at + k, 3].astype(np.float64)
-        whole = (lo <= 0) & (hi >= t.rows)
-        if whole.all():  # table-wise, column shards: every lookup (no row blocks to read)
-            frac[at:at + k] = 1.0
-            at += k
-            continue
-        if wl.profiled and t.profile:
-            part = idstats.shares_of_rows(t.profile, lo, hi, t.rows)
-        else:
-            part = (hi - lo) / t.rows
-        frac[at:at + k] = np.where(whole, 1.0, part)
+        frac[at:at + k] = lookup_share(t, wl.profiled, sh[at:at + k, 2], sh[at:at + k, 3])
         at += k
     return frac
 
 
-def _shard_ms(nbytes: np.ndarray, phase: str, dim: np.ndarray, weighted: np.ndarray,
+def lookup_share(t: TableSpec, profiled: bool, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The share of table t's lookups that falls on each row range [start, stop): all of them on a
+    whole table (table-wise, a column shard), else its profiled row blocks' share, else its rows'."""
+    lo, hi = np.asarray(starts, dtype=np.float64), np.asarray(stops, dtype=np.float64)
+    whole = (lo <= 0) & (hi >= t.rows)
+    if whole.all():  # no row blocks to read (asked per table and width by the planner)
+        return np.ones(len(lo))
+    part = idstats.shares_of_rows(t.profile, lo, hi, t.rows) if profiled and t.profile else (hi - lo) / t.rows
+    return np.where(whole, 1.0, part)
+
+
+def shard_ms(nbytes: np.ndarray, phase: str, dim: np.ndarray, weighted: np.ndarray,
               s: Speeds) -> np.ndarray:
     """`rates.emb_ms`, each shard at its width."""
     widths, inv = np.unique(dim, return_inverse=True)

@@ -173,7 +173,7 @@ def _exchange(cfg: TrialConfig, c: Cluster, s: Speeds, ld: ShardLoads, pos: Sequ
     """(the input all-to-alls in the step, their time beside it, the pooled all-to-all one way). An
     all-to-all takes as long as its busiest rank: every rank sends its own bags' ids (and receives
     its pooled rows), but the rank holding the hot shards receives (and sends back) the most."""
-    G, B, cb = cfg.group_size, cfg.batch_size, DTYPE_BYTES[cfg.comm_precision]
+    G = cfg.group_size
     recv_cols, lens_send, ids_send = ld.recv_cols, ld.lens_send, ld.ids_send
     if not (G > 1 and recv_cols):
         return 0.0, 0.0, 0.0
@@ -183,10 +183,14 @@ def _exchange(cfg: TrialConfig, c: Cluster, s: Speeds, ld: ShardLoads, pos: Sequ
         + coll.all_to_all(max(ids_send, max(p.ids for p in pos)), group, c, ids_send))
     if inp and cfg.pipeline_depth > 0:
         inp, beside = overlapped(inp, coll.all_to_all(0.0, group, c), cfg, c, s)
-    # one direction; every rank receives its bags' B x recv_cols (the mean a rank sends)
-    pooled = coll.all_to_all(max(B * recv_cols, G * B * max(p.cols for p in pos)) * cb, group, c,
-                             B * recv_cols * cb)
-    return inp, beside, pooled
+    return inp, beside, pooled_ms(cfg, c, group, recv_cols, max(p.cols for p in pos))
+
+
+def pooled_ms(cfg: TrialConfig, c: Cluster, group: coll.Span, recv_cols: float, max_cols: float) -> float:
+    """The pooled all-to-all one way: every rank receives its bags' B x `recv_cols` (the mean a rank
+    sends), the busiest sends its bags' share of `max_cols` to every rank."""
+    G, B, cb = cfg.group_size, cfg.batch_size, DTYPE_BYTES[cfg.comm_precision]
+    return coll.all_to_all(max(B * recv_cols, G * B * max_cols) * cb, group, c, B * recv_cols * cb)
 
 
 def _replica_ms(cfg: TrialConfig, c: Cluster, s: Speeds, ld: ShardLoads, pos: Sequence[Position],
