@@ -240,3 +240,42 @@ def test_an_on_demand_screen_judges_only_the_changes_an_incumbent_carries(tmp_pa
     recs = analysis.records(tmp_path)
     assert all(r.quality_heldout_ok is False for r in recs if r.params["batch_size"] == 256)
     assert "(a change of the incumbent #" in console.export_text()
+
+
+def test_a_check_that_fails_what_a_change_trains_alone_rules_the_change_out(tmp_path: Path) -> None:
+    """`make tune SEED=1`: the screen passed fp16 tables after one seed (-0.080%), the incumbent that trains
+    the same model failed its check at the second seed (+0.33%), and the search went on to spend 13 of its
+    30 trials on fp16 tables beside other numerics changes. The check's seeds are the change's own runs:
+    the screen's verdict follows them, so the change is out of the search, and a finished trial that
+    pairs it with another change fails with it. (The verdict logic alone: nothing is trained.)"""
+    from cubic.tune.work import CheckRun, ScreenRun
+    from cubic_harness.config import TrialResult
+    from tests.test_tune import TWINS, confirm_over
+
+    text = (TWINS.replace("screen: false", "screen: on_demand")
+            .replace("  pipeline_depth: [0, 1]", "  pipeline_depth: [0, 1]\n  dense_precision: [fp32, bf16]"))
+    low = {"emb_lr": 0.0001}
+    confirm, store, (base, fast, paired) = confirm_over(
+        tmp_path, text, [({}, 100.0), ({**low, "pipeline_depth": 1}, 300.0),
+                         ({**low, "dense_precision": "bf16"}, 250.0)])
+    checks, space = confirm.checks, confirm.ctx.space
+    checks.start()
+    store.update(base, quality_eval_ne=[0.800, 0.810], quality_eval_auc=[0.7] * 2)
+    scr = next(x for x in checks.screen if x.change == ("emb_lr", 0.0001))
+
+    def run(ne: float) -> TrialResult:
+        return TrialResult(extra={"eval_ne": ne, "eval_auc": 0.7})
+
+    checks.screened(ScreenRun(scr, 0), run(0.8008))  # +0.10%, within the 0.2% tolerance: passes for now
+    assert scr.ok is True and Observations.of(store.study, space).ruled_out == frozenset()
+    checks.estimate()  # the incumbent starts from the screen's run of its model
+    assert store.records()[fast.number].quality_eval_ne == [0.8008]
+    checks.checked(CheckRun(store.records()[fast.number], 1), run(0.8190))  # +1.1%: fails at two seeds
+    stored = {s["value"]: s for s in store.study.user_attrs[ATTR]}
+    assert stored[0.0001]["ok"] is False and stored[0.0001]["eval_ne"] == [0.8008, 0.8190], stored
+    assert Observations.of(store.study, space).ruled_out == {("emb_lr", 0.0001)}
+    recs = store.records()
+    assert recs[fast.number].quality_heldout_ok is False
+    assert recs[paired.number].quality_heldout_ok is False  # another model, out with the change it carries
+    assert recs[paired.number].quality_screened_out == ["emb_lr=0.0001"]
+    assert "emb_lr=0.0001 alone fails (#1's check of the same model)" in confirm.ctx.view.console.export_text()

@@ -786,6 +786,41 @@ def test_a_rejection_reaches_a_twin_through_runs_held_from_a_check_while_searchi
     assert twin.quality_eval_ne == [0.8008] and confirm.verdict(twin) is None
 
 
+def test_the_winners_speedup_over_torchrecs_plan_goes_through_the_baseline_side_by_side(tmp_path: Path) -> None:
+    """`make tune SEED=1` crowned a 1.15x winner and printed "0.92x TorchRec's plan": its re-measured qps
+    over the plan's one search run, minutes earlier, while the machine slowed 15% (the baseline's 22,485 qps
+    in the search, 19,101 in the confirm). The ratio now goes through the baseline, each side measured beside
+    it: the winner's paired re-measurements, the plan's search run over the baseline's, or its own pairs
+    where the confirm re-measured it. (The summary's arithmetic alone: nothing runs.)"""
+    from rich.console import Console
+
+    from cubic.study.record import REFERENCE
+    from cubic.study.winner import Winner
+    from cubic.tune.context import Tuning
+    from cubic.tune.policy import Policy
+    from cubic.tune.summary import reference
+    from cubic.tune.view import TuneView
+
+    space = load_space(space_file(tmp_path, TWINS))
+    store = Store(space, open_storage(storage_url(tmp_path, must_exist=False)), tmp_path)
+    bp = space.baseline_params()
+    for over, qps, phase in (({}, 22485.0, "baseline"), ({"pipeline_depth": 1}, 22394.0, REFERENCE)):
+        store.enqueue({**bp, **over}, {"phase": phase})
+        store.finish(store.study.ask(distributions(space)), TrialResult(qps=qps, ne=0.7))
+    view = TuneView(space, 3, Console(record=True, width=240), live=False)
+    ctx = Tuning(space, store, None, view, Policy.measured(space), base_key=space.config(bp).key(), budget=3)
+    win = Winner(trial=9, qps=20545.0, speedup=1.15)
+    ref = reference(ctx, win, None)
+    assert ref.trial == 1 and ref.qps == 22394.0 and not ref.re_measured
+    assert ref.speedup == pytest.approx(1.15 / (22394.0 / 22485.0))  # 1.155x, not 20,545 / 22,394 = 0.92x
+    assert ref.baseline_speedup == pytest.approx(22485.0 / 22394.0)
+    plan = store.records(TrialState.COMPLETE)[1]
+    store.update(plan, confirm_qps=[19000.0, 19500.0, 18800.0], confirm_base_qps=[20000.0, 19500.0, 19100.0])
+    ref = reference(ctx, win, None)
+    assert ref.re_measured and ref.qps == 19000.0
+    assert ref.speedup == pytest.approx(1.15 / statistics.median([0.95, 1.0, 18800.0 / 19100.0]))
+
+
 # three numerics changes (learning rates) and three re-measurements: for the confirm's order and its spare rule
 RACE = (TWINS.replace("emb_lr: [0.1, 0.0001]", "emb_lr: [0.1, 0.0001, 0.00011, 0.00012]")
         .replace("repeats: 1", "repeats: 3"))

@@ -7,7 +7,8 @@ Three sources of a quality verdict, cheapest first (which one counts: `TrialReco
    baseline's (`cubic.quality.screen`); a change that fails is out of the search, and every trial that uses
    it fails with it. `upfront`: every change before the search proposes anything. `on_demand`: only the
    changes an incumbent carries, once it has outlasted `SETTLE` later trials; a change no fast
-   configuration carries is never paid for, nor is an incumbent the next trials beat.
+   configuration carries is never paid for, nor is an incumbent the next trials beat. A check (3.) of the
+   model a change trains alone continues that change's runs, and its verdict becomes the change's.
 3. Held-out checks of the incumbent (`next_run` while searching): the fastest trial faster than the
    baseline that no held-out run has judged, when it changes numerics. Why while searching and not only at
    confirm: the searcher's feasibility model learns from the verdict, so one rejected 4x-batch incumbent
@@ -202,6 +203,27 @@ class QualityChecks:
         self.ctx.view.note(f"quality check: #{t.number} {'passes' if ok else 'fails'} held-out quality"
                            + (f" (and {len(same)} trial(s) that train the same model)" if same else "")
                            + ("" if ok else ": the searcher now avoids it"))
+        self.extend_screen(t, done)
+
+    def extend_screen(self, t: TrialRecord, done: list[TrialRecord]) -> None:
+        """A check of the model a screened change trains alone extends that change's runs (same model, same
+        seeds): the screen passes a change after one seed where it looks clear, and the check's later seeds
+        are the change's own. Where they fail it, the change is ruled out as the screen rules one out, so the
+        search stops proposing it with other knobs; a check of that model alone would only avoid that one."""
+        space = self.ctx.space
+        key = space.numerics_key(t.params)
+        scr = next((x for x in self.screen if space.numerics_key(x.params) == key), None)
+        if scr is None or len(t.quality_eval_ne) <= len(scr.eval_ne):
+            return
+        was = scr.ok
+        scr.eval_ne, scr.eval_auc = list(t.quality_eval_ne), list(t.quality_eval_auc)
+        base = self.ctx.baseline_of(done)
+        verdict, why = decide(scr, base.quality_eval_ne if base is not None else [],
+                              self.ctx.policy.quality_runs)
+        if verdict is not None:
+            scr.ok, scr.reason = verdict, why
+        self._store_screen(scr if verdict is not None and verdict != was else None, base, done,
+                           f" (#{t.number}'s check of the same model)")
 
     def screened(self, work: ScreenRun, res: TrialResult) -> None:
         """Record a screen run; once the change's verdict is decided, store it (the samplers read it from
@@ -218,11 +240,18 @@ class QualityChecks:
         verdict, why = decide(scr, bne, self.ctx.policy.quality_runs)
         if verdict is not None:
             scr.ok, scr.reason = verdict, (why if ok else f"its quality run failed: {scr.reason}")
+        self._store_screen(scr if verdict is not None else None, base, done)
+
+    def _store_screen(self, decided: Screened | None, base: TrialRecord | None,
+                      done: list[TrialRecord], how: str = "") -> None:
+        """Store the screen (the samplers read it from the study); where a change was just decided, say so
+        and give its verdict to every finished trial that uses it."""
         self.ctx.store.study.set_user_attr(SCREEN_ATTR, json_safe([x.to_dict() for x in self.screen]))
-        if verdict is None:
+        if decided is None:
             return
-        self.ctx.view.note(f"quality screen: {scr.label} alone {'passes' if verdict else 'fails'}: {scr.reason}"
-                           + ("" if verdict else "; configurations with it are out of the search"))
+        self.ctx.view.note(f"quality screen: {decided.label} alone {'passes' if decided.ok else 'fails'}"
+                           f"{how}: {decided.reason}"
+                           + ("" if decided.ok else "; configurations with it are out of the search"))
         for t in done:
             self.screen_verdict(t, base)
 

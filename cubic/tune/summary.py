@@ -61,17 +61,27 @@ def winner(ctx: Tuning, checks: QualityChecks, confirmed: list[TrialRecord], sea
 def reference(ctx: Tuning, win: Winner | None, best: BestMeasured | None) -> PlannerRef | None:
     """TorchRec's planner's plan of the baseline (the `reference` trial, where the space offers it): its qps
     (the confirm's median where it re-measured it, else its one search measurement) and what the winner (else
-    the best measured trial) and the baseline give over it."""
-    ref = next((t for t in ctx.store.records(TrialState.COMPLETE) if t.run.get("phase") == REFERENCE
-                and t.value), None)
+    the best measured trial) and the baseline give over it.
+
+    The winner's speed-up over it goes through the baseline, each ratio measured side by side: the winner's
+    paired re-measurements, and the reference's pairs where the confirm re-measured it, else its search run
+    over the baseline's (the reference runs right after the baseline). Dividing the winner's re-measured qps
+    by a reference measured once, minutes earlier, read a seed's 1.15x winner as 0.92x TorchRec's plan: the
+    machine had slowed 15% in between (the baseline's 22,485 qps in the search, 19,101 in the confirm)."""
+    done = ctx.store.records(TrialState.COMPLETE)
+    ref = next((t for t in done if t.run.get("phase") == REFERENCE and t.value), None)
     if ref is None:
         return None
     q = median_finite(ref.confirm_qps) or ref.value
-    top = win or best
-    base_q = win.baseline_qps if win else None
+    base = ctx.baseline_of(done)
+    over_base = ref.confirm_speedup(None) if ref.paired_ratios else (
+        ref.value / base.value if base is not None and base.value else None)
+    if win is not None and win.speedup and over_base:
+        speedup: float | None = win.speedup / over_base
+    else:
+        speedup = best.qps / q if best is not None and best.qps else None
     return PlannerRef(trial=ref.number, qps=q, re_measured=bool(median_finite(ref.confirm_qps)),
-                      speedup=top.qps / q if top and top.qps else None,
-                      baseline_speedup=base_q / q if base_q else None)
+                      speedup=speedup, baseline_speedup=1.0 / over_base if over_base else None)
 
 
 def baseline_qps(ctx: Tuning, confirmed: list[TrialRecord]) -> float | None:

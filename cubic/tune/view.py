@@ -275,7 +275,8 @@ def print_summary(console: Console, s: Summary) -> None:
                       "re-measurement and quality gate)")
     ref = s.torchrec_planner
     if ref and ref.speedup:
-        how = "re-measured" if ref.re_measured else "measured once"
+        how = ("re-measured beside the baseline" if ref.re_measured
+               else "measured once, right after the baseline's search run")
         console.print(f"vs TorchRec's planner: {ref.speedup:.2f}x its plan of the baseline "
                       f"(trial #{ref.trial}, {ref.qps:,.0f} qps, {how})")
     if not w and s.best_measured:
