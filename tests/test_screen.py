@@ -10,6 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
 from cubic.quality.rules import MORE, NOT_RESOLVED, sequential
 from cubic.quality.screen import ATTR, Screened, decide, single_changes
@@ -279,3 +280,37 @@ def test_a_check_that_fails_what_a_change_trains_alone_rules_the_change_out(tmp_
     assert recs[paired.number].quality_heldout_ok is False  # another model, out with the change it carries
     assert recs[paired.number].quality_screened_out == ["emb_lr=0.0001"]
     assert "emb_lr=0.0001 alone fails (#1's check of the same model)" in confirm.ctx.view.console.export_text()
+
+
+def test_an_on_demand_screen_runs_once_every_recent_incumbent_carries_a_change(tmp_path: Path) -> None:
+    """`make tune SEED=1` ran six trials in a row with SGD tables, each faster than the last, so no incumbent
+    outlasted two trials and the screen waited for the sixth. A change every incumbent carried through the
+    last two trials is settled though the incumbent changed: its screen run comes then; a change only the
+    newest incumbent carries waits, as does that incumbent's own check. (The decision alone: nothing is
+    trained; the runner records what it was asked to start.)"""
+    from cubic.tune.checks import settled_changes
+    from cubic.tune.work import ScreenRun
+    from tests.test_memory import InlineRunner
+    from tests.test_tune import TWINS, confirm_over
+
+    text = (TWINS.replace("screen: false", "screen: on_demand")
+            .replace("  pipeline_depth: [0, 1]", "  pipeline_depth: [0, 1]\n  dense_precision: [fp32, bf16]"))
+    low = {"emb_lr": 0.0001}
+    confirm, store, (base, a, b, c) = confirm_over(
+        tmp_path, text, [({}, 100.0), (low, 200.0), ({**low, "pipeline_depth": 1}, 210.0),
+                         ({**low, "dense_precision": "bf16"}, 220.0)])
+    checks, space = confirm.checks, confirm.ctx.space
+    confirm.ctx.runner = InlineRunner()
+    checks.start()
+    store.update(base, quality_eval_ne=[0.800, 0.810], quality_eval_auc=[0.7] * 2)
+    done = store.records(TrialState.COMPLETE)
+    leaders = checks.leaders(done, done[0])
+    assert [t.number if t else None for t in leaders] == [None, a.number, b.number, c.number]
+    assert settled_changes(space, leaders) == {("emb_lr", 0.0001)}
+    assert settled_changes(space, leaders[:-1]) == set()  # the baseline led before #1
+    p = checks.next_run([])
+    assert isinstance(p.tag, ScreenRun) and p.tag.change.change == ("emb_lr", 0.0001), p
+    assert not checks.settled(done[-1], done)  # the newest incumbent itself has outlasted nothing
+    scr = p.tag.change
+    scr.eval_ne, scr.eval_auc, scr.ok = [0.8001], [0.7], True
+    assert checks.next_run([]) is None  # bf16 dense: only #3 carries it; #3's own check waits too

@@ -6,8 +6,8 @@ Three sources of a quality verdict, cheapest first (which one counts: `TrialReco
 2. The screen (`next_run`): each numerics change alone, judged by held-out quality runs against the
    baseline's (`cubic.quality.screen`); a change that fails is out of the search, and every trial that uses
    it fails with it. `upfront`: every change before the search proposes anything. `on_demand`: only the
-   changes an incumbent carries, once it has outlasted `SETTLE` later trials; a change no fast
-   configuration carries is never paid for, nor is an incumbent the next trials beat. A check (3.) of the
+   changes every incumbent carried through the last `SETTLE` trials (`settled_changes`); a change no fast
+   configuration carries is never paid for, nor is one the next trials' leaders drop. A check (3.) of the
    model a change trains alone continues that change's runs, and its verdict becomes the change's.
 3. Held-out checks of the incumbent (`next_run` while searching): the fastest trial faster than the
    baseline that no held-out run has judged, when it changes numerics. Why while searching and not only at
@@ -132,12 +132,12 @@ class QualityChecks:
             return None
         if len(bne) < qr.seeds:
             return self._submit_check(base, len(bne), "the baseline (pairs and noise floor)")
-        top = max((t for t in done if t is not base and t.quality_heldout_ok is not False
-                   and (t.value or 0.0) > (base.value or 0.0)), key=lambda t: t.value or 0.0, default=None)
+        leaders = self.leaders(done, base)
+        top = leaders[-1] if leaders else None
         on_demand = qr.screen == ON_DEMAND
-        if on_demand and (top is None or not self.settled(top, done)):
-            return None  # no held-out run for an incumbent the next trials may still beat
-        scr = self.due_screen(top if on_demand else None)
+        if on_demand and top is None:
+            return None
+        scr = self.due_screen(settled_changes(space, leaders) if on_demand else None)
         if scr is not None:  # each numerics change alone: before the search, or the incumbent's on demand
             n = len(scr.eval_ne)
             p = self.ctx.runner.submit(self.quality_config(scr.params, n), tag=ScreenRun(scr, n))
@@ -146,6 +146,8 @@ class QualityChecks:
                          f"({sum(x.ok is not None for x in self.screen) + 1} of {len(self.screen)} changes)")
                       + reused(p))
             return p
+        if on_demand and not self.settled(top, done):
+            return None  # no held-out run for an incumbent the next trials may still beat
         if (top is None or top.quality_heldout_ok is not None or not space.differs_in_numerics(top.params)
                 or space.numerics_key(top.params) in self.judged):
             return None
@@ -154,14 +156,25 @@ class QualityChecks:
             return None
         return self._submit_check(top, n, "the incumbent")
 
-    def due_screen(self, incumbent: TrialRecord | None) -> Screened | None:
+    def due_screen(self, settled: set[tuple[str, Any]] | None) -> Screened | None:
         """The screen's next change to run: the first undecided one, or with the screen on demand
-        (`incumbent` given) the first undecided change the incumbent carries."""
+        (`settled` given: `settled_changes`) the first undecided change the leaders settled on."""
         undecided = [x for x in self.screen if x.ok is None]
-        if incumbent is None:
+        if settled is None:
             return undecided[0] if undecided else None
-        carried = self.ctx.space.numerics_changes(incumbent.params)
-        return next((x for x in undecided if x.change in carried), None)
+        return next((x for x in undecided if x.change in settled), None)
+
+    def leaders(self, done: list[TrialRecord], base: TrialRecord) -> list[TrialRecord | None]:
+        """The incumbent after each finished trial, in trial order: the fastest trial so far faster than
+        the baseline that no held-out run rejected (None while there is none)."""
+        out: list[TrialRecord | None] = []
+        best: TrialRecord | None = None
+        for t in sorted(done, key=lambda r: r.number):
+            if (t is not base and t.quality_heldout_ok is not False and (t.value or 0.0) > (base.value or 0.0)
+                    and (best is None or (t.value or 0.0) > (best.value or 0.0))):
+                best = t
+            out.append(best)
+        return out
 
     @staticmethod
     def settled(t: TrialRecord, done: list[TrialRecord]) -> bool:
@@ -325,6 +338,17 @@ class QualityChecks:
 
     def screen_summary(self) -> list[dict[str, Any]]:
         return [x.to_dict() | {"change": x.label, "verdict": x.verdict} for x in self.screen]
+
+
+def settled_changes(space: Any, leaders: list[TrialRecord | None]) -> set[tuple[str, Any]]:
+    """The numerics changes every incumbent carried through the last `SETTLE` trials: a change the search
+    keeps winning with is settled even while each new trial with it beats the last. Waiting for one
+    incumbent to outlast two trials, `make tune SEED=1` spent six trials in a row on SGD tables, each
+    faster than the one before, before its one screen run ruled SGD out (+3.5%)."""
+    recent = leaders[-(SETTLE + 1):]
+    if len(recent) <= SETTLE or any(t is None for t in recent):
+        return set()
+    return set.intersection(*(set(space.numerics_changes(t.params)) for t in recent))
 
 
 def reused(p: Pending) -> str:
