@@ -245,6 +245,14 @@ def test_an_on_demand_screen_judges_only_the_changes_an_incumbent_carries(tmp_pa
     assert "(a change of the incumbent #" in console.export_text()
 
 
+def _on_demand_twins() -> str:
+    """test_tune's TWINS with its screen on demand and a second numerics knob (bf16 dense)."""
+    from tests.test_tune import TWINS
+
+    return (TWINS.replace("screen: false", "screen: on_demand")
+            .replace("  pipeline_depth: [0, 1]", "  pipeline_depth: [0, 1]\n  dense_precision: [fp32, bf16]"))
+
+
 def test_a_check_that_fails_what_a_change_trains_alone_rules_the_change_out(tmp_path: Path) -> None:
     """`make tune SEED=1`: the screen passed fp16 tables after one seed (-0.080%), the incumbent that trains
     the same model failed its check at the second seed (+0.33%), and the search went on to spend 13 of its
@@ -253,13 +261,11 @@ def test_a_check_that_fails_what_a_change_trains_alone_rules_the_change_out(tmp_
     pairs it with another change fails with it. (The verdict logic alone: nothing is trained.)"""
     from cubic.tune.work import CheckRun, ScreenRun
     from cubic_harness.config import TrialResult
-    from tests.test_tune import TWINS, confirm_over
+    from tests.test_tune import confirm_over
 
-    text = (TWINS.replace("screen: false", "screen: on_demand")
-            .replace("  pipeline_depth: [0, 1]", "  pipeline_depth: [0, 1]\n  dense_precision: [fp32, bf16]"))
     low = {"emb_lr": 0.0001}
     confirm, store, (base, fast, paired) = confirm_over(
-        tmp_path, text, [({}, 100.0), ({**low, "pipeline_depth": 1}, 300.0),
+        tmp_path, _on_demand_twins(), [({}, 100.0), ({**low, "pipeline_depth": 1}, 300.0),
                          ({**low, "dense_precision": "bf16"}, 250.0)])
     checks, space = confirm.checks, confirm.ctx.space
     checks.start()
@@ -290,26 +296,24 @@ def test_an_on_demand_screen_runs_once_every_recent_incumbent_carries_a_change(t
     last two trials is settled though the incumbent changed: its screen run comes then; a change only the
     newest incumbent carries waits, as does that incumbent's own check. (The decision alone: nothing is
     trained; the runner records what it was asked to start.)"""
-    from cubic.tune.checks import settled_changes
+    from cubic.tune.checks import leaders, settled_changes
     from cubic.tune.work import ScreenRun
     from tests.test_memory import InlineRunner
-    from tests.test_tune import TWINS, confirm_over
+    from tests.test_tune import confirm_over
 
-    text = (TWINS.replace("screen: false", "screen: on_demand")
-            .replace("  pipeline_depth: [0, 1]", "  pipeline_depth: [0, 1]\n  dense_precision: [fp32, bf16]"))
     low = {"emb_lr": 0.0001}
     confirm, store, (base, a, b, c) = confirm_over(
-        tmp_path, text, [({}, 100.0), (low, 200.0), ({**low, "pipeline_depth": 1}, 210.0),
+        tmp_path, _on_demand_twins(), [({}, 100.0), (low, 200.0), ({**low, "pipeline_depth": 1}, 210.0),
                          ({**low, "dense_precision": "bf16"}, 220.0)])
     checks, space = confirm.checks, confirm.ctx.space
     confirm.ctx.runner = InlineRunner()
     checks.start()
     store.update(base, quality_eval_ne=[0.800, 0.810], quality_eval_auc=[0.7] * 2)
     done = store.records(TrialState.COMPLETE)
-    leaders = checks.leaders(done, done[0])
-    assert [t.number if t else None for t in leaders] == [None, a.number, b.number, c.number]
-    assert settled_changes(space, leaders) == {("emb_lr", 0.0001)}
-    assert settled_changes(space, leaders[:-1]) == set()  # the baseline led before #1
+    lead = leaders(done, done[0])
+    assert [t.number if t else None for t in lead] == [None, a.number, b.number, c.number]
+    assert settled_changes(space, lead) == {("emb_lr", 0.0001)}
+    assert settled_changes(space, lead[:-1]) == set()  # the baseline led before #1
     p = checks.next_run([])
     assert isinstance(p.tag, ScreenRun) and p.tag.change.change == ("emb_lr", 0.0001), p
     assert not checks.settled(done[-1], done)  # the newest incumbent itself has outlasted nothing

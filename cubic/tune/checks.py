@@ -132,12 +132,12 @@ class QualityChecks:
             return None
         if len(bne) < qr.seeds:
             return self._submit_check(base, len(bne), "the baseline (pairs and noise floor)")
-        leaders = self.leaders(done, base)
-        top = leaders[-1] if leaders else None
+        lead = leaders(done, base)
+        top = lead[-1] if lead else None
         on_demand = qr.screen == ON_DEMAND
         if on_demand and top is None:
             return None
-        scr = self.due_screen(settled_changes(space, leaders) if on_demand else None)
+        scr = self.due_screen(settled_changes(space, lead) if on_demand else None)
         if scr is not None:  # each numerics change alone: before the search, or the incumbent's on demand
             n = len(scr.eval_ne)
             p = self.ctx.runner.submit(self.quality_config(scr.params, n), tag=ScreenRun(scr, n))
@@ -163,18 +163,6 @@ class QualityChecks:
         if settled is None:
             return undecided[0] if undecided else None
         return next((x for x in undecided if x.change in settled), None)
-
-    def leaders(self, done: list[TrialRecord], base: TrialRecord) -> list[TrialRecord | None]:
-        """The incumbent after each finished trial, in trial order: the fastest trial so far faster than
-        the baseline that no held-out run rejected (None while there is none)."""
-        out: list[TrialRecord | None] = []
-        best: TrialRecord | None = None
-        for t in sorted(done, key=lambda r: r.number):
-            if (t is not base and t.quality_heldout_ok is not False and (t.value or 0.0) > (base.value or 0.0)
-                    and (best is None or (t.value or 0.0) > (best.value or 0.0))):
-                best = t
-            out.append(best)
-        return out
 
     @staticmethod
     def settled(t: TrialRecord, done: list[TrialRecord]) -> bool:
@@ -338,6 +326,19 @@ class QualityChecks:
 
     def screen_summary(self) -> list[dict[str, Any]]:
         return [x.to_dict() | {"change": x.label, "verdict": x.verdict} for x in self.screen]
+
+
+def leaders(done: list[TrialRecord], base: TrialRecord) -> list[TrialRecord | None]:
+    """The incumbent after each finished trial, in trial order: the fastest trial so far faster than
+    the baseline that no held-out run rejected (None while there is none)."""
+    out: list[TrialRecord | None] = []
+    best: TrialRecord | None = None
+    for t in sorted(done, key=lambda r: r.number):
+        if (t is not base and t.quality_heldout_ok is not False and (t.value or 0.0) > (base.value or 0.0)
+                and (best is None or (t.value or 0.0) > (best.value or 0.0))):
+            best = t
+        out.append(best)
+    return out
 
 
 def settled_changes(space: Any, leaders: list[TrialRecord | None]) -> set[tuple[str, Any]]:
