@@ -834,6 +834,56 @@ def _set(store: Store, t: TrialRecord, ratios: list[float], diffs: list[float]) 
                  quality_eval_auc=[0.7] * len(diffs))
 
 
+def test_a_layout_its_search_run_may_tell_faster_than_its_re_measured_twin_does_not_wait_for_the_verdict(
+        tmp_path: Path) -> None:
+    """`make tune` ranked two layouts of the fp16-comm model first and second by their search runs: the first
+    re-measured at 1.15x, its model open after two seeds, and the second (1.54x by its search run) waited for
+    that verdict while 8 quality runs judged two slower stacks; measured at last, it won at 1.60x. A layout whose
+    search run over the baseline's median is above its twin's final re-measurements now gets its first pair at
+    once; one below them, or beside a twin still being re-measured, waits. (The verdict logic alone.)"""
+
+    confirm, store, (base, first, second, slow) = confirm_over(
+        tmp_path, RACE.replace("pipeline_depth: [0, 1]", "pipeline_depth: [0, 1, 2]"),
+        [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.0001, "pipeline_depth": 1}, 250.0),
+         ({"emb_lr": 0.0001, "pipeline_depth": 2}, 110.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:2], quality_eval_auc=[0.7] * 2)
+    _set(store, first, [1.15, 1.15], [0.001, 0.003])  # +0.2% +- : straddles the 0.2% tolerance
+    confirm.screened = [first, second, slow]
+    assert confirm.verdict(first) is None and confirm.cannot_win(first) is None
+    # its twin's pairs not all in: the second layout waits for them
+    assert confirm.phase(second) is Phase.WAITING and not confirm.wants(second)
+    _set(store, first, [1.15, 1.16, 1.14], [0.001, 0.003])
+    assert confirm.final(first) and confirm.phase(first) is Phase.JUDGING
+    assert confirm.phase(second) is Phase.MEASURING and confirm.wants(second)  # 2.5x by its search run
+    assert confirm.twin_judged(slow) is first and not confirm.wants(slow)  # 1.1x: no faster than its twin
+    # measured, the second layout holds the twin's runs and is judged on them first
+    _set(store, second, [1.6, 1.55, 1.62], [])
+    confirm.adopt_twin(second)
+    assert second.quality_eval_ne == first.quality_eval_ne and second.quality_runs_of == first.number
+    assert confirm.focus() is second and confirm.quality_seed(base) == 2  # seed 3: the baseline's first
+
+
+def test_quality_runs_go_first_to_a_slower_candidate_only_where_its_pass_would_spare_the_fastest(
+        tmp_path: Path) -> None:
+    """The same `make tune`: with the fp16-comm model at 1.60x (pairs 1.17-1.66x, two seeds in), stacks at
+    1.38x and 1.32x took 7 quality runs first, each cheaper to start, though a pass of either could not have
+    spared 1.60x (over 1.1x their medians). The fastest is judged first now; a candidate as fast (within its
+    reach, not measurably slower) still comes first where its verdict is cheaper. (The verdict logic alone.)"""
+    confirm, store, (base, fast, slower, near) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.00011}, 290.0),
+                         ({"emb_lr": 0.00012}, 280.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:2], quality_eval_auc=[0.7] * 2)
+    _set(store, fast, [1.17, 1.60, 1.66], [0.001, 0.003])
+    _set(store, slower, [1.38, 1.37, 1.39], [])
+    confirm.screened = [fast, slower]
+    assert confirm.phase(fast) is confirm.phase(slower) is Phase.JUDGING
+    assert confirm.turn(slower) < confirm.turn(fast)  # cheaper to start: no seed of its own yet
+    assert confirm.focus() is fast and confirm.quality_seed(base) == 2 and confirm.quality_seed(slower) is None
+    _set(store, near, [1.58, 1.55, 1.62], [])  # as fast by its pairs: its pass would spare the fastest
+    confirm.screened = [fast, slower, near]
+    assert confirm.focus() is near and confirm.quality_seed(near) == 0
+
+
 def test_a_candidate_the_re_measurements_cannot_tell_faster_than_one_that_passed_gets_no_more_quality_runs(
         tmp_path: Path) -> None:
     """`make tune` spent 8 quality runs on a stack (comm=bf16) that ended "not resolved" beside one as fast

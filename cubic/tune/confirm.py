@@ -37,15 +37,17 @@ skew the very numbers that pick the winner):
    Otherwise its quality runs decide (`cubic.quality.rules.sequential`: the first `seeds`, then one
    more pair while the interval straddles the tolerance, up to `max_seeds` or until its chance to
    pass within them is spent), or without quality runs its NE over the baseline's samples. Quality
-   runs go to one candidate at a time, the fastest first, and among those the measurements cannot
-   tell slower the one whose verdict may come soonest: its next seed costs fewest runs, then its
-   chance to pass within the seed budget is highest (`Candidates.focus`, `turn`); an open candidate
-   that may be as fast and comes first by that gets its pairs before. Why: a pass spares
-   every slower candidate its quality runs; judged in rank order, a `make tune` spent 8 of its 13
-   confirm quality runs on a stack that ended "not resolved" beside one as fast that passed after 3.
+   runs go to one candidate at a time, the fastest first, and among those whose pass would spare
+   it (`spares`: not measurably slower, within its reach) the one whose verdict may come soonest:
+   its next seed costs fewest runs, then its chance to pass within the seed budget is highest
+   (`Candidates.focus`, `turn`); an open candidate that may be as fast and comes first by that
+   gets its pairs before. Why: a pass spares every slower candidate its quality runs; judged in
+   rank order, a `make tune` spent 8 of its 13 confirm quality runs on a stack that ended "not
+   resolved" beside one as fast that passed after 3.
    A model whose quality already failed (its own runs, or a twin's it inherits) is not re-measured
-   at all, and a layout of a model still being judged on a faster twin waits for that verdict; one
-   whose first quality runs equal another's bit for bit trains the same model (`same_model`); a
+   at all, and a layout of a model still being judged on a faster twin waits for that verdict (not
+   for a twin re-measured slower than its own search run: `Candidates.may_outrun`); one whose
+   first quality runs equal another's bit for bit trains the same model (`same_model`); a
    candidate that passes gets its other re-measurements, unless outpaced. The baseline runs alone
    only up to its own `repeats`, once no candidate wants a run.
 4. Back off (once the walk has nothing left to run): where the fastest configuration was rejected
