@@ -100,8 +100,9 @@ def one_knob_changes(space: SearchSpace) -> list[Screened]:
 def decide(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> tuple[bool | None, str]:
     """A change's verdict from its quality runs paired by seed with the baseline's (None: run the next
     seed). One seed decides where it is clear: within the tolerance the change passes for now (every
-    configuration that uses it is still judged by its own runs), far past it (EARLY_REJECT x) it fails;
-    in between, all seeds and the paired judgement of the gate (`cubic.quality.rules.judge`)."""
+    configuration that uses it is still judged by its own runs; on demand, a change the search settles
+    on gets its other seeds: `QualityChecks.due_screen`), far past it (EARLY_REJECT x) it fails; in
+    between, all seeds and the paired judgement of the gate (`cubic.quality.rules.judge`)."""
     n = min(len(s.eval_ne), len(base_ne))
     if n == 0:
         return None, ""
