@@ -98,8 +98,8 @@ def plan(space: SearchSpace, src: dict[str, Any], changed: Sequence[str],
     measured: a variant's search-run qps, None where the search did not run it; predict: the proxy's qps
     for variants (None: no proxy); cost: what the screen measured a knob's change alone to cost in eval NE;
     ruled_out: knobs whose change the screen ruled out alone, which no variant keeps (2.: it failed
-    alone). Why: a `make tune` judged two variants that kept SGD tables, which its screen had put at
-    +3.5% eval NE, each for 3 pairs and a quality run."""
+    alone). Why: a variant that keeps a change the screen ruled out fails as surely, and judging it
+    costs its pairs and a quality run."""
     base = space.baseline_params()
     keep = [k for k in changed if k not in ruled_out]
     found: dict[tuple, tuple[frozenset[str], dict[str, Any]]] = {}

@@ -188,8 +188,8 @@ class Candidates:
     def outpaced(self, t: TrialRecord) -> Outrun | None:
         """Why t, which passed, cannot beat the would-be winner (None: it may): `within_reach`
         before its pairs are all in. Its further re-measurements could change the winner's name,
-        not a speed they can tell apart, so it gets none and is not crowned (a `make tune`
-        re-measured four layouts of the model that passed three times each, none of them faster)."""
+        not a speed they can tell apart, so it gets none and is not crowned: the other layouts of a
+        model that passed are re-measured only where they may be faster."""
         if (self.base is None or t is self.base or not self.base.confirm_qps or self.final(t)
                 or self.phase(t) is not Phase.PASSED):
             return None
@@ -235,9 +235,9 @@ class Candidates:
         candidate whose pairs so far tell it faster than the would-be winner (`told_faster`), as
         long as they do. Why: that lead is all that sends it to its quality runs (up to
         `max_seeds` of its own and the baseline's, each ~10x a pair), so it is confirmed first on
-        more of the cheap runs. In a `make tune` one of the many layouts of a stack at the
-        tolerance read 2.49x on three pairs against a pass's 2.40x (the baseline in a slow spell),
-        just measurably faster, and its 7 quality runs ended "not resolved"."""
+        more of the cheap runs: among many layouts of a stack, one is just measurably faster on
+        three pairs by chance (a baseline run in a slow spell is enough), and quality runs spent
+        on a stack at the tolerance may end "not resolved"."""
         if (self.qr is None or self.base is None or t is self.base or self.runs(t) < self.reps
                 or t.confirm_failed or not self.ctx.space.differs_in_numerics(t.params)
                 or self.checks.sequential(t, self.base)[0] != MORE):
@@ -264,9 +264,8 @@ class Candidates:
         since a slower one that passed would not spare it, while its pass spares every slower one
         (`cannot_win`). Of those whose pass would spare the fastest (`spares`), the quickest
         verdict first (`turn`), which may spare the others. Why not every one the fastest is not
-        measurably faster than: in a `make tune` two stacks at 1.38x and 1.32x took 7 quality
-        runs first, cheaper to start, beside one at 1.60x (pairs 1.17-1.66x) that neither could
-        spare had it passed."""
+        measurably faster than: a slower one cheaper to start may pass and still leave the fastest
+        to be judged, so its runs decide nothing."""
         pick, _ = self.turns()
         return pick
 
@@ -300,9 +299,9 @@ class Candidates:
         """What orders candidates as fast as each other for quality runs, the quickest verdict
         first: the runs t's next seed takes (its own, and the baseline's where that seed is not in),
         then its chance to pass within the seed budget (`rules.pass_chance`, negated; 0.5 before it
-        has two pairs). Why: in a `make tune` a stack at the tolerance (+0.04% +- 0.1% after two
-        seeds against 0.10%) took 8 quality runs to "not resolved" while one as fast (+0.006%),
-        judged after it, passed after 3 and would have spared it."""
+        has two pairs). Why: a stack whose interval straddles the tolerance may take every seed
+        of the budget to end "not resolved", while one as fast and clearly within it passes in
+        a few runs and spares the other."""
         assert self.qr is not None
         cost = 1 + (self.qdone(self.base) <= self.qdone(t))
         _, j = self.checks.sequential(t, self.base)
@@ -414,8 +413,8 @@ class Candidates:
         """The open candidate whose other re-measurements are due, before its quality runs: one that
         may take the focus (`turns`), else, once none is ready for quality runs (`focus`), the
         fastest by its pairs so far; None: none. Why one at a time: a pass spares every slower
-        candidate on its first pair (`cannot_win`), and a `make tune` that re-measured every open
-        candidate in full first spent 78 runs, most on candidates that pass spared."""
+        candidate on its first pair (`cannot_win`), so re-measuring every open candidate in full
+        first spends most runs on candidates a pass would have spared."""
         if self.qr is None:
             return None
         pick, first = self.turns()
@@ -451,10 +450,9 @@ class Candidates:
         """Whether t, not re-measured, may be faster than its twin o, whose re-measurements are
         all in: t's search run over the baseline's re-measured median is above o's median
         speed-up. A model's quality runs go to it by its fastest layout (`focus`), so t's one
-        pair comes before the verdict. Why: in a `make tune` the ranking's first layout of the
-        fp16-comm model re-measured at 1.15x, and the second (1.54x by its search run) waited
-        for that model's verdict while 8 quality runs judged two slower stacks; once measured it
-        won at 1.60x."""
+        pair comes before the verdict. Why: the model's fastest layout is the one its verdict
+        matters for; held behind a slower twin, t stays unmeasured while the quality runs go to
+        slower stacks, and the confirm may crown one of those over it."""
         if (self.base is None or not self.base.confirm_qps or not o.confirm_qps
                 or not self.final(o)):
             return False

@@ -161,9 +161,9 @@ class QualityChecks:
         """The screen's next change to run: the first undecided one, or with the screen on demand
         (`settled` given: `settled_changes`) the first change the leaders settled on that is undecided
         or passed on fewer than `seeds` (for now, `screen.decide`). Why the second seed: the search
-        commits to a settled change, and one seed of a change near the tolerance says little (fp16
-        tables -0.08% on one, +0.33% on the next); a `make tune` that took their one-seed pass spent 8
-        confirm quality runs on fp16-table stacks to end "not resolved"."""
+        commits to a settled change, and one seed of a change near the tolerance says little of the
+        next (seed-to-seed spread is of the tolerance's size); taken on one seed, it sends the
+        confirm's quality runs to stacks built on it that may end "not resolved"."""
         if settled is None:
             return next((x for x in self.screen if x.ok is None), None)
         seeds = self.ctx.policy.quality_runs.seeds
@@ -349,9 +349,9 @@ def leaders(done: list[TrialRecord], base: TrialRecord) -> list[TrialRecord | No
 
 def settled_changes(space: Any, leaders: list[TrialRecord | None]) -> set[tuple[str, Any]]:
     """The numerics changes every incumbent carried through the last `SETTLE` trials: a change the search
-    keeps winning with is settled even while each new trial with it beats the last. Waiting for one
-    incumbent to outlast two trials, `make tune SEED=1` spent six trials in a row on SGD tables, each
-    faster than the one before, before its one screen run ruled SGD out (+3.5%)."""
+    keeps winning with is settled even while each new trial with it beats the last. Why not wait for
+    one incumbent to outlast two trials: a harmful change whose stacks keep improving (SGD tables,
+    +3.5% eval NE alone) would lead every trial and never be screened while it does."""
     recent = leaders[-(SETTLE + 1):]
     if len(recent) <= SETTLE or any(t is None for t in recent):
         return set()

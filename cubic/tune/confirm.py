@@ -41,9 +41,9 @@ skew the very numbers that pick the winner):
    it (`spares`: not measurably slower, within its reach) the one whose verdict may come soonest:
    its next seed costs fewest runs, then its chance to pass within the seed budget is highest
    (`Candidates.focus`, `turn`); an open candidate that may be as fast and comes first by that
-   gets its pairs before. Why: a pass spares every slower candidate its quality runs; judged in
-   rank order, a `make tune` spent 8 of its 13 confirm quality runs on a stack that ended "not
-   resolved" beside one as fast that passed after 3.
+   gets its pairs before. Why: a pass spares every slower candidate its quality runs, while
+   judged in rank order the runs go first to a stack near the tolerance that may end "not
+   resolved" beside one as fast that would pass sooner.
    A model whose quality already failed (its own runs, or a twin's it inherits) is not re-measured
    at all, and a layout of a model still being judged on a faster twin waits for that verdict (not
    for a twin re-measured slower than its own search run: `Candidates.may_outrun`); one whose
