@@ -362,3 +362,49 @@ def test_a_change_the_leaders_settle_on_gets_its_second_screen_seed_before_it_pa
     for x in checks.screen:
         x.ok = True if x.ok is None else x.ok
     assert checks.due_screen({scr.change}) is scr and checks.due_screen(None) is None
+
+
+def test_a_change_ruled_out_alone_stays_searchable_beside_a_change_that_may_cover_it() -> None:
+    """bf16 communication failed alone (on the baseline's fp32 dense math); beside bf16 dense math it
+    may round nothing more (`numerics.COVERS`), so those configurations stay in the search, the
+    confirm's back-off may keep it there, and their own quality runs judge them; with fp32 dense it is
+    out."""
+    from cubic.quality.screen import excluded_tuples, failing_changes
+    from cubic.tune import backoff
+
+    space = default_space()
+    out = frozenset({("comm_precision", "bf16")})
+    base = space.baseline_params()
+    alone = {**base, "comm_precision": "bf16"}
+    both = {**base, "comm_precision": "bf16", "dense_precision": "bf16"}
+    assert failing_changes(space, alone, out) == ["comm_precision=bf16"]
+    assert failing_changes(space, both, out) == []
+    ex = excluded_tuples(space, out)
+    assert space.tup(space.canonical(alone)) in ex and space.tup(space.canonical(both)) not in ex
+    assert all(space.params_of(t)["dense_precision"] == "fp32" for t in ex)
+    d, e, c = "dense_precision", "emb_precision", "comm_precision"
+    src = {**both, "emb_precision": "fp16"}
+    plan = backoff.plan(space, src, [d, e, c], lambda p: None, None, lambda k: 0.0, ruled_out=out)
+    kept = {v.kept for v in plan.order}
+    assert frozenset({d, c}) in kept and frozenset({c}) not in kept and frozenset({e, c}) not in kept
+    assert plan.budget == 3
+
+
+def test_bf16_communication_beside_bf16_dense_math_trains_the_same_model_bit_for_bit() -> None:
+    """The claim `numerics.COVERS` rests on, over real training on 2 gloo ranks (table-wise: every
+    pooled embedding crosses the all-to-all): with bf16 dense math, bf16 communication changes no loss
+    and no held-out NE, bit for bit; with fp32 dense math it does (the screen's verdict on it alone
+    is about that rounding)."""
+    from cubic_harness.trial import run_trial
+    from tests.helpers import tiny_cfg
+
+    def run(dense: str, comm: str) -> tuple[list[float], float]:
+        r = run_trial(tiny_cfg(world_size=2, sharding="table_wise", dense_precision=dense,
+                               comm_precision=comm, warmup_steps=4, measure_steps=8,
+                               eval_samples=2048))
+        assert r.status == "ok", r.error
+        return r.losses, r.extra["eval_ne"]
+
+    assert run("bf16", "bf16") == run("bf16", "fp32")
+    fp32, rounded = run("fp32", "fp32"), run("fp32", "bf16")
+    assert fp32[1] != rounded[1] and fp32[0] != rounded[0], (fp32, rounded)

@@ -187,7 +187,8 @@ def test_the_confirm_backs_off_a_rejected_fastest_configuration_to_its_layout(tm
 
 
 
-def back_off_plan_of_three_changes(measured: dict[frozenset, float] | None = None, ruled_out: tuple = ()):
+def back_off_plan_of_three_changes(measured: dict[frozenset, float] | None = None,
+                                   ruled_out: frozenset = frozenset()):
     """The 1.00x `make tune`'s source (stop 29): fp16 tables, bf16 dense and bf16 comm on the default space,
     rejected as not resolved. The screen measured dense bf16 costliest; dense bf16 also carries the speed."""
     from cubic.tune import backoff
@@ -264,7 +265,7 @@ def test_back_off_judges_no_variant_that_keeps_a_change_the_screen_ruled_out() -
     its screen had put at +3.5% eval NE, for 3 pairs and a quality run each. A change the screen ruled out
     alone is kept by no variant, and the budget counts only the changes left."""
     d, e, c = "dense_precision", "emb_precision", "comm_precision"
-    plan = back_off_plan_of_three_changes(ruled_out=(e,))
+    plan = back_off_plan_of_three_changes(ruled_out=frozenset({(e, "fp16")}))
     assert plan.budget == 2 and all(e not in v.kept for v in plan.order)
     assert [v.kept for v in plan.order] == [{d, c}, {d}, {c}, set()]
     assert len(back_off_plan_of_three_changes().order) == 7

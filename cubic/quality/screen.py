@@ -12,8 +12,11 @@ goes to the region that can win.
 
 The assumption, stated: a change that costs eval NE alone is not repaired by another knob of the same
 space. It does not hold for a batch change in a space that lists learning rates as knobs, so global
-batch changes are not screened there. A combination of changes that pass is still judged by its own
-quality runs (the search-time checks and the confirm, `cubic.tune`).
+batch changes are not screened there. A change another may cover (`cubic.space.numerics.COVERS`:
+bf16 communication beside bf16 dense math) is not repaired there but may cost nothing beyond it, so
+a configuration that makes both stays in the search, judged by its own quality runs. A combination
+of changes that pass is still judged by its own quality runs (the search-time checks and the
+confirm, `cubic.tune`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cubic.quality.rules import EARLY_REJECT, judge, paired_mean
+from cubic.space.numerics import blocking
 from cubic.space.quality_runs import OFF, QualityRuns
 from cubic.space.search_space import SearchSpace
 
@@ -136,7 +140,7 @@ def failing_changes(space: SearchSpace, params: dict[str, Any], out: frozenset[t
     """The changes of params that the screen ruled out, as labels ("emb_optimizer=sgd")."""
     if not out:
         return []
-    return sorted(f"{n}={v}" for n, v in space.numerics_changes(params) & out)
+    return sorted(f"{n}={v}" for n, v in blocking(space.numerics_changes(params), out))
 
 
 def excluded_tuples(space: SearchSpace, out: frozenset[tuple[str, Any]]) -> frozenset[tuple]:
@@ -146,5 +150,5 @@ def excluded_tuples(space: SearchSpace, out: frozenset[tuple[str, Any]]) -> froz
         return frozenset()
     if out not in space._excluded:
         space._excluded[out] = frozenset(t for t in space.all_tuples
-                                         if space.numerics_changes(space.params_of(t)) & out)
+                                         if blocking(space.numerics_changes(space.params_of(t)), out))
     return space._excluded[out]

@@ -60,6 +60,17 @@ MODEL_NEUTRAL = ("pipeline_depth", "comm_overlap", "threads_per_rank", "sharding
 #: (on 2 CPU ranks `native` trains the baseline's model 2x as fast as `fbgemm`).
 LAYOUT_KNOBS = (*MODEL_NEUTRAL, "kernel")
 
+#: Changes another change may cover: where a configuration makes both, the first may round nothing
+#: the second does not round anyway, so a verdict on it alone does not carry to that configuration,
+#: whose own quality runs judge it. Pooled embeddings sent in bf16 reach dense math that reads bf16
+#: (harness/train.py autocasts the dense arch; the fp8 modes run inside that autocast), and their
+#: gradients come back from it in bf16. Whether a model reads them only there (no fp32 op on the
+#: pooled values, no 2D replica sync in `comm_precision`) its runs show: bit-equal runs are one
+#: model (`cubic.tune.candidates.Candidates.same_model`).
+COVERS: dict[tuple[str, Any], frozenset[tuple[str, Any]]] = {
+    ("comm_precision", "bf16"): frozenset(("dense_precision", p) for p in ("bf16", "fp8_auto", "fp8_all")),
+}
+
 
 def aspect(knob: str) -> Aspect:
     return NUMERICS.get(knob) or _own(knob)
@@ -89,3 +100,15 @@ def changes(cfg: TrialConfig, base: TrialConfig, knobs: Iterable[str],
     each: ("global_batch", 4096), ("replicas", 2), ("sharding", "column_wise"), ("emb_optimizer", "sgd")."""
     searched = set(searched)
     return frozenset((aspect(k).name, aspect(k).of(cfg)) for k in changed_knobs(cfg, base, knobs) if k in searched)
+
+
+def blocking(made: frozenset[tuple[str, Any]], out: frozenset[tuple[str, Any]]) -> frozenset[tuple[str, Any]]:
+    """The changes of a configuration making `made` that a screen's ruled-out changes `out` rule out
+    for it: each one out, unless the configuration also makes a change that may cover it (`COVERS`)."""
+    return frozenset(c for c in made & out if not COVERS.get(c, frozenset()) & made)
+
+
+def covered_where(change: tuple[str, Any]) -> str:
+    """Where a ruled-out change still may be searched, for a person: "" where nowhere."""
+    covers = sorted(f"{n}={v}" for n, v in COVERS.get(change, ()))
+    return f"with {' or '.join(covers)}, which may round as it does" if covers else ""

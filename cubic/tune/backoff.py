@@ -25,11 +25,12 @@ baseline's values. With n changes there are 2^n - 1 variants below the source.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cubic.quality.rules import Verdict
+from cubic.space.numerics import blocking
 from cubic.space.search_space import SearchSpace
 
 PASSED, FAILED = Verdict.PASSED, Verdict.FAILED  # what judging a variant found: its quality verdict,
@@ -93,22 +94,20 @@ class BackoffPlan:
 def plan(space: SearchSpace, src: dict[str, Any], changed: Sequence[str],
          measured: Callable[[dict[str, Any]], float | None],
          predict: Callable[[list[dict[str, Any]]], list[float]] | None,
-         cost: Callable[[str], float], ruled_out: Collection[str] = ()) -> BackoffPlan:
+         cost: Callable[[str], float],
+         ruled_out: frozenset[tuple[str, Any]] = frozenset()) -> BackoffPlan:
     """The back-off plan for source params `src` whose numerics changes (knobs) are `changed`.
     measured: a variant's search-run qps, None where the search did not run it; predict: the proxy's qps
     for variants (None: no proxy); cost: what the screen measured a knob's change alone to cost in eval NE;
-    ruled_out: knobs whose change the screen ruled out alone, which no variant keeps (2.: it failed
-    alone). Why: a variant that keeps a change the screen ruled out fails as surely, and judging it
-    costs its pairs and a quality run."""
+    ruled_out: the changes (aspect, value) the screen ruled out alone; no variant keeps one where
+    it is ruled out (2.: it failed alone; `numerics.blocking`). Why: such a variant fails as surely,
+    and judging it costs its pairs and a quality run."""
     base = space.baseline_params()
-    keep = [k for k in changed if k not in ruled_out]
     found: dict[tuple, tuple[frozenset[str], dict[str, Any]]] = {}
-    for r in range(len(keep), -1, -1):  # most changes kept first: the tie-break's order
-        for kept in itertools.combinations(keep, r):
-            if len(kept) == len(changed):  # the source itself
-                continue
+    for r in range(len(changed) - 1, -1, -1):  # most changes kept first: the tie-break's order
+        for kept in itertools.combinations(changed, r):
             p = space.canonical({**src, **{k: base[k] for k in changed if k not in kept}})
-            if space.valid(p):
+            if space.valid(p) and not blocking(space.numerics_changes(p), ruled_out):
                 found.setdefault(space.tup(p), (frozenset(kept), p))
     cands = list(found.values())
     speeds = [measured(p) for _, p in cands]
@@ -123,4 +122,4 @@ def plan(space: SearchSpace, src: dict[str, Any], changed: Sequence[str],
         return sum(cost(k) for k in changed if k not in v.kept)
 
     order = sorted(variants, key=lambda v: (-v.speed, -len(v.kept), -dropped_cost(v)))
-    return BackoffPlan(order, budget=len(keep))
+    return BackoffPlan(order, budget=len({k for v in variants for k in v.kept}))

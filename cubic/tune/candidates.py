@@ -366,7 +366,8 @@ class Candidates:
            bit (eval NE and AUC): from then on one model (`alike`), its runs pooled seed by seed,
            settled or not. A knob that rounds nothing the model does not round anyway (bf16
            communication of embeddings that bf16 dense math reads) is inert for it, which no rule
-           over knobs can know for every model, and the runs show. Two equal seeds, not one: each
+           over knobs can know for every model (`numerics.COVERS` names where it may), and the runs
+           show. Two equal seeds, not one: each
            seed draws other data and another teacher."""
         if self.qinflight.get(t.number):
             return None

@@ -41,6 +41,7 @@ from cubic.quality.rules import (
 from cubic.quality.screen import ATTR as SCREEN_ATTR
 from cubic.quality.screen import Screened, decide, failing_changes, single_changes
 from cubic.quality.screen import load as load_screen
+from cubic.space.numerics import covered_where
 from cubic.space.quality_runs import ON_DEMAND
 from cubic.study.record import TrialRecord
 from cubic.tune.context import Tuning
@@ -256,9 +257,11 @@ class QualityChecks:
         self.ctx.store.study.set_user_attr(SCREEN_ATTR, json_safe([x.to_dict() for x in self.screen]))
         if decided is None:
             return
+        where = covered_where(decided.change)
         self.ctx.view.note(f"quality screen: {decided.label} alone {'passes' if decided.ok else 'fails'}"
                            f"{how}: {decided.reason}"
-                           + ("" if decided.ok else "; configurations with it are out of the search"))
+                           + ("" if decided.ok else "; configurations with it are out of the search"
+                              + (f" but those {where} (their own quality runs judge them)" if where else "")))
         for t in done:
             self.screen_verdict(t, base)
 

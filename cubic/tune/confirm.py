@@ -323,7 +323,8 @@ class Confirm(Candidates):
             mu, _ = proxy.predict([space.tup(p) for p in [src.params, *ps]])
             return [(src.value or 0.0) * math.exp(float(m - mu[0])) for m in mu[1:]]
 
-        out = [k for k in changed if (x := self.screen_of(k, src.params[k])) is not None and x.ok is False]
+        out = frozenset(x.change for k in changed
+                        if (x := self.screen_of(k, src.params[k])) is not None and x.ok is False)
         plan = backoff.plan(space, src.params, changed, measured,
                             predict if proxy is not None else None,
                             lambda k: self.change_cost(k, src.params[k]), ruled_out=out)
