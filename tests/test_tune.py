@@ -1284,3 +1284,41 @@ def test_the_tune_decides_nothing_while_the_run_it_waits_on_is_still_running(tmp
     reads40, walks40, waits40 = passes(40)
     assert waits40 > 20 * waits1  # the runs did take many polls
     assert (reads40, walks40) == (reads1, walks1)
+
+
+COVERED = """\
+name: covered
+workload: {preset: tiny}
+baseline: {world_size: 2, sharding: table_wise, batch_size: 64, kernel: torch}
+knobs:
+  emb_precision: [fp32, fp16]
+  dense_precision: [fp32, bf16]
+  comm_precision: [fp32, bf16]
+quality: {samples: 4096, eval_samples: 2048, seeds: 2, tolerance: 0.002}
+trial: {warmup_steps: 1, measure_steps: 3, windows: 1, timeout_s: 300, repeats: 1}
+budget: {trials: 3, confirm_top_k: 1}
+"""
+
+
+def test_the_back_off_from_a_stack_with_a_change_ruled_out_alone_keeps_it_only_beside_its_cover(
+        tmp_path: Path) -> None:
+    """The confirm backs off from the fastest stack (fp16 tables, bf16 dense and comm), rejected while
+    searching, after the screen ruled bf16 comm out alone: its plan keeps bf16 comm only beside bf16
+    dense math, and its note names the ruled-out change and where it may still be kept."""
+    from cubic.quality.screen import Screened
+    from cubic.tune.confirm import Confirm
+
+    d, e, c = "dense_precision", "emb_precision", "comm_precision"
+    stack = {e: "fp16", d: "bf16", c: "bf16"}
+    confirm, store, recs = confirm_over(tmp_path, COVERED, [({}, 100.0), (stack, 300.0)])
+    store.update(recs[1], quality_heldout_ok=False)
+    checks = confirm.checks
+    checks.screen = [Screened(c, "bf16", {**store.space.baseline_params(), c: "bf16"}, [0.9], [0.7],
+                              False, "x")]
+    confirm = Confirm(confirm.ctx, checks)
+    plan = confirm.backoff_plan()
+    assert plan is not None
+    kept = {v.kept for v in plan.order}
+    assert frozenset({d, c}) in kept and frozenset({e, c}) not in kept and frozenset({c}) not in kept
+    note = confirm.ctx.view.console.export_text()
+    assert "none keeps comm_precision=bf16, but with dense_precision=bf16" in note, note

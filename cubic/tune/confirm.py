@@ -77,6 +77,7 @@ from cubic.quality.rules import NOT_RESOLVED, Verdict, covering, paired_mean
 from cubic.quality.screen import Screened
 from cubic.search.proxy import Proxy
 from cubic.search.samplers import distributions
+from cubic.space.numerics import covered_where
 from cubic.study.record import BACKOFF, TrialRecord
 from cubic.tune import backoff
 from cubic.tune.backoff import CRASHED, FAILED, PASSED, SLOW, BackoffPlan, Variant
@@ -334,6 +335,8 @@ class Confirm(Candidates):
                       and self.checks.sequential(src, self.base)[0] == NOT_RESOLVED)
         why = ("was rejected while searching" if src.number not in {t.number for t in self.screened}
                else "is not resolved" if unresolved else "fails")
+        ruled = ", ".join(f"{n}={v}" + (f", but {w}" if (w := covered_where((n, v))) else "")
+                          for n, v in sorted(out, key=str))
         shown = "; ".join(
             f"{v.label()} ({v.speed:,.0f} qps {'measured' if v.measured else 'predicted'})"
             for v in plan.order[:SHOWN]) + (f"; {len(plan.order) - SHOWN} more"
@@ -342,7 +345,7 @@ class Confirm(Candidates):
             f"confirm: back off: #{src.number} ({self.speed(src):,.0f} qps) is faster than all "
             f"that passed but its quality {why}; judging its layout with fewer of its numerics "
             f"changes ({', '.join(changed)}), the fastest expected first, at most {plan.budget} "
-            f"with quality runs" + (f" (none keeps {', '.join(out)}: the screen ruled it out)"
+            f"with quality runs" + (f" (none keeps {ruled}: the screen ruled it out)"
                                     if out else "") + f": {shown}")
         return plan
 
