@@ -67,8 +67,10 @@ LAYOUT_KNOBS = (*MODEL_NEUTRAL, "kernel")
 #: gradients come back from it in bf16. Whether a model reads them only there (no fp32 op on the
 #: pooled values, no 2D replica sync in `comm_precision`) its runs show: bit-equal runs are one
 #: model (`cubic.tune.candidates.Candidates.same_model`).
-COVERS: dict[tuple[str, Any], frozenset[tuple[str, Any]]] = {
-    ("comm_precision", "bf16"): frozenset(("dense_precision", p) for p in ("bf16", "fp8_auto", "fp8_all")),
+Change = tuple[str, Any]  # (aspect, value): what trains differently, as `changes` names it
+COVERS: dict[Change, frozenset[Change]] = {
+    ("comm_precision", "bf16"): frozenset(
+        ("dense_precision", p) for p in ("bf16", "fp8_auto", "fp8_all")),
 }
 
 
@@ -102,13 +104,13 @@ def changes(cfg: TrialConfig, base: TrialConfig, knobs: Iterable[str],
     return frozenset((aspect(k).name, aspect(k).of(cfg)) for k in changed_knobs(cfg, base, knobs) if k in searched)
 
 
-def blocking(made: frozenset[tuple[str, Any]], out: frozenset[tuple[str, Any]]) -> frozenset[tuple[str, Any]]:
-    """The changes of a configuration making `made` that a screen's ruled-out changes `out` rule out
-    for it: each one out, unless the configuration also makes a change that may cover it (`COVERS`)."""
+def blocking(made: frozenset[Change], out: frozenset[Change]) -> frozenset[Change]:
+    """The changes of a configuration making `made` that the screen's ruled-out changes `out`
+    rule out for it: each one out, unless it also makes a change that may cover it (`COVERS`)."""
     return frozenset(c for c in made & out if not COVERS.get(c, frozenset()) & made)
 
 
-def covered_where(change: tuple[str, Any]) -> str:
+def covered_where(change: Change) -> str:
     """Where a ruled-out change still may be searched, for a person: "" where nowhere."""
     covers = sorted(f"{n}={v}" for n, v in COVERS.get(change, ()))
     return f"with {' or '.join(covers)}, which may round as it does" if covers else ""
