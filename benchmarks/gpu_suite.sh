@@ -3,7 +3,8 @@
 # against the torch reference on the GPU, the fp8 probe tests, the kernel bandwidth benchmark, and
 # whole trials (kernel x dense precision) through `cubic trial`.
 #
-#   bash benchmarks/gpu_suite.sh [steps...]     # steps: env tests bench trials weighted tune (default: all but tune)
+#   bash benchmarks/gpu_suite.sh [steps...]     # steps: env tests bench trials weighted dense calibrate tune
+#                                               # (default: all but tune, dense and calibrate)
 #
 # Logs and JSON land in $OUT (default ./gpu_out). No step stops the others; each has a time limit.
 # Needs torch, triton, numpy, pyyaml, typer, rich and pydantic (carried as a wheel): no fbgemm-gpu, optuna, ray or
@@ -65,7 +66,7 @@ for s in $STEPS; do
   trials)
     from=$(($(wc -l <"$LOG") + 1))  # this step's trial lines only
     echo "{\"preset\": \"criteo-mlperf-mini\", \"sample_cycle\": $CYCLE}" >"$OUT/mlperf.json"
-    for wl in small mlperf; do
+    for wl in ${TRIAL_WORKLOADS:-small mlperf}; do
       extra=()
       bs=8192
       if [ "$wl" = mlperf ]; then extra=(--workload "$OUT/mlperf.json"); bs=16384; fi
@@ -102,11 +103,19 @@ json.dump(d, open(sys.argv[1] + "/weighted.json", "w"))' "$OUT" "$CYCLE"
     done
     tail -n "+$from" "$LOG" | grep -h '^{"status"' >"$OUT/weighted.jsonl" || true
     ;;
+  dense)
+    # MLPerf DLRM-DCNv2's dense part at its per-GPU batches (benchmarks/gpu_dense.py)
+    run dense 150 "$PY" benchmarks/gpu_dense.py --json "$OUT/dense_mlperf.json"
+    ;;
+  calibrate)
+    # `cubic calibrate` on this GPU: the node a `base: local` cluster file composes a cluster from
+    run calibrate 400 "$PY" -m cubic calibrate -o "$OUT/calibrated.yaml"
+    ;;
   tune)
     run tune "${TUNE_LIMIT:-560}" "$PY" -m cubic tune --no-live --space search_spaces/dlrm_gpu.yaml --run-dir runs/gpu_tune \
       --trials "${TUNE_TRIALS:-8}"
     cp runs/gpu_tune/study.db "$OUT/gpu_tune.db" 2>/dev/null || true  # the whole study comes back
     ;;
-  *) echo "unknown step $s (env tests bench trials weighted tune)" ;;
+  *) echo "unknown step $s (env tests bench trials weighted dense calibrate tune)" ;;
   esac
 done

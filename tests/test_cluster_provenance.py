@@ -16,7 +16,7 @@ from cubic_harness.config import TrialConfig
 from cubic_harness.errors import ConfigError
 from cubic_harness.sim.backend import simulate
 from cubic_harness.sim.cluster import cluster_from_dict, load_cluster, resolve, shipped_cluster
-from cubic_harness.sim.provenance import describe, split
+from cubic_harness.sim.provenance import GPU_CALIBRATION_ASSUMES, describe, split
 from cubic_harness.workload import Workload
 from tests.helpers import FIXTURE_CLUSTER, fixture_cluster
 
@@ -89,9 +89,9 @@ def test_this_machines_calibration_is_all_measured(local: Path) -> None:
 
 
 def test_a_gpu_calibration_says_what_one_gpu_could_not_measure(tmp_path: Path) -> None:
-    """On one GPU `cubic calibrate` writes public NVLink figures and a constant framework step:
-    assumed, even in its file (and in one written before it listed them under `source.assumed`);
-    a hand-written file may list what it measured under `source.measured`."""
+    """On one GPU `cubic calibrate` writes public NVLink figures: assumed, even in its file (and
+    in one written before it listed them under `source.assumed`, when the framework step was a
+    constant too); a hand-written file may list what it measured under `source.measured`."""
     d = yaml.safe_load(FIXTURE_CLUSTER.read_text())
     d["device"]["type"] = "gpu"
     figures = load_cluster(write(tmp_path, d, "gpu.yaml")).figures
@@ -99,6 +99,10 @@ def test_a_gpu_calibration_says_what_one_gpu_could_not_measure(tmp_path: Path) -
     assert figures["network"] == figures["intra_node"]
     assert figures["device.step_overhead_ms"].startswith("assumed")
     assert figures["device.mem_bw_gbs"].startswith("measured (gpu.yaml, cubic calibrate")
+    d["source"]["assumed"] = list(GPU_CALIBRATION_ASSUMES)  # as `cubic calibrate` writes it now
+    figures = load_cluster(write(tmp_path, d, "gpu.yaml")).figures
+    assert figures["intra_node"].startswith("assumed")
+    assert figures["device"].startswith("measured")  # its step and memory too: one group
     d["source"] = {"measured": ["device.mem_bw_gbs", "intra_node"]}
     figures = cluster_from_dict(d, "hand.yaml").figures
     assert figures["device.mem_bw_gbs"] == figures["intra_node"] == "measured (hand.yaml)"

@@ -84,3 +84,44 @@ def test_fused_fp8_quantisation_equals_torch_ops_bit_for_bit(dtype: torch.dtype,
     q, qt = quantize(x, dtype, s, st)
     assert torch.equal(q.view(torch.uint8), _quant(x, dtype, s).view(torch.uint8))
     assert torch.equal(qt.view(torch.uint8), _quant(x, dtype, st).t().contiguous().view(torch.uint8))
+
+
+def test_a_dense_step_replayed_as_a_cuda_graph_computes_what_the_eager_one_does() -> None:
+    """`cubic calibrate` times the dense part's device work as a graph's replay (`calibrate.graphed`):
+    the replay must run the step itself, so its gradients are an eager step's (a replay that ran
+    nothing would leave them zero)."""
+    from cubic_harness.model import build_dense_arch
+    from cubic_harness.sim.calibrate import graphed
+    from cubic_harness.workload import Workload
+
+    wl, dev = Workload.small(), torch.device("cuda", 0)
+    arch = build_dense_arch(wl, 0).to(dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(512, wl.dense_features, device=dev, generator=g)
+    pooled = torch.randn(512, wl.num_tables * wl.dim, device=dev, generator=g, requires_grad=True)
+    y = torch.rand(512, device=dev, generator=g)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            logits = arch(x, pooled)
+        torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), y).backward()
+
+    def grads() -> list[torch.Tensor]:
+        return [p.grad.clone() for p in (*arch.parameters(), pooled)]
+
+    def zero() -> None:  # in place: the graph writes into these very tensors
+        for p in (*arch.parameters(), pooled):
+            if p.grad is not None:
+                p.grad.zero_()
+
+    step()
+    zero()
+    step()
+    eager = grads()
+    replay = graphed(step, dev)
+    zero()
+    replay()
+    torch.cuda.synchronize()
+    for a, b in zip(grads(), eager, strict=True):
+        assert b.abs().sum() > 0
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)

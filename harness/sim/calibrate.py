@@ -59,6 +59,22 @@ def _median_ms(fn: Callable[[], Any], device: torch.device, reps: int, warmup: i
     return statistics.median(out)
 
 
+def graphed(step: Callable[[], Any], device: torch.device, warmup: int = 3) -> Callable[[], Any]:
+    """`step` captured as one CUDA graph (warmed up on a side stream first, as capture requires):
+    its replay runs the step's kernels without the host's launches between them, so its time is the
+    device's. `step` must not sync the host or allocate outside the graph's pool after warm-up."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def copy_bandwidth(device: torch.device, nbytes: int, reps: int) -> float:
     """GB/s moved (read + write) by a large copy."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
@@ -67,13 +83,19 @@ def copy_bandwidth(device: torch.device, nbytes: int, reps: int) -> float:
     return 2 * nbytes / (ms * 1e6)
 
 
+QUEUED = 20
+
+
 def gemm_fit(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]], reps: int) -> dict:
-    """time(ms) = MFLOP / peak + per-GEMM cost, least squares over `shapes` (m, k, n)."""
+    """time(ms) = MFLOP / peak + per-GEMM cost, least squares over `shapes` (m, k, n). On a GPU each
+    time is of QUEUED calls in a row, as a step issues them: one call between two host syncs would
+    add the sync's round trip to the per-GEMM cost."""
     mf, ms = [], []
+    queued = QUEUED if device.type == "cuda" else 1
     for m, k, n in shapes:
         a = torch.randn(m, k, device=device).to(dtype)
         b = torch.randn(k, n, device=device).to(dtype)
-        ms.append(_median_ms(lambda a=a, b=b: a @ b, device, reps))
+        ms.append(_median_ms(lambda a=a, b=b: [a @ b for _ in range(queued)], device, reps) / queued)
         mf.append(2 * m * k * n / 1e6)
     A = np.stack([np.asarray(mf), np.ones(len(mf))], axis=1)
     (inv_peak, fixed), *_ = np.linalg.lstsq(A, np.asarray(ms), rcond=None)
@@ -383,7 +405,10 @@ def dense_other(device: torch.device, gemm: dict, reps: int, batches: tuple[int,
     """What the dense part costs beyond its GEMMs (activations, casts, the interaction's gathers, the
     loss), per dense precision and batch size, as GB/s of activation bytes: the small workload's
     DenseArch forward + backward, minus the model's GEMM time for it. Its rate falls with the batch as
-    the activations leave the caches, so it is a curve, interpolated in log batch."""
+    the activations leave the caches, so it is a curve, interpolated in log batch. On a GPU the step
+    is replayed as a CUDA graph: eager, the host's launches bound a small model's step (an H200 ran
+    this one in the same time at 2,048 and 8,192), and that cost is the step's fixed one
+    (`framework_step`), not a rate of its bytes."""
     from cubic_harness.dense_cost import dense_cost
     from cubic_harness.model import build_dense_arch
     from cubic_harness.sim.perf import gemm_ms
@@ -401,25 +426,27 @@ def dense_other(device: torch.device, gemm: dict, reps: int, batches: tuple[int,
             y = torch.rand(B, device=device)
 
             def step(x=x, pooled=pooled, y=y, prec=prec) -> None:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=prec != "fp32"):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=prec != "fp32",
+                                    cache_enabled=False):  # (a graph replays its own casts)
                     logits = arch(x, pooled)
                 torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), y).backward()
 
-            ms = _median_ms(step, device, reps)
+            ms = _median_ms(graphed(step, device) if device.type == "cuda" else step, device, reps)
             f, b = gemm_ms(dc, B, g["peak_gflops"], g["fixed_ms"] * g["peak_gflops"])
             out[prec][B] = round(B * dc.act_floats * 4 / (max(ms - f - b, 0.05 * ms) * 1e6), 3)
     return out
 
 
-def framework_step() -> dict:
+def framework_step(cuda: bool = False) -> dict:
     """The harness's own step where there is nothing to compute: its fixed cost and a rank's memory, a
-    rank forked from its fork server as every harness rank is (`trial.rank_context`)."""
+    rank forked from its fork server as every harness rank is (`trial.rank_context`). On a GPU the
+    fixed cost is the launches of a step's kernels, which a step of any size pays."""
     from cubic_harness.config import TrialConfig
     from cubic_harness.trial import run_trial
     from cubic_harness.workload import Workload
 
     cfg = TrialConfig(workload=Workload.tiny(), world_size=1, batch_size=16, warmup_steps=5, measure_steps=30,
-                      windows=3, kernel="native")
+                      windows=3, kernel="torch" if cuda else "native", device="cuda" if cuda else "cpu")
     old = os.environ.get("CUBIC_LOCAL_CLUSTER")
     os.environ["CUBIC_LOCAL_CLUSTER"] = "none"  # one table-wise rank: no plan to price, no file to read
     try:
@@ -470,6 +497,9 @@ def _dense(run: _Run, thread_exp: dict[str, float]) -> dict[str, dict]:
     sizes = [(256, 64, 256), (1024, 256, 128), (1024, 512, 256)] if run.short else [
         (256, 64, 256), (512, 13, 256), (1024, 256, 128), (1024, 415, 512), (2048, 512, 256),
         (4096, 512, 256), (4096, 1024, 512)]
+    if run.cuda:  # a GPU's peak shows only in GEMMs of a step's size (MLPerf DCNv2's, 6,912 a GPU):
+        # the small ones above are its per-GEMM cost
+        sizes += [(6912, 3456, 1024), (6912, 1024, 1024), (8192, 4096, 4096)]
     dense = {"fp32": gemm_fit(run.device, torch.float32, sizes, run.reps)}
     dense["bf16"] = gemm_fit(run.device, torch.bfloat16, sizes, run.reps)
     run.src["gemm"] = dense
@@ -484,6 +514,23 @@ def _dense(run: _Run, thread_exp: dict[str, float]) -> dict[str, dict]:
     return dense
 
 
+class _Probe(NamedTuple):
+    """The embedding probe's size: a step's, on the device measured."""
+
+    tables: int
+    rows: int
+    bags: int
+
+
+def _probe(run: _Run, backend: str) -> _Probe:
+    """A GPU's kernels reach their share of the copy only at a GPU step's size (8 x 1M rows,
+    16,384 bags a table: at a CPU's 4 x 200k x 2,048 an H200's triton forward reached 0.34 of its
+    copy, against 0.58 at the step's size); a CPU's reach it at a CPU step's."""
+    if run.cuda:
+        return _Probe(8, 1_000_000, 4096 if run.short else 16384)
+    return _Probe(4, 200_000, 512 if (run.short or backend == "torch") else 2048)
+
+
 def _embedding(run: _Run, copy: float, thread_exp: dict[str, float]) -> tuple[dict, dict]:
     """Each backend's efficiency per precision and width, and its per-sample weight cost."""
     emb: dict[str, dict] = {}
@@ -492,23 +539,27 @@ def _embedding(run: _Run, copy: float, thread_exp: dict[str, float]) -> tuple[di
     dims = [64] if run.short else [16, 64, 128]
     for b in _backends(run.device):
         emb[b] = {}
-        bags = 512 if (run.short or b == "torch") else 2048
+        size = _probe(run, b)
+        bags = size.bags
+        run.src.setdefault("embedding_probe", {})[b] = size._asdict()
         for p in ("fp32", "fp16", "bf16"):
             if b == "fbgemm" and p == "bf16":
                 continue
             run.progress(f"embedding kernel {b} {p}")
-            curve = {d: embedding_eff(b, p, d, run.device, copy, run.reps, bags=bags) for d in dims}
+            curve = {d: embedding_eff(b, p, d, run.device, copy, run.reps, tables=size.tables,
+                                      rows=size.rows, bags=bags) for d in dims}
             raw[f"{b}/{p}"] = {d: {k: round(v, 4) for k, v in c.items()} for d, c in curve.items()}
             emb[b][p] = {"fwd": {d: round(c["fwd"], 4) for d, c in curve.items()},
                          "bwd": {d: round(c["bwd"], 4) for d, c in curve.items()}}
         run.progress(f"embedding kernel {b}, weighted")
-        w = weighted_cost(b, run.device, run.reps, bags=bags)
+        w = weighted_cost(b, run.device, run.reps, tables=size.tables, rows=size.rows, bags=bags)
         run.src.setdefault("weighted", {})[b] = {k: round(v, 4) for k, v in w.items()}
         weighted[b] = {"fwd": round(w["fwd"], 3), "bwd": round(w["bwd"], 3)}
         if run.threads:
             run.progress(f"embedding kernel {b}, 2 threads")
             torch.set_num_threads(2)
-            two = embedding_eff(b, "fp32", 64, run.device, copy, run.reps, bags=bags)
+            two = embedding_eff(b, "fp32", 64, run.device, copy, run.reps, tables=size.tables,
+                                rows=size.rows, bags=bags)
             torch.set_num_threads(1)
             one = raw[f"{b}/fp32"][64]
             speedup = (one["fwd_ms"] + one["bwd_ms"]) / (two["fwd_ms"] + two["bwd_ms"])
@@ -591,12 +642,14 @@ def calibrate(short: bool = False, progress: Progress = lambda s: None) -> dict:
     emb, weighted = _embedding(run, copy, thread_exp)
 
     progress("dense part beyond its GEMMs")
-    other = dense_other(device, dense, run.reps, (512, 2048) if short else (256, 1024, 4096))
+    batches = ((4096, 16384) if short else (2048, 8192, 32768)) if cuda else (
+        (512, 2048) if short else (256, 1024, 4096))  # a step's batches on the device measured
+    other = dense_other(device, dense, run.reps, batches)
     src["elementwise_gbs"] = other
     link, shared = _links(run, copy)
 
     progress("framework step")
-    fw = framework_step() if not cuda else {"step_ms": 1.0, "peak_mem_mb": 0.0}
+    fw = framework_step(cuda)
     src["framework_step"] = fw
     src["seconds"] = round(time.perf_counter() - t_start, 1)
 

@@ -20,9 +20,12 @@ MEASURED, ASSUMED = "measured", "assumed"
 # a file's description, not hardware figures
 NOT_FIGURES = ("name", "about", "source", "base", "fabric")
 # what `cubic calibrate` cannot measure on a machine with one GPU (harness/sim/calibrate.py:
-# `_links` writes DGX H100's public NVLink figures, the framework step is a constant): assumed in
-# its file, also in one written before the calibration listed them under `source.assumed`
-GPU_CALIBRATION_ASSUMES = ("intra_node", "network", "device.step_overhead_ms", "device.process_mb")
+# `_links` writes DGX H100's public NVLink figures): assumed in its file (`source.assumed`)
+GPU_CALIBRATION_ASSUMES = ("intra_node", "network")
+# a GPU calibration whose file lists nothing under `source.assumed` was written when the framework
+# step was a constant too, not measured
+GPU_CALIBRATION_ASSUMED_UNLISTED = (*GPU_CALIBRATION_ASSUMES, "device.step_overhead_ms",
+                                    "device.process_mb")
 
 
 def calibrated(raw: dict[str, Any]) -> bool:
@@ -48,7 +51,7 @@ def stated(raw: dict[str, Any], path: Path, preset: bool) -> dict[str, str]:
         dev = raw.get("device")
         gpu = isinstance(dev, dict) and dev.get("type") == "gpu"
         flip = (_listed(src, "assumed") if "assumed" in src
-                else set(GPU_CALIBRATION_ASSUMES) if gpu else set())
+                else set(GPU_CALIBRATION_ASSUMED_UNLISTED) if gpu else set())
         kinds = (measured_as, f"{ASSUMED} ({where}: not measured by cubic calibrate)")
     else:
         flip = _listed(src, "measured")
