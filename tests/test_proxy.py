@@ -20,8 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cubic.search.fidelity import MEASURED, Fidelity
 from cubic.search.proxy import Proxy, kendall_tau
 from cubic.space.search_space import SearchSpace, load_space
+
+SIM = Fidelity("sim")  # a simulated source that names no cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDING = {"table_wise": 0.0, "row_wise": 0.25, "column_wise": 0.1, "table_row_wise": 0.2,
@@ -128,13 +131,37 @@ def test_a_simulated_warm_start_teaches_the_order_and_measurements_set_the_scale
     held, held_y = train[8:], list(y_train[8:])
     few = Proxy(space, seed=1, feature_fn=None).fit(train[:8], list(y_train[:8]))
     warm = Proxy(space, seed=1, feature_fn=None).fit(sim_t + train[:8], sim_y + list(y_train[:8]),
-                                                     simulated=[True] * 300 + [False] * 8)
+                                                     sources=[SIM] * 300 + [MEASURED] * 8)
     assert warm.multi_fidelity and not few.multi_fidelity
     tau_few = kendall_tau(list(few.predict(held)[0]), held_y)
     tau_warm = kendall_tau(list(warm.predict(held)[0]), held_y)
     assert tau_warm > tau_few + 0.1, (tau_warm, tau_few)
     mu, _ = warm.predict(held)
     assert abs(np.median(mu - np.log(held_y))) < 0.3  # not log 2 = 0.69 above: the measured scale
+
+
+def test_a_warm_start_from_two_clusters_ranks_each_apart_and_learns_from_their_figures(data) -> None:
+    """Two simulated studies of the space on two clusters whose orders are opposite (a fast and a
+    slow network) and three trials of this study, on a cluster with a fast network. Ranked apart
+    with the clusters' figures as features, the proxy gives this cluster's order; merged into one
+    simulated source, as when a warm start did not tell clusters apart, it cannot."""
+    space, train, y_train, test, y_test = data
+    fast = Fidelity.of("sim:fast", {"network_gbs": 46.0, "nodes": 8.0})
+    slow = Fidelity.of("sim:slow", {"network_gbs": 12.5, "nodes": 8.0})
+    own = Fidelity.of("sim:mine", {"network_gbs": 40.0, "nodes": 8.0})
+    a, b = test[:150], test[150:300]
+    ok = a + b + train[:3]
+    qps = list(y_test[:150]) + list(1e8 / y_test[150:300]) + list(y_train[:3])  # slow: the order reversed
+    held, held_y = train[3:], list(y_train[3:])
+    apart = Proxy(space, seed=2, feature_fn=None).fit(ok, qps, sources=[fast] * 150 + [slow] * 150 + [own] * 3,
+                                                      own=own)
+    merged = Proxy(space, seed=2, feature_fn=None).fit(ok, qps, sources=[SIM] * 300 + [own] * 3, own=own)
+    alike = Proxy(space, seed=2, feature_fn=None).fit(a + train[:3], qps[:150] + qps[300:],
+                                                      sources=[fast] * 150 + [own] * 3, own=own)
+    tau_apart, tau_merged, tau_alike = (kendall_tau(list(p.predict(held)[0]), held_y)
+                                        for p in (apart, merged, alike))
+    # as good as warm-started from the like cluster alone; far better than merged
+    assert tau_apart > tau_alike - 0.1 and tau_apart > tau_merged + 0.3, (tau_apart, tau_merged, tau_alike)
 
 
 def test_the_cubic_sampler_refits_its_proxy_as_its_data_grows(data) -> None:

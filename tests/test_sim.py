@@ -252,7 +252,11 @@ def test_simulated_tune_stores_reports_and_exports_like_a_real_one(tmp_path: Pat
 
 
 def test_a_simulated_study_warm_starts_another(tmp_path: Path) -> None:
-    """--warm-start: a simulated study's trials enter the next study's searcher as simulated history."""
+    """--warm-start: each simulated study in the source enters the next study's searcher as a source
+    of its own, named by its cluster and carrying the cluster's figures (the proxy's features)."""
+    from cubic.search.warm_start import load_warm_start
+    from cubic.space.search_space import load_space
+
     space = str(ROOT / "search_spaces/dlrm_cpu.yaml")
     first = tmp_path / "first"
     r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", LOCAL, "--space", space, "--trials", "12",
@@ -264,9 +268,16 @@ def test_a_simulated_study_warm_starts_another(tmp_path: Path) -> None:
     other = tmp_path / "fastlink.yaml"
     other.write_text(yaml.safe_dump(d))
     r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", str(other), "--space", space, "--trials",
-                                 "8", "--run-dir", str(tmp_path / "second"), "--warm-start", str(first), "--no-live"])
+                                 "8", "--run-dir", str(first), "--no-live"])  # a second cluster's study beside
     assert r.exit_code == 0, r.output
-    assert "trials from --warm-start (" in r.output and "simulated" in r.output
+    sources = {h[2] for h in load_warm_start(str(first), load_space(space))}
+    links = {s.backend: dict(s.figures)["intra_node_gbs"] for s in sources}
+    fast = d["intra_node"]["bandwidth_gbs"]
+    assert links == {"sim:local": fast / 10, "sim:fastlink": fast}
+    r = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", LOCAL, "--space", space, "--trials",
+                                 "6", "--run-dir", str(tmp_path / "second"), "--warm-start", str(first), "--no-live"])
+    assert r.exit_code == 0, r.output
+    assert re.search(r"trials from --warm-start \(sim:local \d+, sim:fastlink \d+\)", " ".join(r.output.split()))
     bad = CliRunner().invoke(app, ["tune", "--backend", "sim", "--cluster", LOCAL, "--space",
                                    str(ROOT / "search_spaces/tiny.yaml"), "--run-dir", str(tmp_path / "t"),
                                    "--warm-start", str(first), "--no-live"])

@@ -191,7 +191,8 @@ def build(req: TuneRequest, console: Any) -> Any:
     rdb = open_storage(url, None if req.storage else f"--run-dir {run_dir}")
     sim_label = None if sim_cluster is None else f"sim:{sim_cluster.name}" + (
         "" if req.framework == "harness" else f"+{req.framework}")  # another framework's predictions: own study
-    store = Store(sp, rdb, run_dir, backend=sim_label or req.backend)
+    store = Store(sp, rdb, run_dir, backend=sim_label or req.backend,
+                  figures=None if sim_cluster is None else sim_cluster.features())
     if sim_cluster is not None:
         from cubic.execution.sim_runner import SimRunner
 

@@ -53,22 +53,7 @@ class ClusterChoice:
 
     def figures(self) -> dict[str, float]:
         """What tells clusters apart, as numbers: a proxy's features and a reader's columns."""
-        c, d = self.cluster, self.cluster.device
-        return {
-            "gpus": float(self.gpus),
-            "nvlink_domain": float(c.devices_per_node),
-            "nodes": float(c.nodes),
-            "memory_gb": d.memory_gb,
-            "mem_bw_gbs": d.mem_bw_gbs,
-            "dense_tflops": max(d.dense_gflops.values()) / 1e3,
-            "intra_node_gbs": c.intra_node.bandwidth_gbs,
-            "network_gbs": c.network.bandwidth_gbs,
-            "network_latency_us": c.network.latency_us,
-            "in_network_reduction": float(c.network.in_network_reduction),
-            "oversubscription": c.network.oversubscription,
-            "sites": float(self.sites),
-            "dci_gbs": c.datacenters.bandwidth_gbs if c.datacenters else c.network.bandwidth_gbs,
-        }
+        return {"gpus": float(self.gpus), **self.cluster.features(), "sites": float(self.sites)}
 
 
 Domain = int | Literal["node"] | None  # a value of nvlink_domains; None: the section has none

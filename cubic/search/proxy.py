@@ -22,10 +22,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import xgboost as xgb
 
+from cubic.search.fidelity import MEASURED, Fidelity
 from cubic.space.search_space import SearchSpace
 from cubic_harness.config import TrialConfig
 
 FeatureFn = Callable[[TrialConfig], dict[str, float]]
+# another source's weight is checked on this study's own trials once it has this many (3 pairs)
+MIN_OWN = 3
+MIN_WEIGHT = 1e-3  # a source whose order is own's reversed: kept, but as good as gone
 RANK_PARAMS = {
     "objective": "rank:pairwise", "lambdarank_pair_method": "mean", "max_depth": 3, "eta": 0.2,
     "min_child_weight": 0.0, "subsample": 0.9, "colsample_bytree": 0.8, "lambda": 1.0,
@@ -113,42 +117,53 @@ class Proxy:
         self.members: list[tuple[xgb.Booster, float, float]] = []
         self.classifier: xgb.Booster | None = None
         self.fitted = False
-        self.multi_fidelity = False
+        self.own: Fidelity = MEASURED
+        self.columns: dict[Fidelity, np.ndarray] = {}  # per source its columns; empty: one source
+
+    @property
+    def multi_fidelity(self) -> bool:
+        """Whether the proxy was fitted on throughputs of more than one source."""
+        return bool(self.columns)
 
     def fit(self, ok: Sequence[tuple], qps: Sequence[float], failed: Sequence[tuple] = (),
-            simulated: Sequence[bool] | None = None) -> Proxy:
+            sources: Sequence[Fidelity] | None = None, own: Fidelity = MEASURED) -> Proxy:
         """ok/qps: measured configurations; failed: configurations that did not run (any reason) or
         that ran but fail the quality gate (those may also be in ok: their speed is still data).
-        simulated: which of `ok` are a simulator's predictions (a warm start from a simulated study).
-        Multi-fidelity: a prediction is never ranked against a measurement (each fidelity is its own
-        ranking group), the `simulated` column lets the trees learn where the simulator's order is
-        wrong, and the proxy answers for measurements (column = 0) with its scale fitted on them."""
-        sim = np.asarray(simulated if simulated is not None else [False] * len(ok), dtype=bool)
-        self.multi_fidelity = bool(sim.any())
+        sources: where each of `ok` came from (cubic/search/fidelity.py; default: all `own`, the
+        source the proxy answers for). Several sources: a throughput is ranked only against its own
+        source's (each is a ranking group), the sources' columns (simulated or not, the cluster's
+        figures) let the trees learn how the order moves between them, and the scale is fitted on
+        `own`'s rows."""
+        src = list(sources) if sources is not None else [own] * len(ok)
+        groups = list(dict.fromkeys([own, *src]))  # `own` is group 0
+        gid = np.array([groups.index(g) for g in src], dtype=np.int32)
+        self.own, self.columns = own, source_columns(groups) if len(groups) > 1 else {}
         F = self.features.rows(list(ok))
-        X = self._with_fidelity(F, sim)
+        X = self._with_source(F, src)
         y = np.log(np.asarray(qps, dtype=np.float64))
         rng = np.random.default_rng(self.seed + len(ok))
         self.members = []
         n = len(ok)
-        real = ~sim if (~sim).sum() >= 2 else np.ones(n, dtype=bool)  # the scale: from measurements
+        mine = gid == 0 if (gid == 0).sum() >= 2 else np.ones(n, dtype=bool)  # the scale: own's rows
+        weights = self._source_weights(X, y, gid) if self.columns else None
         if n >= 2:
             for m in range(self.n_models):
                 idx = rng.choice(n, n, replace=True) if m else np.arange(n)  # member 0: all data
                 if len(np.unique(y[idx])) < 2:
                     idx = np.arange(n)
-                idx = idx[np.argsort(sim[idx], kind="stable")]  # XGBoost wants rows grouped by qid
+                idx = idx[np.argsort(gid[idx], kind="stable")]  # XGBoost wants rows grouped by qid
                 label = np.empty(len(idx), dtype=np.float32)
-                for g in (False, True):  # relevance within each group, from its own minimum
-                    sel = sim[idx] == g
-                    if sel.any():
-                        label[sel] = y[idx][sel] - y[idx][sel].min()
-                dm = xgb.DMatrix(X[idx], label=label, qid=sim[idx].astype(np.int32))
+                for g in np.unique(gid[idx]):  # relevance within each group, from its own minimum
+                    sel = gid[idx] == g
+                    label[sel] = y[idx][sel] - y[idx][sel].min()
+                dm = xgb.DMatrix(X[idx], label=label, qid=gid[idx])
+                if weights is not None:  # a ranker's weights are its groups', in qid order
+                    dm.set_weight(weights[np.unique(gid[idx])])
                 params = {**RANK_PARAMS, "seed": int(self.seed * 1000 + m),
                           "lambdarank_num_pair_per_sample": min(len(idx), 64, max(8, PAIRS_PER_ROUND // len(idx)))}
                 bst = xgb.train(params, dm, num_boost_round=self.rounds)
-                s = bst.predict(xgb.DMatrix(self._with_fidelity(F, np.zeros(n, dtype=bool))))  # as measured
-                a, b = _calibrate(s[real], y[real])
+                s = bst.predict(xgb.DMatrix(self._with_source(F, [own] * n)))  # as `own` would
+                a, b = _calibrate(s[mine], y[mine])
                 self.members.append((bst, a, b))
         self.classifier = None  # feasibility on the features alone: a predicted OOM is an OOM
         bad = set(failed)  # may include measured configurations that failed the quality gate
@@ -162,14 +177,39 @@ class Proxy:
         self.fitted = bool(self.members)
         return self
 
-    def _with_fidelity(self, X: np.ndarray, sim: np.ndarray) -> np.ndarray:
-        """The feature rows plus the `simulated` column, when the proxy was fitted on two fidelities."""
-        return np.concatenate([X, sim[:, None].astype(np.float32)], axis=1) if self.multi_fidelity else X
+    def _source_weights(self, X: np.ndarray, y: np.ndarray, gid: np.ndarray) -> np.ndarray:
+        """Per source, how far its order holds for `own` (group 0), as its weight in the ranking:
+        a ranker fitted on the source alone orders own's trials, and 2 x the share of their pairs
+        it orders right - 1, floored near 0, weighs it (as RGPE weighs a warm start's models by
+        their ranking loss on the target's data). Trees split poorly on a column that is constant
+        within each ranking group (a cluster's figures): their pairs never differ in it, so a
+        source whose order is another cluster's would pull own's order its way. While own has
+        fewer than MIN_OWN trials, every source weighs 1: there is no order to check yet."""
+        w = np.ones(int(gid.max()) + 1, dtype=np.float32)
+        mine = gid == 0
+        if mine.sum() < MIN_OWN:
+            return w
+        for g in range(1, len(w)):
+            sel = gid == g
+            if sel.sum() < 2 or np.ptp(y[sel]) == 0:
+                continue
+            dm = xgb.DMatrix(X[sel], label=(y[sel] - y[sel].min()).astype(np.float32),
+                             qid=np.zeros(int(sel.sum()), dtype=np.int32))
+            bst = xgb.train({**RANK_PARAMS, "seed": self.seed}, dm, num_boost_round=self.rounds)
+            agree = pair_agreement(bst.predict(xgb.DMatrix(X[mine])), y[mine])
+            w[g] = max(MIN_WEIGHT, 2 * agree - 1) if agree is not None else 1.0
+        return w
+
+    def _with_source(self, X: np.ndarray, src: Sequence[Fidelity]) -> np.ndarray:
+        """The feature rows plus each row's source columns, when the proxy was fitted on several."""
+        if not self.columns:
+            return X
+        return np.concatenate([X, np.stack([self.columns[g] for g in src])], axis=1)
 
     def predict(self, tuples: Sequence[tuple]) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, std) of predicted log qps per configuration (as measured: the `simulated` column 0)."""
+        """(mean, std) of predicted log qps per configuration, for the source the proxy answers for."""
         rows = self.features.rows(list(tuples))
-        X = xgb.DMatrix(self._with_fidelity(rows, np.zeros(len(rows), dtype=bool)))
+        X = xgb.DMatrix(self._with_source(rows, [self.own] * len(rows)))
         preds = np.stack([a * bst.predict(X) + b for bst, a, b in self.members])
         return preds.mean(axis=0), preds.std(axis=0)
 
@@ -177,6 +217,25 @@ class Proxy:
         if self.classifier is None:
             return np.ones(len(tuples))
         return self.classifier.predict(xgb.DMatrix(self.features.rows(list(tuples))))
+
+
+def pair_agreement(score: np.ndarray, y: np.ndarray) -> float | None:
+    """The share of the pairs of unequal `y` that `score` orders the same way (None: no such pair)."""
+    dy = np.sign(y[:, None] - y[None, :])
+    ds = np.sign(score[:, None] - score[None, :])
+    pairs = dy != 0
+    return float((dy[pairs] == ds[pairs]).mean()) if pairs.any() else None
+
+
+def source_columns(groups: Sequence[Fidelity]) -> dict[Fidelity, np.ndarray]:
+    """Per source its columns: simulated (0/1), then every cluster figure any source records
+    (NaN where a source has none: a measured one, or a study that did not record its cluster)."""
+    names = sorted({k for g in groups for k, _ in g.figures})
+    out = {}
+    for g in groups:
+        fig = dict(g.figures)
+        out[g] = np.array([float(g.simulated), *(fig.get(k, math.nan) for k in names)], dtype=np.float32)
+    return out
 
 
 def _calibrate(score: np.ndarray, y: np.ndarray) -> tuple[float, float]:

@@ -46,6 +46,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -71,6 +72,7 @@ OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version
 
 
 STUDY_FILE = "study.db"  # a run directory's trial store
+FIGURES_ATTR = "cluster_figures"  # a simulated study's cluster, as numbers (`Store.figures`)
 
 
 def storage_url(where: str | Path, must_exist: bool = True) -> str:
@@ -274,10 +276,14 @@ class Store:
     Optuna's tables, `cubic.study.record` for cubic's)."""
 
     def __init__(self, space: SearchSpace, rdb: RDBStorage, run_dir: Path | None,
-                 sampler: optuna.samplers.BaseSampler | None = None, backend: str = "real") -> None:
+                 sampler: optuna.samplers.BaseSampler | None = None, backend: str = "real",
+                 figures: Mapping[str, float] | None = None) -> None:
         """`backend`: "real", or "sim:CLUSTER" for simulated trials, which live in their own study
-        (NAME@sim:CLUSTER) so that predictions and measurements are never mixed or taken for each other."""
+        (NAME@sim:CLUSTER) so that predictions and measurements are never mixed or taken for each other;
+        `figures`: the simulated cluster's (`Cluster.features`), kept with the study so that a study
+        warm-started from it learns how the cluster differs from its own."""
         self.space, self.rdb, self.run_dir, self.backend = space, rdb, run_dir, backend
+        self.figures = dict(figures or {})
         name = space.name if backend == "real" else f"{space.name}@{backend}"
         self.study = optuna.create_study(study_name=name, storage=rdb, sampler=sampler,
                                          direction="maximize", load_if_exists=True)
@@ -302,6 +308,8 @@ class Store:
         tuner holding the lease, so a refused second tuner never rewrites a running study's record."""
         self.study.set_user_attr("space", self.space.to_dict())
         self.study.set_user_attr("backend", self.backend)
+        if self.figures:
+            self.study.set_user_attr(FIGURES_ATTR, self.figures)
 
     # ------------------------------------------------------------------ reading
     def trials(self, *states: TrialState) -> list[FrozenTrial]:

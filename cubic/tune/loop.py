@@ -21,6 +21,7 @@ What a study's trials can tell (measured or simulated) is decided once, in `cubi
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,6 +34,7 @@ from cubic.quality.carried import Carried, CarriedVerdicts
 from cubic.quality.scaled import ScaledVerdicts
 from cubic.quality.screen import ATTR as SCREEN_ATTR
 from cubic.quality.store import QualityStore, ReusingRunner
+from cubic.search.fidelity import Fidelity
 from cubic.search.samplers import distributions, make_sampler
 from cubic.space.search_space import SearchSpace
 from cubic.study.lease import TunerLease, describe
@@ -72,7 +74,7 @@ class Tuner:
 
     def __init__(self, space: SearchSpace, store: Store, runner: Runner, searcher: str = "cubic",
                  budget: int | None = None, seed: int = 0, console: Console | None = None,
-                 live: bool | None = None, warm_start: list[tuple[dict, float | None, str]] | None = None,
+                 live: bool | None = None, warm_start: list[tuple[dict, float | None, Fidelity]] | None = None,
                  quality_store: QualityStore | None = None,
                  quality_from: SearchSpace | None = None) -> None:
         policy = (Policy.simulated(runner.cluster.name,  # type: ignore[attr-defined]
@@ -96,7 +98,7 @@ class Tuner:
         self.warm = [h for h in warm_start or [] if set(h[0]) == set(space.knobs)] if searcher == "cubic" else []
         history += self.warm
         self.sampler = make_sampler(searcher, space, seed=seed, budget=budget, history=history,
-                                    simulated=runner.simulated)
+                                    own=Fidelity.of(store.backend, store.figures))
         self.n_history = len(history) - len(self.warm)
         self.sampler.feasible = store.feasible
         self.study.sampler = self.sampler
@@ -130,9 +132,10 @@ class Tuner:
         if self.n_history:
             self.view.note(f"warm start: {self.n_history} trials of earlier studies on this space")
         if self.warm:
-            n_sim = sum(h[2] == "sim" for h in self.warm)
-            self.view.note(f"warm start: {len(self.warm)} trials from --warm-start ({n_sim} simulated: the proxy "
-                           "ranks them apart from measurements and learns where they are wrong)")
+            n = Counter(h[2].backend for h in self.warm)
+            self.view.note(f"warm start: {len(self.warm)} trials from --warm-start "
+                           f"({', '.join(f'{k} {v}' for k, v in n.items())}): the proxy ranks each source "
+                           "apart and learns where one's order is not another's")
         self._carry_verdicts()
         with self.view:
             self._search()

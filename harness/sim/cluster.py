@@ -185,6 +185,25 @@ class Cluster:
     def devices(self) -> int:
         return self.nodes * self.devices_per_node
 
+    def features(self) -> dict[str, float]:
+        """What tells clusters apart, as numbers: a proxy learning across clusters reads them as
+        features, a reader as columns."""
+        d = self.device
+        return {
+            "nvlink_domain": float(self.devices_per_node),
+            "nodes": float(self.nodes),
+            "memory_gb": d.memory_gb,
+            "mem_bw_gbs": d.mem_bw_gbs,
+            "dense_tflops": max(d.dense_gflops.values()) / 1e3,
+            "intra_node_gbs": self.intra_node.bandwidth_gbs,
+            "network_gbs": self.network.bandwidth_gbs,
+            "network_latency_us": self.network.latency_us,
+            "in_network_reduction": float(self.network.in_network_reduction),
+            "oversubscription": self.network.oversubscription,
+            "dci_gbs": (self.datacenters.bandwidth_gbs if self.datacenters
+                        else self.network.bandwidth_gbs),
+        }
+
     def node_of(self, rank: int) -> int:
         return rank // self.devices_per_node
 

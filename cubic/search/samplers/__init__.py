@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from cubic.search.fidelity import MEASURED, Fidelity
 from cubic.search.samplers.base import Observations, SpaceSampler, distributions
 from cubic.search.samplers.cubic import CubicSampler
 from cubic.search.samplers.dsxgb import DSXGBSearch
@@ -19,19 +19,19 @@ SEARCHERS: dict[str, type[SpaceSampler]] = {
 
 
 def make_sampler(name: str, space: SearchSpace, seed: int = 0, budget: int | None = None,
-                 history: Sequence[tuple[dict[str, Any], float | None]] = (),
-                 simulated: bool = False) -> SpaceSampler:
-    """The searcher `name` (ConfigError naming the allowed ones otherwise). `simulated`: the trials are
-    the simulator's predictions, so cubic's proxy learns from the knobs alone: its features are the
-    same simulator priced on this machine (clusters/local.yaml), which says nothing about another
-    cluster (a 4,096-rank plan is not even legal here, and costs ~50 ms to find out)."""
+                 history: Sequence[tuple] = (), own: Fidelity = MEASURED) -> SpaceSampler:
+    """The searcher `name` (ConfigError naming the allowed ones otherwise). `own`: where the study's
+    throughputs come from; the simulator's predictions (for a cluster) make cubic's proxy learn
+    from the knobs alone: its features are the same simulator priced on this machine
+    (clusters/local.yaml), which says nothing about another cluster (a 4,096-rank plan is not even
+    legal here, and costs ~50 ms to find out)."""
     if name not in SEARCHERS:
         raise ConfigError(f"--searcher {name!r} is not known; choose one of {list(SEARCHERS)}")
     if name == "cubic":
         n_warmup = 3 if budget is not None and budget < 10 else 4
-        if simulated:
-            return CubicSampler(space, seed=seed, n_warmup=n_warmup, history=history, feature_fn=None)
-        return CubicSampler(space, seed=seed, n_warmup=n_warmup, history=history)
+        if own.simulated:
+            return CubicSampler(space, seed=seed, n_warmup=n_warmup, history=history, feature_fn=None, own=own)
+        return CubicSampler(space, seed=seed, n_warmup=n_warmup, history=history, own=own)
     return SEARCHERS[name](space, seed=seed)
 
 

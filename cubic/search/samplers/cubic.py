@@ -24,6 +24,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial
 
+from cubic.search.fidelity import MEASURED, Fidelity
 from cubic.search.proxy import FeatureFn, Proxy, kendall_tau, sim_features
 from cubic.search.samplers.base import Observations, SpaceSampler, distributions
 from cubic.space.search_space import SearchSpace
@@ -45,10 +46,12 @@ class CubicSampler(SpaceSampler):
     def __init__(self, space: SearchSpace, seed: int = 0, n_warmup: int = 5, kappa: float = 1.0,
                  n_random: int = 1000, n_fresh: int = 100, n_best: int = 3, n_tpe: int = 4,
                  feature_fn: FeatureFn | None = sim_features,
-                 history: Sequence[tuple[dict, float | None]] = (), use_prior: bool = True,
-                 slack: int = 1) -> None:
-        """history: (params, qps or None if the trial failed[, "sim" for a simulated trial]) of earlier
-        studies on this space (a warm start: `cubic tune --warm-start`)."""
+                 history: Sequence[tuple[dict, float | None] | tuple[dict, float | None, Fidelity]] = (),
+                 use_prior: bool = True, slack: int = 1, own: Fidelity = MEASURED) -> None:
+        """history: (params, qps or None if the trial failed[, where it came from]) of earlier
+        studies on this space (a warm start: `cubic tune --warm-start`); `own`: where this study's
+        throughputs come from (measured, or simulated for one cluster), the source of a history
+        entry that names none."""
         super().__init__(space, seed)
         self.n_warmup, self.kappa, self.n_best, self.n_tpe = n_warmup, kappa, n_best, n_tpe
         self.n_random, self.n_fresh = n_random, n_fresh
@@ -57,7 +60,8 @@ class CubicSampler(SpaceSampler):
         self.proxy = Proxy(space, feature_fn, seed=seed)
         self.fit_rows = 0  # the configurations the proxy last fitted on (REFIT_GROWTH)
         self.tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, multivariate=True)
-        self.hist_ok = [(space.tup(h[0]), h[1], len(h) > 2 and h[2] == "sim") for h in history
+        self.own = own
+        self.hist_ok = [(space.tup(h[0]), h[1], h[2] if len(h) > 2 else own) for h in history
                         if h[1] is not None and h[1] > 0]
         # a simulated failure (a predicted OOM) says where memory runs out, as a real one does
         self.hist_failed = [space.tup(h[0]) for h in history if h[1] is None or h[1] <= 0]
@@ -66,15 +70,15 @@ class CubicSampler(SpaceSampler):
         n_known = len(obs.ok) + len(obs.failed) + len(self.hist_ok)
         ok = [t for t, _, _ in self.hist_ok] + obs.ok
         qps = [q for _, q, _ in self.hist_ok] + obs.qps
-        sim = [s for _, _, s in self.hist_ok] + [False] * len(obs.ok)
+        src = [s for _, _, s in self.hist_ok] + [self.own] * len(obs.ok)
         if n_known < self.n_warmup or len(ok) < 2:
-            real = [(t, q) for t, q, s in zip(ok, qps, sim, strict=True) if not s]
-            return self._space_filling(obs, self._prior_agrees([t for t, _ in real], [q for _, q in real])), {
+            mine = [(t, q) for t, q, s in zip(ok, qps, src, strict=True) if s == self.own]
+            return self._space_filling(obs, self._prior_agrees([t for t, _ in mine], [q for _, q in mine])), {
                 "phase": "warmup"}
         # configurations whose NE fails the quality gate teach the feasibility classifier too
         failed = self.hist_failed + obs.failed + obs.quality_failed
         if not self.proxy.fitted or len(ok) + len(failed) >= self.fit_rows + max(1, self.fit_rows // REFIT_GROWTH):
-            self.proxy.fit(ok, qps, failed, simulated=sim)
+            self.proxy.fit(ok, qps, failed, sources=src, own=self.own)
             self.fit_rows = len(ok) + len(failed)
         pool = self._pool(study, trial, obs, ok, qps)
         if not pool:
