@@ -52,6 +52,11 @@ def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3, calls: int 
 
     `calls=1` syncs around every call, so launch overheads are charged; `calls>1` runs them back to
     back with no sync between, as a training step does when the host runs ahead of the GPU."""
+    return statistics.median(event_times(fn, repeats, warmup, calls))
+
+
+def event_times(fn: Callable[[], object], repeats: int, warmup: int = 3, calls: int = 1) -> list[float]:
+    """`time_ms`'s ms per call of each of the `repeats` groups."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -64,7 +69,7 @@ def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3, calls: int 
         b.record()
         torch.cuda.synchronize()
         out.append(a.elapsed_time(b) / calls)
-    return statistics.median(out)
+    return out
 
 
 def copy_bandwidth(gib: float, repeats: int) -> float:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 
 import torch
+from bench_gpu_kernels import event_times  # (benchmarks/ is on the path of a script run from it)
 
 from cubic_harness.dense_cost import dense_cost
 from cubic_harness.model import build_dense_arch
@@ -26,19 +28,9 @@ from cubic_harness.workload import Workload
 BATCHES = (1728, 3456, 6912, 13824)
 
 
-def timed(fn, reps: int, warmup: int = 5) -> dict[str, float]:
-    """Median and range (ms) of `reps` event-timed calls after `warmup`."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
+def timed(fn: Callable[[], object], reps: int) -> dict[str, float]:
+    """Median and range (ms) of `reps` event-timed calls after warm-up."""
+    out = event_times(fn, reps, warmup=5)
     return {"median_ms": round(statistics.median(out), 4), "min_ms": round(min(out), 4),
             "max_ms": round(max(out), 4)}
 
