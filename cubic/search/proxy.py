@@ -119,6 +119,9 @@ class Proxy:
         self.fitted = False
         self.own: Fidelity = MEASURED
         self.columns: dict[Fidelity, np.ndarray] = {}  # per source its columns; empty: one source
+        # per other source, its rows' count and the ranker fitted on them alone (`_source_weights`):
+        # a warm start's rows do not change between fits, only this study's do
+        self._alone: dict[Fidelity, tuple[int, xgb.Booster]] = {}
 
     @property
     def multi_fidelity(self) -> bool:
@@ -145,7 +148,7 @@ class Proxy:
         self.members = []
         n = len(ok)
         mine = gid == 0 if (gid == 0).sum() >= 2 else np.ones(n, dtype=bool)  # the scale: own's rows
-        weights = self._source_weights(X, y, gid) if self.columns else None
+        weights = self._source_weights(X, y, gid, groups) if self.columns else None
         if n >= 2:
             for m in range(self.n_models):
                 idx = rng.choice(n, n, replace=True) if m else np.arange(n)  # member 0: all data
@@ -177,7 +180,8 @@ class Proxy:
         self.fitted = bool(self.members)
         return self
 
-    def _source_weights(self, X: np.ndarray, y: np.ndarray, gid: np.ndarray) -> np.ndarray:
+    def _source_weights(self, X: np.ndarray, y: np.ndarray, gid: np.ndarray,
+                        groups: Sequence[Fidelity]) -> np.ndarray:
         """Per source, how far its order holds for `own` (group 0), as its weight in the ranking:
         a ranker fitted on the source alone orders own's trials, and 2 x the share of their pairs
         it orders right - 1, floored near 0, weighs it (as RGPE weighs a warm start's models by
@@ -191,12 +195,16 @@ class Proxy:
             return w
         for g in range(1, len(w)):
             sel = gid == g
-            if sel.sum() < 2 or np.ptp(y[sel]) == 0:
+            n = int(sel.sum())
+            if n < 2 or np.ptp(y[sel]) == 0:
                 continue
-            dm = xgb.DMatrix(X[sel], label=(y[sel] - y[sel].min()).astype(np.float32),
-                             qid=np.zeros(int(sel.sum()), dtype=np.int32))
-            bst = xgb.train({**RANK_PARAMS, "seed": self.seed}, dm, num_boost_round=self.rounds)
-            agree = pair_agreement(bst.predict(xgb.DMatrix(X[mine])), y[mine])
+            got = self._alone.get(groups[g])
+            if got is None or got[0] != n:
+                dm = xgb.DMatrix(X[sel], label=(y[sel] - y[sel].min()).astype(np.float32),
+                                 qid=np.zeros(n, dtype=np.int32))
+                got = self._alone[groups[g]] = (n, xgb.train({**RANK_PARAMS, "seed": self.seed}, dm,
+                                                             num_boost_round=self.rounds))
+            agree = pair_agreement(got[1].predict(xgb.DMatrix(X[mine])), y[mine])
             w[g] = max(MIN_WEIGHT, 2 * agree - 1) if agree is not None else 1.0
         return w
 
