@@ -32,10 +32,5 @@ class Fidelity:
     def simulated(self) -> bool:
         return self.backend.startswith("sim")
 
-    @property
-    def cluster(self) -> str | None:
-        """The cluster a simulated source priced (its backend's name after "sim:")."""
-        return self.backend.split(":", 1)[1] if self.simulated and ":" in self.backend else None
-
 
 MEASURED = Fidelity()

@@ -540,26 +540,24 @@ def _embedding(run: _Run, copy: float, thread_exp: dict[str, float]) -> tuple[di
     for b in _backends(run.device):
         emb[b] = {}
         size = _probe(run, b)
-        bags = size.bags
         run.src.setdefault("embedding_probe", {})[b] = size._asdict()
         for p in ("fp32", "fp16", "bf16"):
             if b == "fbgemm" and p == "bf16":
                 continue
             run.progress(f"embedding kernel {b} {p}")
-            curve = {d: embedding_eff(b, p, d, run.device, copy, run.reps, tables=size.tables,
-                                      rows=size.rows, bags=bags) for d in dims}
+            curve = {d: embedding_eff(b, p, d, run.device, copy, run.reps, **size._asdict())
+                     for d in dims}
             raw[f"{b}/{p}"] = {d: {k: round(v, 4) for k, v in c.items()} for d, c in curve.items()}
             emb[b][p] = {"fwd": {d: round(c["fwd"], 4) for d, c in curve.items()},
                          "bwd": {d: round(c["bwd"], 4) for d, c in curve.items()}}
         run.progress(f"embedding kernel {b}, weighted")
-        w = weighted_cost(b, run.device, run.reps, tables=size.tables, rows=size.rows, bags=bags)
+        w = weighted_cost(b, run.device, run.reps, **size._asdict())
         run.src.setdefault("weighted", {})[b] = {k: round(v, 4) for k, v in w.items()}
         weighted[b] = {"fwd": round(w["fwd"], 3), "bwd": round(w["bwd"], 3)}
         if run.threads:
             run.progress(f"embedding kernel {b}, 2 threads")
             torch.set_num_threads(2)
-            two = embedding_eff(b, "fp32", 64, run.device, copy, run.reps, tables=size.tables,
-                                rows=size.rows, bags=bags)
+            two = embedding_eff(b, "fp32", 64, run.device, copy, run.reps, **size._asdict())
             torch.set_num_threads(1)
             one = raw[f"{b}/fp32"][64]
             speedup = (one["fwd_ms"] + one["bwd_ms"]) / (two["fwd_ms"] + two["bwd_ms"])
