@@ -408,3 +408,71 @@ def test_bf16_communication_beside_bf16_dense_math_trains_the_same_model_bit_for
     assert run("bf16", "bf16") == run("bf16", "fp32")
     fp32, rounded = run("fp32", "fp32"), run("fp32", "bf16")
     assert fp32[1] != rounded[1] and fp32[0] != rounded[0], (fp32, rounded)
+
+
+NEARER = LARGE_BATCH.replace("name: lb", "name: nearer").replace("  batch_size: [64, 256]\n", """\
+  batch_size: [64, 128, 256]       # 2x and 4x the global batch at the baseline's rates
+  pipeline_depth: [0, 1]           # layout only: trials for the incumbent to outlast
+""").replace("tolerance: 0.002}", "tolerance: 0.002, screen: on_demand}")
+
+
+@pytest.mark.parametrize("rule", ["none", "sqrt"])
+def test_a_larger_batch_gives_way_to_a_nearer_one_whose_failure_rules_both_out(
+        tmp_path: Path, rule: str) -> None:
+    """`make tune` screened 4x the global batch (+3.1%) for one incumbent and then 2x (+0.47%) for a later
+    one: two quality runs where one decides both, since at the baseline's learning rates a larger batch
+    takes fewer steps over the same samples (`numerics.MONOTONE`). The incumbent carries 4x: the screen
+    runs 2x first, and its failure rules 4x out without a run, with the trials that carry it. Where rates
+    follow the batch (`lr_scaling: sqrt`) a larger step may make up for fewer: 4x is screened itself.
+    (The decision alone: nothing is trained; the runner records what it was asked to start.)"""
+    from cubic.tune.work import ScreenRun
+    from cubic_harness.config import TrialResult
+    from tests.test_memory import InlineRunner
+    from tests.test_tune import confirm_over
+
+    confirm, store, (base, big, big2, half) = confirm_over(
+        tmp_path, NEARER + f"lr_scaling: {rule}\n",
+        [({}, 100.0), ({"batch_size": 256}, 300.0), ({"batch_size": 256, "pipeline_depth": 1}, 310.0),
+         ({"batch_size": 128}, 200.0)])
+    checks, space = confirm.checks, confirm.ctx.space
+    confirm.ctx.runner = runner = InlineRunner()
+    checks.start()
+    store.update(base, quality_eval_ne=[0.800, 0.810], quality_eval_auc=[0.7] * 2)
+    p = checks.next_run([])
+    if rule == "sqrt":
+        assert p.tag.change.change == ("global_batch", 512)
+        return
+    scr = p.tag.change
+    assert scr.change == ("global_batch", 256), scr  # 2x, though the incumbent carries 4x
+    assert "nearer the baseline than the incumbent #2's" in confirm.ctx.view.console.export_text()
+    checks.screened(ScreenRun(scr, 0), TrialResult(extra={"eval_ne": 0.8080, "eval_auc": 0.7}))  # +1%
+    stored = {s["value"]: s for s in store.study.user_attrs[ATTR]}
+    assert stored[256]["ok"] is False and stored[256]["eval_ne"] == [0.8080]
+    assert stored[512]["ok"] is False and stored[512]["eval_ne"] == [], stored[512]  # no run of its own
+    assert "ruled out with global_batch=256" in stored[512]["reason"]
+    assert Observations.of(store.study, space).ruled_out == {("global_batch", 256), ("global_batch", 512)}
+    recs = store.records()
+    assert [recs[t.number].quality_screened_out for t in (big, big2, half)] == [
+        ["global_batch=512"], ["global_batch=512"], ["global_batch=256"]]
+    assert checks.next_run([]) is None and len(runner.submitted) == 1
+
+
+def test_a_nearer_batch_that_passes_leaves_the_larger_one_its_own_run(tmp_path: Path) -> None:
+    """The other way the nearer change can go: 2x within the tolerance says nothing of 4x, which is
+    screened next on its own run. (The decision alone, as above.)"""
+    from cubic.tune.work import ScreenRun
+    from cubic_harness.config import TrialResult
+    from tests.test_memory import InlineRunner
+    from tests.test_tune import confirm_over
+
+    confirm, store, (base, *_) = confirm_over(
+        tmp_path, NEARER, [({}, 100.0), ({"batch_size": 256}, 300.0),
+                           ({"batch_size": 256, "pipeline_depth": 1}, 310.0), ({"batch_size": 128}, 200.0)])
+    checks = confirm.checks
+    confirm.ctx.runner = InlineRunner()
+    checks.start()
+    store.update(base, quality_eval_ne=[0.800, 0.810], quality_eval_auc=[0.7] * 2)
+    scr = checks.next_run([]).tag.change
+    checks.screened(ScreenRun(scr, 0), TrialResult(extra={"eval_ne": 0.8004, "eval_auc": 0.7}))  # +0.05%
+    assert scr.ok is True
+    assert checks.next_run([]).tag.change.change == ("global_batch", 512)

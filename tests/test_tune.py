@@ -697,9 +697,10 @@ def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_
         tmp_path: Path) -> None:
     """`make tune`'s walk judged two stacks that differ only in comm_precision (bf16 vs fp32) under bf16 dense
     math, where the bf16 wire rounds nothing the dense side does not round anyway: six seeds each, equal to
-    every digit. A candidate whose first two quality runs equal a decided one's bit for bit (NE and AUC) now
-    takes that one's runs and verdict; one differing in the last bit, or after one seed, runs its own.
-    (The verdict logic alone: the records are set, nothing is trained.)"""
+    every digit. A candidate whose first quality run equals a decided one's bit for bit (NE and AUC) takes
+    that one's runs and verdict (`IDENTICAL_SEEDS`); one differing in the last bit runs its own seeds, and
+    none is taken for another's before it ran one. (The verdict logic alone: the records are set, nothing
+    is trained.)"""
     confirm, store, (base, judged, alike) = confirm_over(
         tmp_path, TWINS.replace("emb_lr: [0.1, 0.0001]", "emb_lr: [0.1, 0.0001, 0.00011]"),
         [({}, 100.0), ({"emb_lr": 0.0001}, 300.0), ({"emb_lr": 0.00011}, 200.0)])
@@ -708,13 +709,13 @@ def test_a_model_whose_runs_equal_a_rejected_ones_bit_for_bit_takes_its_verdict_
     store.update(base, quality_eval_ne=[0.800, 0.810, 0.805, 0.808], quality_eval_auc=[0.7] * 4)
     ne, auc = [0.8008, 0.819, 0.814, 0.817], [0.71, 0.69, 0.70, 0.68]
     store.update(judged, quality_eval_ne=ne, quality_eval_auc=auc, confirm_qps=[300.0])
-    store.update(alike, quality_eval_ne=ne[:1], quality_eval_auc=auc[:1], confirm_qps=[200.0])
+    store.update(alike, confirm_qps=[200.0])
     confirm.screened = [judged, alike]
     assert confirm.verdict(judged) is False
-    assert confirm.quality_seed(alike) == 1  # one equal seed is not enough
-    store.update(alike, quality_eval_ne=[ne[0], math.nextafter(ne[1], 1.0)], quality_eval_auc=auc[:2])
-    assert confirm.quality_seed(alike) == 2 and alike.quality_runs_of is None  # not bit for bit: its own seeds
-    store.update(alike, quality_eval_ne=ne[:2])
+    assert confirm.quality_seed(alike) == 0  # no run yet: nothing to compare
+    store.update(alike, quality_eval_ne=[math.nextafter(ne[0], 1.0)], quality_eval_auc=auc[:1])
+    assert confirm.quality_seed(alike) == 1 and alike.quality_runs_of is None  # not bit for bit: its own seeds
+    store.update(alike, quality_eval_ne=ne[:1])
     assert confirm.quality_seed(alike) is None
     assert alike.quality_eval_ne == ne and alike.quality_runs_of == judged.number
     assert confirm.verdict(alike) is False and not confirm.wants(alike)

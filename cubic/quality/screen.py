@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cubic.quality.rules import EARLY_REJECT, judge, paired_mean
-from cubic.space.numerics import blocking
+from cubic.space.numerics import MONOTONE, blocking, further_out
 from cubic.space.quality_runs import OFF, QualityRuns
 from cubic.space.search_space import SearchSpace
 
@@ -99,6 +99,38 @@ def one_knob_changes(space: SearchSpace) -> list[Screened]:
                 continue
             out.setdefault((name, value), Screened(name, value, space.params_of(space.tup(p)), [], []))
     return list(out.values())
+
+
+def monotone(space: SearchSpace) -> bool:
+    """Whether the screen may rule a change out by another on the same side of the baseline
+    (`numerics.MONOTONE`): only where every configuration trains at the baseline's learning rates."""
+    return space.lr_scaling == "none" and not set(LR_KNOBS) & set(space.knobs)
+
+
+def nearer_first(s: Screened, screen: list[Screened], space: SearchSpace) -> Screened:
+    """The change to screen in place of `s`: the nearest to the baseline, not yet run, of those `s` lies
+    further out than (`numerics.further_out`), else `s`. Why: ruled out, it rules `s` out with it
+    (`implied_out`), and the search, kept from `s`, would next carry it; passed, `s` still gets its run."""
+    if not monotone(space):
+        return s
+    nearer = [x for x in screen if x.ok is None and not x.eval_ne
+              and further_out(s.change, x.change, space.baseline)]
+    return max(nearer, key=lambda x: abs(x.value - s.value), default=s)
+
+
+def implied_out(screen: list[Screened], space: SearchSpace) -> list[Screened]:
+    """Rule out, without runs of their own, the changes not yet run that lie further out than one the
+    screen ruled out (`numerics.MONOTONE`); return them. A change with runs keeps their verdict."""
+    if not monotone(space):
+        return []
+    out = [x for x in screen if x.ok is False and x.eval_ne]
+    found = []
+    for x in screen:
+        by = next((o for o in out if further_out(x.change, o.change, space.baseline)), None)
+        if x.ok is None and not x.eval_ne and by is not None:
+            x.ok, x.reason = False, f"ruled out with {by.label}: {MONOTONE[x.name].why}"
+            found.append(x)
+    return found
 
 
 def decide(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> tuple[bool | None, str]:

@@ -39,7 +39,14 @@ from cubic.quality.rules import (
     within,
 )
 from cubic.quality.screen import ATTR as SCREEN_ATTR
-from cubic.quality.screen import Screened, decide, failing_changes, single_changes
+from cubic.quality.screen import (
+    Screened,
+    decide,
+    failing_changes,
+    implied_out,
+    nearer_first,
+    single_changes,
+)
 from cubic.quality.screen import load as load_screen
 from cubic.space.numerics import covered_where
 from cubic.space.quality_runs import ON_DEMAND
@@ -139,14 +146,17 @@ class QualityChecks:
         on_demand = qr.screen == ON_DEMAND
         if on_demand and top is None:
             return None
-        scr = self.due_screen(settled_changes(space, lead) if on_demand else None)
+        settled = settled_changes(space, lead) if on_demand else None
+        scr = self.due_screen(settled)
         if scr is not None:  # each numerics change alone: before the search, or the incumbent's on demand
             n = len(scr.eval_ne)
             p = self.ctx.runner.submit(self.quality_config(scr.params, n), tag=ScreenRun(scr, n))
+            why = (f"({sum(x.ok is not None for x in self.screen) + 1} of {len(self.screen)} changes)"
+                   if not on_demand or top is None else f"(a change of the incumbent #{top.number})"
+                   if scr.change in (settled or ()) else
+                   f"(nearer the baseline than the incumbent #{top.number}'s, which it may rule out)")
             view.note(f"quality screen: {scr.label} alone, seed {n + 1}/{qr.seeds}, {qr.samples:,} samples "
-                      + (f"(a change of the incumbent #{top.number})" if on_demand and top is not None else
-                         f"({sum(x.ok is not None for x in self.screen) + 1} of {len(self.screen)} changes)")
-                      + reused(p))
+                      + why + reused(p))
             return p
         if on_demand and not self.settled(top, done):
             return None  # no held-out run for an incumbent the next trials may still beat
@@ -164,12 +174,16 @@ class QualityChecks:
         or passed on fewer than `seeds` (for now, `screen.decide`). Why the second seed: the search
         commits to a settled change, and one seed of a change near the tolerance says little of the
         next (seed-to-seed spread is of the tolerance's size); taken on one seed, it sends the
-        confirm's quality runs to stacks built on it that may end "not resolved"."""
+        confirm's quality runs to stacks built on it that may end "not resolved". A change further from
+        the baseline than one not yet run, where its cost only grows that way, gives way to that one
+        (`screen.nearer_first`): ruled out, it rules the other out with it (`screen.implied_out`)."""
         if settled is None:
-            return next((x for x in self.screen if x.ok is None), None)
-        seeds = self.ctx.policy.quality_runs.seeds
-        return next((x for x in self.screen if x.change in settled
-                     and (x.ok is None or x.ok and len(x.eval_ne) < seeds)), None)
+            due = next((x for x in self.screen if x.ok is None), None)
+        else:
+            seeds = self.ctx.policy.quality_runs.seeds
+            due = next((x for x in self.screen if x.change in settled
+                        and (x.ok is None or x.ok and len(x.eval_ne) < seeds)), None)
+        return None if due is None else nearer_first(due, self.screen, self.ctx.space)
 
     @staticmethod
     def settled(t: TrialRecord, done: list[TrialRecord]) -> bool:
@@ -254,6 +268,7 @@ class QualityChecks:
                       done: list[TrialRecord], how: str = "") -> None:
         """Store the screen (the samplers read it from the study); where a change was just decided, say so
         and give its verdict to every finished trial that uses it."""
+        implied = implied_out(self.screen, self.ctx.space) if decided is not None and not decided.ok else []
         self.ctx.store.study.set_user_attr(SCREEN_ATTR, json_safe([x.to_dict() for x in self.screen]))
         if decided is None:
             return
@@ -262,6 +277,8 @@ class QualityChecks:
                            f"{how}: {decided.reason}"
                            + ("" if decided.ok else "; configurations with it are out of the search"
                               + (f" but those {where} (their own quality runs judge them)" if where else "")))
+        for x in implied:
+            self.ctx.view.note(f"quality screen: {x.label} fails without a run: {x.reason}")
         for t in done:
             self.screen_verdict(t, base)
 
