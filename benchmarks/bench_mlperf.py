@@ -223,9 +223,10 @@ def other_gpus(base: Cluster, meas: dict, results: dict) -> list[dict]:
 
 # Every other system in the logs, predicted from its GPU's preset (clusters/*.yaml, each figure's source there) with
 # the round's one fit on NVIDIA's 8-H100 point (v5.0 has none: v4.1's), nothing refitted. A fabric known to be
-# Ethernet takes the RoCE preset's network. (accelerator substring, preset); the first match wins, so a more specific
-# key comes first ("L40S" before "L40", "GB200" before "B200"). The PCIe cards' presets (A40, L40, L40S, H100 PCIe,
-# H200 NVL) are one server each, resized to the system's GPUs like the others.
+# Ethernet takes the RoCE preset's network. (accelerator substring, preset), matched against the device the logs name
+# where one matches, else the system's accelerator (`ran_on`), hyphens as spaces; the first match wins, so a more
+# specific key comes first ("L40S" before "L40", "GB200" before "B200"). The PCIe cards' presets (A40, L40, L40S,
+# H100 PCIe, H200 NVL) are one server each, resized to the system's GPUs like the others.
 PRESETS = (("H100-SXM5", "h100-8"), ("H100-PCIe", "h100-pcie-8"), ("H200-SXM5", "h200-8"), ("H200-NVL", "h200-nvl-4"),
            ("A100-SXM", "a100-80-8"), ("GB200", "gb200-nvl72"), ("B200", "b200-8"), ("L40S", "l40s-8"),
            ("L40", "l40-8"), ("A40", "a40-8"))
@@ -245,21 +246,57 @@ EVAL_SAMPLES = 89_137_319
 EVAL_SPEEDUP = 3.0
 
 
+def preset_of(name: str) -> str | None:
+    """The preset of an accelerator or CUDA device name (`PRESETS`), None where none matches."""
+    def norm(x: str) -> str:
+        return x.upper().replace("-", " ")
+
+    return next((pr for key, pr in PRESETS if norm(key) in norm(name)), None)
+
+
+def ran_on(s: dict) -> str:
+    """What a system ran on: the device its logs name (HugeCTR prints each GPU's CUDA name) where a
+    preset matches it, else its description's accelerator. Why: v3.1's "8x L40S" logs name every
+    device "NVIDIA L40" in all 10 runs."""
+    return next((d for d in s.get("logged", {}).get("devices", []) if preset_of(d)), s["accelerator"])
+
+
+def software_rounds() -> dict[str, str]:
+    """HugeCTR version -> the round most of whose systems logged it (23.4 -> v3.0, 23.8 -> v3.1, ...)."""
+    seen: dict[str, list[str]] = {}
+    for rnd, data in logs().items():
+        for s in data["systems"].values():
+            if v := s.get("logged", {}).get("hugectr"):
+                seen.setdefault(v, []).append(rnd)
+    return {v: statistics.mode(rs) for v, rs in seen.items()}
+
+
+def fit_round(rnd: str, s: dict, results: dict) -> str:
+    """The round whose H100 fit prices a system: the round of the HugeCTR its logs name, where that
+    round has a fit, else its own (v5.0, which has none: v4.1's). Why: a round's one fit holds its
+    software and its planner's placement; v3.1's L40 server ran v3.0's HugeCTR 23.4 with every
+    table model-parallel, as v3.0 did, not v3.1's data-parallel small tables."""
+    by_software = software_rounds().get(s.get("logged", {}).get("hugectr", ""))
+    if by_software in results:
+        return by_software
+    return rnd if rnd in results else ROUNDS[-1]
+
+
 def all_systems(meas: dict, results: dict) -> list[dict]:
     """One row per system in the logs that is not a fitted or validated NVIDIA H100 point: measured,
     predicted, error; or why there is no prediction (a CPU-only submission, or a GPU without a preset)."""
     fitted = {name for rnd in meas.values() for name in rnd["systems"].values()}
     rows = []
     for rnd, data in logs().items():
-        fit_rnd = rnd if rnd in results else ROUNDS[-1]
-        k = results[fit_rnd]["column_wise"]["fit"]
         for name, s in sorted(data["systems"].items()):
             if name in fitted:
                 continue
+            fit_rnd = fit_round(rnd, s, results)
+            k = results[fit_rnd]["column_wise"]["fit"]
             row = {"round": rnd, "system": name, "org": s["org"], "accelerator": s["accelerator"], "gpus": s["gpus"],
-                   "nodes": s["nodes"], "meas": s["rate"],
+                   "nodes": s["nodes"], "meas": s["rate"], "ran_on": ran_on(s),
                    "meas_peak": s.get("rate_peak", s["rate"]), "fit_round": fit_rnd}
-            preset = next((pr for key, pr in PRESETS if key in s["accelerator"]), None)
+            preset = preset_of(row["ran_on"])
             if not s["gpus"]:
                 row["why_not"] = "a CPU-only submission (no accelerator): the presets are GPUs"
                 rows.append(row)

@@ -11,6 +11,8 @@ Time to train, as MLPerf scores it: run_start -> run_stop of each run (median ov
 converged runs), with the samples trained by then (run_stop's epoch_num x `train_samples`) and the
 evaluations' own seconds inside it (eval_start -> eval_stop, summed). `rate_peak` is the fastest
 span of any run: a system whose runs slow down after their first minutes shows it above `rate`.
+`logged`: what HugeCTR printed of every run, where the runs agree (`logged`): the devices by their CUDA
+name, which is what ran where it differs from the system description's accelerator.
 
     git clone --bare https://github.com/mlcommons/training_results_v4.0 training_results_v4.0   # each round
     .venv/bin/python benchmarks/mlperf_logs.py training_results_v3.0 training_results_v3.1 ...
@@ -30,6 +32,36 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "data" / "mlperf_dlrm_dcnv2.json"
 RESULT = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/dlrm_dcnv2/result_\d+\.txt$")
+# What HugeCTR prints of the run itself, beside the MLLOG stream: the CUDA name of each device it ran on (which
+# may differ from the system description's accelerator), the NUMA node of each GPU, its version, and its
+# planner's embedding placement (model-parallel and data-parallel tables).
+DEVICE = re.compile(r"\]: Device (\d+): (.+?)\s*$")
+NUMA = re.compile(r"^(?:\[HCTR\].*\]:)?\s+GPU (\d+) ->\s+node (\d+)")
+HUGECTR = re.compile(r"^HugeCTR Version: (\S+)")
+PLACEMENT = re.compile(r"^\[\('mp', \[([\d, ]*)\]\), \('dp', \[([\d, ]*)\]\)\]")
+
+
+def logged(text: str) -> dict:
+    """What one run's log says it ran on, where HugeCTR printed it: `devices` (the CUDA names, distinct),
+    `numa` (each GPU's NUMA node, by GPU), `hugectr` (its version), `dp_tables` (tables its planner kept
+    data-parallel). Keys it did not print are absent."""
+    devices: dict[int, str] = {}
+    numa: dict[int, int] = {}
+    out: dict = {}
+    for line in text.splitlines():
+        if m := DEVICE.search(line):
+            devices.setdefault(int(m[1]), m[2])
+        elif m := NUMA.search(line):
+            numa.setdefault(int(m[1]), int(m[2]))
+        elif m := HUGECTR.match(line):
+            out.setdefault("hugectr", m[1])
+        elif m := PLACEMENT.match(line):
+            out.setdefault("dp_tables", len([x for x in m[2].split(",") if x.strip()]))
+    if devices:
+        out["devices"] = sorted(set(devices.values()))
+    if numa:
+        out["numa"] = [numa[g] for g in sorted(numa)]
+    return out
 
 
 def parse_log(text: str) -> dict:
@@ -104,7 +136,8 @@ def read_round(repo: Path) -> dict:
         m = RESULT.match(f)
         if m:
             try:
-                run = parse_log(_git(repo, "show", f"HEAD:{f}"))
+                text = _git(repo, "show", f"HEAD:{f}")
+                run = parse_log(text) | {"logged": logged(text)}
             except (ValueError, subprocess.CalledProcessError):
                 continue  # an incomplete log, or one the snapshot lists but does not hold
             runs.setdefault((m["org"], m["system"]), []).append(run)
@@ -121,8 +154,17 @@ def read_round(repo: Path) -> dict:
                        "runs": len(rs), "rate": statistics.median(rates), "rate_min": min(rates),
                        "rate_max": max(rates), "rate_peak": max(r["rate_peak"] for r in rs),
                        "tracked": statistics.median(r["tracked"] or 0.0 for r in rs),
-                       **time_to_train([r for r in rs if r.get("converged")])}
+                       **time_to_train([r for r in rs if r.get("converged")]),
+                       **({"logged": seen} if (seen := as_logged(rs)) else {})}
     return out
+
+
+def as_logged(runs: list[dict]) -> dict:
+    """A system's `logged` facts: each one its runs agree on (a fact they disagree on is left out)."""
+    keys = {k for r in runs for k in r["logged"]}
+    return {k: vals[0] for k in sorted(keys)
+            if len(vals := [r["logged"][k] for r in runs if k in r["logged"]]) == len(runs)
+            and all(v == vals[0] for v in vals)}
 
 
 def _fail(msg: str) -> None:

@@ -64,6 +64,41 @@ def test_a_log_gives_its_time_to_train_and_its_fastest_span() -> None:
     assert logs.time_to_train([]) == {}
 
 
+def test_a_log_says_what_the_run_ran_on_and_the_runs_must_agree() -> None:
+    """HugeCTR prints each GPU's CUDA name, its NUMA node, its version and its planner's placement
+    beside the MLLOG stream (lines as v3.1's xFusion logs have them); a system keeps a fact only
+    where every run logged the same."""
+    logs = _bench("mlperf_logs")
+    text = "\n".join([
+        "[('mp', [0, 1, 2, 4]), ('dp', [3, 5, 6])]", "HugeCTR Version: 23.8",
+        "[HCTR][09:49:27.522][INFO][RK0][main]:   GPU 1 ->  node 1",
+        "[HCTR][09:49:27.522][INFO][RK0][main]:   GPU 0 ->  node 0",
+        "[HCTR][09:49:30.965][INFO][RK0][main]: Device 0: NVIDIA L40",
+        "[HCTR][09:49:30.966][INFO][RK0][main]: Device 1: NVIDIA L40"])
+    seen = logs.logged(text)
+    assert seen == {"devices": ["NVIDIA L40"], "numa": [0, 1], "hugectr": "23.8", "dp_tables": 3}
+    assert logs.logged(":::MLLOG {}") == {}
+    other = {**seen, "numa": [1, 0]}
+    assert logs.as_logged([{"logged": seen}, {"logged": other}]) == {
+        "devices": ["NVIDIA L40"], "dp_tables": 3, "hugectr": "23.8"}
+    assert logs.as_logged([{"logged": seen}, {"logged": {}}]) == {}
+
+
+def test_a_system_is_priced_as_its_logs_say_it_ran() -> None:
+    """v3.1's xFusion "8x L40S" logs name every device "NVIDIA L40" in all 10 runs: it is priced
+    with the L40's preset (+28% with the L40S's, now +15%). v3.1's L40 server ran v3.0's HugeCTR
+    23.4 with every table model-parallel: it takes v3.0's fit (+27% with v3.1's, now +22%)."""
+    b, _, _, rows = _run()
+    by = {(r["round"], r["system"]): r for r in rows}
+    l40s, l40 = by[("v3.1", "G5500V7x8xL40S")], by[("v3.1", "G5500V7x8L40")]
+    assert l40s["accelerator"] == "NVIDIA L40S" and l40s["ran_on"] == "NVIDIA L40"
+    assert l40s["preset"] == "l40-8" and l40s["fit_round"] == "v3.1"
+    assert l40["fit_round"] == "v3.0" and b.software_rounds()["23.4"] == "v3.0"
+    assert 0 < l40s["err"] < 0.20 and 0 < l40["err"] < 0.25, (l40s["err"], l40["err"])
+    sxm = by[("v3.1", "XE9680x8H100-SXM-80GB")]  # "NVIDIA H100 80GB HBM3": no preset by that name
+    assert sxm["ran_on"] == sxm["accelerator"] and sxm["preset"] == "h100-8"
+
+
 def test_every_sxm_gpu_type_is_within_10_percent_at_its_8_gpu_point() -> None:
     """With no refit: B200 (5 systems) and GB200 (8 GPUs in the NVL72) within 10%, NVIDIA's H200
     and the H200 SXM entries' median within 10%, the 4-GPU H200 NVL within 10%. The PCIe cards are
