@@ -449,7 +449,8 @@ def test_a_larger_batch_gives_way_to_a_nearer_one_whose_failure_rules_both_out(
     stored = {s["value"]: s for s in store.study.user_attrs[ATTR]}
     assert stored[256]["ok"] is False and stored[256]["eval_ne"] == [0.8080]
     assert stored[512]["ok"] is False and stored[512]["eval_ne"] == [], stored[512]  # no run of its own
-    assert "ruled out with global_batch=256" in stored[512]["reason"]
+    assert stored[512]["reason"].startswith("as global_batch=256 is, without a run of its own")
+    assert "global_batch=512 ruled out as global_batch=256 is" in confirm.ctx.view.console.export_text()
     assert Observations.of(store.study, space).ruled_out == {("global_batch", 256), ("global_batch", 512)}
     recs = store.records()
     assert [recs[t.number].quality_screened_out for t in (big, big2, half)] == [

@@ -128,7 +128,7 @@ def implied_out(screen: list[Screened], space: SearchSpace) -> list[Screened]:
     for x in screen:
         by = next((o for o in out if further_out(x.change, o.change, space.baseline)), None)
         if x.ok is None and not x.eval_ne and by is not None:
-            x.ok, x.reason = False, f"ruled out with {by.label}: {MONOTONE[x.name].why}"
+            x.ok, x.reason = False, f"as {by.label} is, without a run of its own ({MONOTONE[x.name].why})"
             found.append(x)
     return found
 

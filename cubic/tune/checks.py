@@ -278,7 +278,7 @@ class QualityChecks:
                            + ("" if decided.ok else "; configurations with it are out of the search"
                               + (f" but those {where} (their own quality runs judge them)" if where else "")))
         for x in implied:
-            self.ctx.view.note(f"quality screen: {x.label} fails without a run: {x.reason}")
+            self.ctx.view.note(f"quality screen: {x.label} ruled out {x.reason}")
         for t in done:
             self.screen_verdict(t, base)
 
