@@ -42,7 +42,7 @@ def test_the_default_space_screens_each_numerics_change_once() -> None:
     optimizer state are one change, column-wise another; layout knobs such as kernel or pipelining none)."""
     space = default_space()
     labels = [s.label for s in single_changes(space)]
-    assert labels == ["sharding=column_wise", "replicas=2", "emb_optimizer=sgd", "global_batch=1024",
+    assert labels == ["sharding=column_wise", "emb_optimizer=sgd", "global_batch=1024",
                       "global_batch=4096", "global_batch=8192", "emb_precision=fp16", "dense_precision=bf16",
                       "comm_precision=bf16", "comm_precision=fp16"]
     for s in single_changes(space):

@@ -177,6 +177,9 @@ def test_the_numerics_rule_is_one_table_of_aspects() -> None:
     assert numerics.changes(col, base, knobs, knobs) == {("sharding", "column_wise")}
     sgd = base.replace(emb_optimizer="sgd")
     assert numerics.key(sgd.replace(sharding="column_wise"), knobs) == numerics.key(sgd, knobs)
+    # replicas that apply one update with the union of their bags take the full model-parallel step
+    assert numerics.key(base.replace(sharding_group_size=2), knobs) == numerics.key(base, knobs)
+    assert numerics.changed_knobs(base.replace(sharding_group_size=2), base, knobs) == []
     # the world size moves the replicas under a fixed group size: the group-size knob is where it shows
     two_d = base.replace(sharding_group_size=2, sparse_sync="weight_avg")
     wider = two_d.replace(world_size=8, batch_size=32)

@@ -6,7 +6,10 @@ quality gate. Each knob maps to the aspect it changes:
 
 - most knobs are their own aspect (a precision, an optimizer, a learning rate, the 2D sync rule);
 - `batch_size` and `world_size` act only through the global batch they make (2 x 64 trains as 1 x 128);
-- `sharding_group_size` acts through the number of replicas it makes (world / group) in 2D;
+- `sharding_group_size` acts through the number of replicas it makes (world / group) in 2D, where the
+  replicas train apart and merge (`weight_avg`); replicas that apply one update with the union of their
+  bags (`grad_allreduce`, harness/sharding/collection.py) take exactly the full model-parallel step, one
+  model (the screen measured replicas=2 so at +0.000% on both seeds, bit for bit);
 - `sharding` acts only through column-wise shards keeping their own row-wise AdaGrad state (as in
   FBGEMM and TorchRec); every other sharding type, and any sharding under SGD, trains the same model.
 
@@ -46,7 +49,7 @@ NUMERICS: dict[str, Aspect] = {
     "sharding": Aspect("sharding", lambda c: "column_wise" if c.sharding == "column_wise"
                        and c.emb_optimizer != "sgd" else "not column_wise"),
     **{k: _own(k) for k in ("sparse_sync", "sparse_sync_interval")},
-    "sharding_group_size": Aspect("replicas", attrgetter("replicas")),
+    "sharding_group_size": Aspect("replicas", lambda c: 1 if c.sparse_sync == "grad_allreduce" else c.replicas),
 }
 
 #: Knobs that change where and when the same math runs, not what is trained, unless their aspect says
