@@ -261,6 +261,7 @@ def ran_on(s: dict) -> str:
     return next((d for d in s.get("logged", {}).get("devices", []) if preset_of(d)), s["accelerator"])
 
 
+@functools.cache
 def software_rounds() -> dict[str, str]:
     """HugeCTR version -> the round most of whose systems logged it (23.4 -> v3.0, 23.8 -> v3.1, ...)."""
     seen: dict[str, list[str]] = {}
