@@ -1170,6 +1170,34 @@ def test_a_layout_that_passed_but_cannot_beat_the_would_be_winner_is_not_re_meas
     assert twin.quality_ok and w is not None and w.trial == passed.number
 
 
+def test_layouts_walked_before_their_model_passed_leave_the_walk_unpaired_where_they_cannot_win(
+        tmp_path: Path) -> None:
+    """While a model's verdict is out the walk screens its slower layouts (they add no open model). A
+    `make tune` then gave 14 of them a first pair each after the model passed, every one within the
+    winner's range by its search run alone. Such a layout, holding only its twin's runs, now leaves the
+    walk without a pair, as the rest of the ranking does; one whose search run is above that range, or
+    that holds quality runs of its own, stays. (The verdict logic alone: nothing is trained.)"""
+    stack = {"emb_lr": 0.0001}
+    confirm, store, (base, passed, fast, slow, own) = confirm_over(
+        tmp_path, RACE, [({}, 100.0), (stack, 280.0), ({**stack, "pipeline_depth": 1}, 270.0),
+                         ({"emb_lr": 0.00011}, 250.0), ({"emb_lr": 0.00012}, 240.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:3], quality_eval_auc=[0.7] * 3)
+    ok = [0.0001, -0.0001, 0.0]
+    _set(store, passed, [2.5, 2.6, 2.4], ok)
+    for t in (fast, slow):  # layouts that hold the model's runs from the one that passed
+        store.update(t, **passed.heldout(verdict=False))
+    _set(store, own, [], ok)  # its own runs: a twin may read them
+    confirm.screened = [passed, fast, slow, own]
+    assert confirm.would_win() is passed
+    confirm.leave_unreachable()
+    assert confirm.screened == [passed, fast, own]  # 2.7x by its search run stays; 2.5x goes
+    assert confirm.wants(fast) and not slow.confirm_qps
+    text = confirm.ctx.view.console.export_text()
+    assert (f"confirm: #{slow.number} ran at most 250 qps in the search, within the pairs re-measured "
+            f"for #{passed.number}, which passed: not re-measured") in text
+    assert slow.quality_ok is None and passed.number in {r.number for r in confirm.judge_all()}
+
+
 def test_a_candidate_spared_stays_spared_when_the_baselines_median_drifts(tmp_path: Path) -> None:
     """A `make tune` spared seven candidates on their first pair and search run, said so, then re-measured each
     twice more: the baseline's median drifted down with the machine, and the search runs' bound rose over the

@@ -17,8 +17,9 @@ skew the very numbers that pick the winner):
    SCREEN_FACTOR x k candidates needed runs of their own, and its search run, over the baseline's
    re-measured median, is above the pairs of the would-be winner (of those that passed, the fastest
    median; `Candidates.beyond_reach`): the ranking is by search run, a measurement picked for being
-   high, so no later candidate can beat that one. One that trains a model already rejected
-   inherits the verdict.
+   high, so no later candidate can beat that one. A candidate screened while a verdict was out,
+   not yet run, leaves the walk the same way once that verdict makes it unable to win
+   (`leave_unreachable`). One that trains a model already rejected inherits the verdict.
 3. Every re-measurement of a candidate runs right after one of the baseline, and its speed-up is the
    median of those pairs' ratios (`TrialRecord.confirm_speedup`). Why: this machine drifts by 1.5x
    over minutes, and a baseline re-measured three times back to back caught one fast spell that
@@ -81,12 +82,12 @@ from cubic.space.numerics import covered_where
 from cubic.study.record import BACKOFF, TrialRecord
 from cubic.tune import backoff
 from cubic.tune.backoff import CRASHED, FAILED, PASSED, SLOW, BackoffPlan, Variant
-from cubic.tune.candidates import IDENTICAL_SEEDS, Candidates, Phase, median_finite
+from cubic.tune.candidates import Candidates, Phase, median_finite
 from cubic.tune.checks import QualityChecks, reused
 from cubic.tune.context import Tuning
 from cubic.tune.work import BackoffRun, GateRun, RemeasureRun
 
-__all__ = ["IDENTICAL_SEEDS", "SCREEN_FACTOR", "Candidates", "Confirm", "Phase", "median_finite"]
+__all__ = ["SCREEN_FACTOR", "Candidates", "Confirm", "Phase", "median_finite"]
 
 SCREEN_FACTOR = 3  # confirm screens at most this many x confirm_top_k configurations
 SHOWN = 5  # back-off variants the log names (a source with 7 changes has 127)
@@ -140,6 +141,7 @@ class Confirm(Candidates):
                 self.walked += 1
                 self.screened.append(t)
                 continue
+            self.leave_unreachable()
             for t in self.screened:  # the same model was rejected: its verdict, without a run
                 self.inherit_rejection(t)
                 self.adopt_twin(t)
@@ -196,6 +198,30 @@ class Confirm(Candidates):
                 f"re-measured for #{lead.number}, which passed: not screened")
             self.walked = len(self.cands)
         return lead is not None
+
+    def leave_unreachable(self) -> None:
+        """Take out of the walk each candidate screened but not yet run whose search run is within
+        the would-be winner's reach (`beyond_reach`), as `reached_end` leaves the rest of the
+        ranking. Why: while a model's verdict is out the walk screens its layouts (they add no
+        open model), and once it passes, each slower layout's first pair only told that it cannot
+        win: 14 pairs, a tenth of a `make tune`, after the winner passed. One holding quality runs
+        of its own, or with a run in flight, stays: its twins read their verdict from it."""
+        lead = self.would_win()
+        if lead is None:
+            return
+        gone = [t for t in self.screened if t is not self.base and t is not lead
+                and not self.runs(t) and not self.inflight.get(t.number)
+                and t.number not in self.beside and not self.qinflight.get(t.number)
+                and not (self.qdone(t) and t.quality_runs_of in (None, t.number))
+                and self.beyond_reach(t) is not None]
+        if not gone:
+            return
+        self.screened = [t for t in self.screened if t not in gone]
+        names = ", ".join(f"#{t.number}" for t in gone)
+        self.ctx.view.note(
+            f"confirm: {names} ran at most {max(t.value or 0.0 for t in gone):,.0f} qps in the "
+            f"search, within the pairs re-measured for #{lead.number}, which passed: not "
+            "re-measured")
 
     def collect(self, pending: list[Pending], order: list[TrialRecord], eta: bool = True) -> bool:
         """Record the runs that finished (up to half a second's wait), then the ETA over `order` (where any did,
