@@ -322,6 +322,30 @@ def test_an_on_demand_screen_runs_once_every_recent_incumbent_carries_a_change(t
     assert checks.next_run([]) is None  # bf16 dense: only #3 carries it; #3's own check waits too
 
 
+def test_a_change_every_incumbent_carries_beside_its_cover_is_not_settled_until_one_carries_it_alone(
+        tmp_path: Path) -> None:
+    """Two `make tune`s screened bf16 communication alone (two runs each, ruled out) while every
+    incumbent carried it beside bf16 dense math, where a verdict on it alone rules nothing out
+    (`numerics.COVERS`), and crowned that stack. A change each recent incumbent makes beside a cover is
+    not settled, so the screen spends nothing on it; once one incumbent carries it with fp32 dense
+    math, it is. (The decision alone: nothing is trained.)"""
+    from cubic.tune.checks import leaders, settled_changes
+    from tests.test_tune import confirm_over
+
+    text = _on_demand_twins().replace("  dense_precision: [fp32, bf16]",
+                                      "  dense_precision: [fp32, bf16]\n  comm_precision: [fp32, bf16]")
+    both = {"dense_precision": "bf16", "comm_precision": "bf16"}
+    confirm, store, (base, *_) = confirm_over(
+        tmp_path, text, [({}, 100.0), (both, 200.0), ({**both, "pipeline_depth": 1}, 210.0),
+                         (both | {"emb_lr": 0.0001}, 220.0), ({"comm_precision": "bf16"}, 230.0)])
+    space = confirm.ctx.space
+    done = store.records(TrialState.COMPLETE)
+    lead = leaders(done, done[0])
+    assert settled_changes(space, lead[:-1]) == {("dense_precision", "bf16")}
+    # the newest incumbent carries it with fp32 dense math: a verdict alone would rule that one out
+    assert settled_changes(space, lead) == {("comm_precision", "bf16")}
+
+
 def test_a_change_the_leaders_settle_on_gets_its_second_screen_seed_before_it_passes_for_good(
         tmp_path: Path) -> None:
     """`make tune` passed fp16 tables on one screen seed (-0.08%) while every incumbent carried them; the
@@ -362,6 +386,45 @@ def test_a_change_the_leaders_settle_on_gets_its_second_screen_seed_before_it_pa
     for x in checks.screen:
         x.ok = True if x.ok is None else x.ok
     assert checks.due_screen({scr.change}) is scr and checks.due_screen(None) is None
+
+
+def test_an_incumbent_whose_first_check_equals_a_screened_change_bit_for_bit_takes_its_other_runs(
+        tmp_path: Path) -> None:
+    """`make tune`: the screen ran bf16 dense alone on two seeds, then the incumbent, bf16 dense with
+    bf16 communication, had two checks of its own, each equal to the screen's run of that seed to every
+    digit (bf16 dense math reads the bf16 wire: `numerics.COVERS`). After its first check equals the
+    screen's first run bit for bit (eval NE and AUC), the incumbent takes the screen's second and its
+    verdict with it; a first check one bit off runs its own second seed. (Nothing is trained.)"""
+    from cubic.tune.work import CheckRun, ScreenRun
+    from cubic_harness.config import TrialResult
+    from tests.test_tune import confirm_over
+
+    text = _on_demand_twins().replace("  dense_precision: [fp32, bf16]",
+                                      "  dense_precision: [fp32, bf16]\n  comm_precision: [fp32, bf16]")
+    both = {"dense_precision": "bf16", "comm_precision": "bf16"}
+    confirm, store, (base, same, other) = confirm_over(
+        tmp_path, text, [({}, 100.0), (both, 300.0), ({**both, "pipeline_depth": 1, "emb_lr": 0.0001},
+                                                      250.0)])
+    checks = confirm.checks
+    checks.start()
+    store.update(base, quality_eval_ne=[0.800, 0.810], quality_eval_auc=[0.7] * 2)
+    scr = next(x for x in checks.screen if x.change == ("dense_precision", "bf16"))
+
+    def run(ne: float, auc: float = 0.71) -> TrialResult:
+        return TrialResult(extra={"eval_ne": ne, "eval_auc": auc})
+
+    checks.screened(ScreenRun(scr, 0), run(0.8008))
+    checks.screened(ScreenRun(scr, 1), run(0.8090))
+    assert scr.ok is True and scr.eval_ne == [0.8008, 0.8090]
+    checks.checked(CheckRun(store.records()[same.number], 0), run(0.8008))
+    rec = store.records()[same.number]
+    assert rec.quality_eval_ne == [0.8008, 0.8090] and rec.quality_eval_auc == [0.71, 0.71]
+    assert rec.quality_heldout_ok is True and rec.quality_screen_runs == "dense_precision=bf16"
+    assert (f"quality: #{same.number}'s first 1 quality run(s) equal dense_precision=bf16 alone's bit "
+            "for bit: the same model here, so its other 1 apply") in confirm.ctx.view.console.export_text()
+    checks.checked(CheckRun(store.records()[other.number], 0), run(0.8008, auc=0.7100001))
+    rec = store.records()[other.number]
+    assert rec.quality_eval_ne == [0.8008] and rec.quality_heldout_ok is None  # its own second seed
 
 
 def test_a_change_ruled_out_alone_stays_searchable_beside_a_change_that_may_cover_it() -> None:

@@ -86,6 +86,23 @@ def within(ne: float, base_ne: float, tolerance: float) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- quality runs
+#: Quality runs equal bit for bit before a model is taken for another's. One: a run equal to the last
+#: bit in eval NE and AUC took every one of its ~500 steps the same way, so the knob that differs
+#: rounded nothing there; whether it rounds is decided by the math that reads its values (bf16
+#: communication into bf16 dense math), not by the seed's data. A second would cost each such pair
+#: one more quality run.
+IDENTICAL_SEEDS = 1
+
+
+def same_runs(ne: Sequence[float | None], auc: Sequence[float | None],
+              other_ne: Sequence[float | None], other_auc: Sequence[float | None]) -> bool:
+    """Whether runs (eval NE and AUC by seed), at least `IDENTICAL_SEEDS` of them and none failed,
+    equal the other's first ones bit for bit: from then on one model."""
+    n = len(ne)
+    return (n >= IDENTICAL_SEEDS and None not in [*ne, *auc]
+            and list(other_ne[:n]) == list(ne) and list(other_auc[:n]) == list(auc))
+
+
 EARLY_REJECT = 3.0  # x the tolerance: a candidate this far behind after its first seeds skips the rest
 
 

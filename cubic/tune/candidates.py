@@ -21,6 +21,7 @@ from cubic.quality.rules import (
     matched_ne,
     noise_floor,
     pass_chance,
+    same_runs,
     within,
 )
 from cubic.space.quality_runs import QualityRuns
@@ -28,12 +29,6 @@ from cubic.study.record import TrialRecord
 from cubic.tune.checks import QualityChecks, early_reject, paired_diff
 from cubic.tune.context import Tuning
 from cubic_harness.config import TrialResult
-
-# quality runs equal bit for bit before a model is taken for another's. One: a run equal to the last bit
-# in eval NE and AUC took every one of its ~500 steps the same way, so the knob that differs rounded
-# nothing there; whether it rounds is decided by the math that reads its values (bf16 communication
-# into bf16 dense math), not by the seed's data. A second seed cost a `make tune` one more quality run.
-IDENTICAL_SEEDS = 1
 
 
 class Phase(StrEnum):
@@ -379,14 +374,13 @@ class Candidates:
                     None)
         if twin is not None and t.quality_eval_ne == twin.quality_eval_ne[:n]:
             return twin, f" trains what #{twin.number} trains"
-        if (n < IDENTICAL_SEEDS or t.quality_runs_of is not None
-                or None in t.quality_eval_ne + t.quality_eval_auc):
+        if n != len(t.quality_eval_ne) or t.quality_runs_of is not None:
             return None
         alike = next((o for o in self.screened if o is not t and o is not self.base
                       and self.key(o) != key and self.qdone(o) >= n
                       and not self.qinflight.get(o.number)
-                      and o.quality_eval_ne[:n] == t.quality_eval_ne
-                      and o.quality_eval_auc[:n] == t.quality_eval_auc), None)
+                      and same_runs(t.quality_eval_ne, t.quality_eval_auc, o.quality_eval_ne,
+                                    o.quality_eval_auc)), None)
         if alike is None:
             return None
         self.alike[key] = self.key(alike)

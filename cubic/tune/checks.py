@@ -35,6 +35,7 @@ from cubic.quality.rules import (
     judge,
     matched_ne,
     paired_mean,
+    same_runs,
     sequential,
     within,
 )
@@ -48,7 +49,7 @@ from cubic.quality.screen import (
     single_changes,
 )
 from cubic.quality.screen import load as load_screen
-from cubic.space.numerics import covered_where
+from cubic.space.numerics import blocking, covered_where
 from cubic.space.quality_runs import ON_DEMAND
 from cubic.study.record import TrialRecord
 from cubic.tune.context import Tuning
@@ -211,6 +212,7 @@ class QualityChecks:
         self.record_run(t, res, work.seed)
         if t.config_key == self.ctx.base_key:
             return
+        self.pool_with_screen(t)
         done = store.records(TrialState.COMPLETE)
         ok, _ = self.heldout(t, self.ctx.baseline_of(done))
         if ok is None:
@@ -226,6 +228,27 @@ class QualityChecks:
                            + (f" (and {len(same)} trial(s) that train the same model)" if same else "")
                            + ("" if ok else ": the searcher now avoids it"))
         self.extend_screen(t, done)
+
+    def pool_with_screen(self, t: TrialRecord) -> None:
+        """Where t's own first runs equal a screened change's bit for bit (eval NE and AUC, at least
+        `IDENTICAL_SEEDS` of them), t trains that change's model here, and takes its further runs
+        seed by seed. Why: bf16 communication into bf16 dense math rounds nothing the dense math
+        does not (`numerics.COVERS`), so the incumbent that carries both trains what the screen's
+        bf16 dense alone trains, and its second check run repeated the screen's, to every digit."""
+        ne, auc, n = t.quality_eval_ne, t.quality_eval_auc, len(t.quality_eval_ne)
+        if t.quality_screen_runs:
+            return
+        key = self.ctx.space.numerics_key(t.params)
+        same = next((x for x in self.screen if len(x.eval_ne) > n and None not in x.eval_ne
+                     and same_runs(ne, auc, x.eval_ne, x.eval_auc)
+                     and self.ctx.space.numerics_key(x.params) != key), None)
+        if same is None:
+            return
+        self.ctx.store.update(t, quality_eval_ne=list(same.eval_ne),
+                              quality_eval_auc=list(same.eval_auc), quality_screen_runs=same.label)
+        self.ctx.view.note(f"quality: #{t.number}'s first {n} quality run(s) equal {same.label} alone's "
+                           f"bit for bit: the same model here, so its other {len(same.eval_ne) - n} "
+                           "apply")
 
     def extend_screen(self, t: TrialRecord, done: list[TrialRecord]) -> None:
         """A check of the model a screened change trains alone extends that change's runs (same model, same
@@ -371,11 +394,19 @@ def settled_changes(space: Any, leaders: list[TrialRecord | None]) -> set[tuple[
     """The numerics changes every incumbent carried through the last `SETTLE` trials: a change the search
     keeps winning with is settled even while each new trial with it beats the last. Why not wait for
     one incumbent to outlast two trials: a harmful change whose stacks keep improving (SGD tables,
-    +3.5% eval NE alone) would lead every trial and never be screened while it does."""
+    +3.5% eval NE alone) would lead every trial and never be screened while it does.
+
+    Less a change each of them makes beside one that may cover it (bf16 communication beside bf16
+    dense math, `numerics.COVERS`): ruled out alone, it would rule none of them out (`blocking`), so
+    its run alone could not steer the search where it leads. Two `make tune`s spent two runs each to
+    rule bf16 communication out alone while every incumbent carried it with bf16 dense math, and
+    crowned that stack. It is settled once an incumbent carries it uncovered."""
     recent = leaders[-(SETTLE + 1):]
     if len(recent) <= SETTLE or any(t is None for t in recent):
         return set()
-    return set.intersection(*(set(space.numerics_changes(t.params)) for t in recent))
+    made = [space.numerics_changes(t.params) for t in recent]
+    carried = set.intersection(*(set(m) for m in made))
+    return {c for c in carried if any(blocking(m, frozenset({c})) for m in made)}
 
 
 def reused(p: Pending) -> str:
