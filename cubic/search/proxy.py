@@ -129,9 +129,11 @@ class Proxy:
         return bool(self.columns)
 
     def fit(self, ok: Sequence[tuple], qps: Sequence[float], failed: Sequence[tuple] = (),
-            sources: Sequence[Fidelity] | None = None, own: Fidelity = MEASURED) -> Proxy:
+            sources: Sequence[Fidelity] | None = None, own: Fidelity = MEASURED,
+            passed: Sequence[tuple] = ()) -> Proxy:
         """ok/qps: measured configurations; failed: configurations that did not run (any reason) or
-        that ran but fail the quality gate (those may also be in ok: their speed is still data).
+        that ran but fail the quality gate (those may also be in ok: their speed is still data);
+        passed: configurations known to pass it whose speed is not data here (the screen's).
         sources: where each of `ok` came from (cubic/search/fidelity.py; default: all `own`, the
         source the proxy answers for). Several sources: a throughput is ranked only against its own
         source's (each is a ranking group), the sources' columns (simulated or not, the cluster's
@@ -171,10 +173,13 @@ class Proxy:
         self.classifier = None  # feasibility on the features alone: a predicted OOM is an OOM
         bad = set(failed)  # may include measured configurations that failed the quality gate
         good = [i for i, c in enumerate(ok) if c not in bad]
+        extra = [c for c in dict.fromkeys(passed) if c not in bad and c not in ok]
         if len(failed) and good:
-            Xc = np.concatenate([F[good], self.features.rows(list(failed))])
-            yc = np.concatenate([np.ones(len(good)), np.zeros(len(failed))]).astype(np.float32)
-            w = np.where(yc == 0, len(good) / len(failed), 1.0).astype(np.float32)  # balance the classes
+            Xc = np.concatenate([F[good], *([self.features.rows(extra)] if extra else []),
+                                 self.features.rows(list(failed))])
+            n_good = len(good) + len(extra)
+            yc = np.concatenate([np.ones(n_good), np.zeros(len(failed))]).astype(np.float32)
+            w = np.where(yc == 0, n_good / len(failed), 1.0).astype(np.float32)  # balance the classes
             self.classifier = xgb.train({**CLS_PARAMS, "seed": self.seed}, xgb.DMatrix(Xc, label=yc, weight=w),
                                         num_boost_round=20)
         self.fitted = bool(self.members)

@@ -19,6 +19,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from cubic.quality.screen import excluded_tuples, failing_changes, ruled_out
+from cubic.quality.screen import load as load_screen
 from cubic.space.search_space import SearchSpace
 from cubic.study.record import NOT_RUN
 
@@ -31,14 +32,22 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
 
 @dataclass
 class Observations:
-    """What the study knows, as canonical configuration tuples."""
+    """What the study knows, as canonical configuration tuples.
+
+    A trial that fails quality through a change the screen ruled out is not in `quality_failed`:
+    the exclusion keeps every configuration with that change out already, and as a feasibility
+    example it would blame its other knobs too (where SGD tables and 4x the batch were tried
+    mostly with bf16 dense math, the classifier learned bf16 dense as infeasible). The screen's
+    passed changes, each run alone, are feasible examples (`quality_passed`)."""
 
     seen: set[tuple] = field(default_factory=set)  # tried, running, queued or screened out: never propose
     ok: list[tuple] = field(default_factory=list)  # COMPLETE, in trial order
     qps: list[float] = field(default_factory=list)
     failed: list[tuple] = field(default_factory=list)  # FAIL for a reason of the config's own
     order: list[float] = field(default_factory=list)  # objective per finished trial (failed = 0)
-    quality_failed: list[tuple] = field(default_factory=list)  # COMPLETE, but its NE fails the gate
+    # COMPLETE, but its NE fails the gate for no change the screen ruled out (those are `excluded`)
+    quality_failed: list[tuple] = field(default_factory=list)
+    quality_passed: list[tuple] = field(default_factory=list)  # a change the screen passed, alone
     ruled_out: frozenset = frozenset()  # numerics changes the quality screen failed (cubic.quality.screen)
     excluded: frozenset = frozenset()  # the enumerable configurations with one of them (all in seen)
 
@@ -49,6 +58,8 @@ class Observations:
         cubic keeps in its own table, not in the Optuna trial the sampler sees); none where unknown."""
         obs = cls()
         feasible = feasible or {}
+        # a configuration with a change that fails held-out quality alone is not worth a trial
+        obs.ruled_out = ruled_out(study.user_attrs)
         for t in study.get_trials(deepcopy=False):
             if t.number == exclude:
                 continue
@@ -60,7 +71,7 @@ class Observations:
                 obs.ok.append(tup)
                 obs.qps.append(float(t.value))
                 obs.order.append(float(t.value))
-                if feasible.get(t.number) is False:
+                if feasible.get(t.number) is False and not obs.screened_out(space, tup):
                     obs.quality_failed.append(tup)
             elif t.state == TrialState.FAIL:
                 if t.user_attrs.get("status") in NOT_RUN:  # FAIL trials that say nothing about their config
@@ -68,10 +79,10 @@ class Observations:
                 obs.failed.append(tup)
                 obs.order.append(0.0)
             obs.seen.add(tup)
-        # a configuration with a change that fails held-out quality alone is not worth a trial
-        obs.ruled_out = ruled_out(study.user_attrs)
         obs.excluded = excluded_tuples(space, obs.ruled_out)
         obs.seen |= obs.excluded
+        obs.quality_passed = [space.tup(x.params) for x in load_screen(study.user_attrs)
+                              if x.ok and set(x.params) == set(space.knobs)]
         return obs
 
     def screened_out(self, space: SearchSpace, tup: tuple) -> bool:

@@ -78,7 +78,7 @@ class CubicSampler(SpaceSampler):
         # configurations whose NE fails the quality gate teach the feasibility classifier too
         failed = self.hist_failed + obs.failed + obs.quality_failed
         if not self.proxy.fitted or len(ok) + len(failed) >= self.fit_rows + max(1, self.fit_rows // REFIT_GROWTH):
-            self.proxy.fit(ok, qps, failed, sources=src, own=self.own)
+            self.proxy.fit(ok, qps, failed, sources=src, own=self.own, passed=obs.quality_passed)
             self.fit_rows = len(ok) + len(failed)
         pool = self._pool(study, trial, obs, ok, qps)
         if not pool:
