@@ -542,27 +542,28 @@ def test_a_nearer_batch_that_passes_leaves_the_larger_one_its_own_run(tmp_path: 
     assert checks.next_run([]).tag.change.change == ("global_batch", 512)
 
 
+def configs(space: SearchSpace, **values: object) -> list[tuple]:
+    """The space's configurations with these knob values, in one fixed random order (of a copy: the
+    space's own `all_tuples`, cached, keeps grid order for the other tests)."""
+    import numpy as np
+
+    every = list(space.all_tuples)
+    np.random.default_rng(0).shuffle(every)
+    return [t for t in every if all(space.params_of(t)[k] == v for k, v in values.items())]
+
+
 def test_trials_a_ruled_out_change_explains_do_not_teach_the_searcher_their_other_knobs_fail() -> None:
     """Every trial with SGD tables (ruled out alone) also ran bf16 dense math, which passed alone:
     the searcher's feasibility classifier must not learn bf16 dense as infeasible from them (the
     exclusion keeps SGD out already), and the screen's bf16 run counts as a feasible example."""
-    import numpy as np
-    from optuna.distributions import CategoricalDistribution
     from optuna.trial import create_trial
 
     from cubic.search.samplers import CubicSampler
 
     space = default_space()
-    every = space.all_tuples
-    rng = np.random.default_rng(0)
-    rng.shuffle(every)
-
-    def params(t: tuple) -> dict:
-        return space.params_of(t)
 
     def where(dense: str, opt: str, n: int) -> list[tuple]:
-        return [t for t in every if params(t)["dense_precision"] == dense
-                and params(t)["emb_optimizer"] == opt][:n]
+        return configs(space, dense_precision=dense, emb_optimizer=opt)[:n]
 
     fine, sgd = where("fp32", "rowwise_adagrad", 12), where("bf16", "sgd", 6)
     alone = {**space.baseline_params(), "dense_precision": "bf16"}
@@ -571,15 +572,15 @@ def test_trials_a_ruled_out_change_explains_do_not_teach_the_searcher_their_othe
         Screened("emb_optimizer", "sgd", {**space.baseline_params(), "emb_optimizer": "sgd"},
                  [0.9], [0.7], False, "x").to_dict(),
         Screened("dense_precision", "bf16", alone, [0.8], [0.7], True, "x").to_dict()])
-    dists = {k: CategoricalDistribution(list(kn.choices)) for k, kn in space.knobs.items()}
+    dists = distributions(space)
     for i, t in enumerate(fine + sgd):
-        study.add_trial(create_trial(params=params(t), distributions=dists, value=1000.0 + 10 * i))
+        study.add_trial(create_trial(params=space.params_of(t), distributions=dists, value=1000.0 + 10 * i))
     feasible = {i: (False if i >= len(fine) else None) for i in range(len(fine) + len(sgd))}
     obs = Observations.of(study, space, feasible=feasible)
     assert obs.quality_failed == [] and obs.quality_passed == [space.tup(alone)]
     # one failure the screen does not explain stays a negative example
     lone = where("bf16", "rowwise_adagrad", 1)
-    study.add_trial(create_trial(params=params(lone[0]), distributions=dists, value=900.0))
+    study.add_trial(create_trial(params=space.params_of(lone[0]), distributions=dists, value=900.0))
     obs = Observations.of(study, space, feasible={**feasible, len(fine) + len(sgd): False})
     assert obs.quality_failed == lone
 
@@ -593,23 +594,17 @@ def test_a_change_the_screen_passed_alone_stays_feasible_beside_failures_it_is_p
     """Three trials with bf16 dense math and fp16 communication fail quality, and no trial ran bf16
     dense without fp16 communication: the screen's run of bf16 dense alone, which passed, keeps the
     classifier from blaming bf16 dense (p 0.03 without it, 0.64 with it)."""
-    import numpy as np
-
     from cubic.search.proxy import Proxy
 
     space = default_space()
-    every = space.all_tuples
-    np.random.default_rng(0).shuffle(every)
-
-    def where(dense: str, comm: str | None) -> list[tuple]:
-        return [t for t in every if (p := space.params_of(t))["dense_precision"] == dense
-                and p["emb_optimizer"] == "rowwise_adagrad" and comm in (None, p["comm_precision"])]
-
-    fine, bad = where("fp32", None)[:12], where("bf16", "fp16")[:3]
+    adagrad = {"emb_optimizer": "rowwise_adagrad"}
+    fine = configs(space, dense_precision="fp32", **adagrad)[:12]
+    bad = configs(space, dense_precision="bf16", comm_precision="fp16", **adagrad)[:3]
     alone = space.tup({**space.baseline_params(), "dense_precision": "bf16"})
     p = {}
     for passed in ((), (alone,)):
         proxy = Proxy(space, feature_fn=None).fit(fine + bad, [1000.0 + i for i in range(15)], bad,
                                                   passed=passed)
-        p[passed] = proxy.p_feasible(where("bf16", "fp32")[:60]).mean()
+        p[passed] = proxy.p_feasible(
+            configs(space, dense_precision="bf16", comm_precision="fp32", **adagrad)[:60]).mean()
     assert p[()] < 0.5 < p[(alone,)], p

@@ -172,14 +172,13 @@ class Proxy:
                 self.members.append((bst, a, b))
         self.classifier = None  # feasibility on the features alone: a predicted OOM is an OOM
         bad = set(failed)  # may include measured configurations that failed the quality gate
-        good = [i for i, c in enumerate(ok) if c not in bad]
-        extra = [c for c in dict.fromkeys(passed) if c not in bad and c not in ok]
+        measured = set(ok)
+        good = [c for c in ok if c not in bad] + [c for c in dict.fromkeys(passed)
+                                                   if c not in bad and c not in measured]
         if len(failed) and good:
-            Xc = np.concatenate([F[good], *([self.features.rows(extra)] if extra else []),
-                                 self.features.rows(list(failed))])
-            n_good = len(good) + len(extra)
-            yc = np.concatenate([np.ones(n_good), np.zeros(len(failed))]).astype(np.float32)
-            w = np.where(yc == 0, n_good / len(failed), 1.0).astype(np.float32)  # balance the classes
+            Xc = self.features.rows(good + list(failed))  # (cached per configuration)
+            yc = np.concatenate([np.ones(len(good)), np.zeros(len(failed))]).astype(np.float32)
+            w = np.where(yc == 0, len(good) / len(failed), 1.0).astype(np.float32)  # balance the classes
             self.classifier = xgb.train({**CLS_PARAMS, "seed": self.seed}, xgb.DMatrix(Xc, label=yc, weight=w),
                                         num_boost_round=20)
         self.fitted = bool(self.members)

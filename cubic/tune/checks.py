@@ -405,8 +405,7 @@ def settled_changes(space: Any, leaders: list[TrialRecord | None]) -> set[tuple[
     if len(recent) <= SETTLE or any(t is None for t in recent):
         return set()
     made = [space.numerics_changes(t.params) for t in recent]
-    carried = set.intersection(*(set(m) for m in made))
-    return {c for c in carried if any(blocking(m, frozenset({c})) for m in made)}
+    return {c for c in frozenset.intersection(*made) if any(blocking(m, frozenset({c})) for m in made)}
 
 
 def reused(p: Pending) -> str:
