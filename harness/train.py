@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -100,16 +101,55 @@ def rss_mb(now: bool = False) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+@dataclass
+class RankModel:
+    """What one rank trains (`build`): its process groups, embedding shards, dense arch (wrapped in DDP
+    across ranks), optimizer, and the batches it reads (all of them made before the first step, so no
+    step waits on data generation)."""
+
+    groups: Groups
+    coll: ShardedEmbeddingCollection
+    dense: torch.nn.Module
+    opt: torch.optim.Optimizer
+    batches: list[Batch]
+    start_mb: float  # the framework before any model state (the fork server's pages it counts)
+    fp8_report: list[dict] | None = None
+
+
+@dataclass
+class StepLog:
+    """The step loop's record (`run_steps`): every step's loss, the measured steps' times, and the sums
+    NE is computed from (BCE, labels and samples over the measured steps)."""
+
+    losses: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    bce_sum: torch.Tensor = field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
+    first_step_at: float = 0.0  # wall clock (comparable across processes): a trial's startup ends here
+
+
 def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.device,
                collect_tables: bool = False) -> dict:
     """Run warm-up + measured steps on this rank; return its measurements (rank 0's are the trial's)."""
-    wl, W, B = cfg.workload, cfg.world_size, cfg.batch_size
-    start_mb = rss_mb(now=True)  # the framework before any model state (the fork server's pages it counts)
+    m = build(cfg, plan, rank, device)
+    log = run_steps(cfg, m, rank, device)
+    evaluation = evaluate(cfg, m.coll, m.dense, rank, m.groups, device) if cfg.eval_samples else None
+    out = report(cfg, m, log, device)
+    if evaluation is not None:
+        out["eval"] = evaluation
+    if collect_tables:
+        out["tables"] = {t: w.numpy() for t, w in m.coll.full_tables().items()}  # by value across processes
+    return out
+
+
+def build(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.device) -> RankModel:
+    """This rank's model, optimizer and batches, as `cfg` and `plan` place them."""
+    wl, W = cfg.workload, cfg.world_size
+    start_mb = rss_mb(now=True)
     groups = make_groups(rank, W, cfg.group_size, cfg.group_placement)
     coll = ShardedEmbeddingCollection(cfg, plan, groups, device)
     dense = build_dense_arch(wl, cfg.seed).to(device)
     total = cfg.warmup_steps + cfg.measure_steps
-    batches = [b.to(device) for b in rank_batches(wl, cfg.seed, rank, B, W, total)]
+    batches = [b.to(device) for b in rank_batches(wl, cfg.seed, rank, cfg.batch_size, W, total)]
     fp8_report = None
     if cfg.dense_precision in ("fp8_auto", "fp8_all"):
         fp8_report = apply_fp8_dense(dense, coll, batches, cfg.dense_precision, groups, device)
@@ -119,89 +159,96 @@ def train_rank(cfg: TrialConfig, plan: ShardingPlan, rank: int, device: torch.de
         if cfg.allreduce_comm_precision != "fp32":
             dense.register_comm_hook(groups.world_pg, compress_hook(COMPRESS[cfg.allreduce_comm_precision]))
     opt = torch.optim.Adagrad(dense.parameters(), lr=cfg.dense_lr)
-    pipe = InputPipeline(coll, batches, cfg.pipeline_depth)
+    return RankModel(groups, coll, dense, opt, batches, start_mb, fp8_report)
+
+
+def run_steps(cfg: TrialConfig, m: RankModel, rank: int, device: torch.device) -> StepLog:
+    """The warm-up and measured steps: input distribution (pipelined `pipeline_depth` ahead), embedding
+    forward, dense forward and backward (bf16 autocast unless fp32), the embeddings' update, the dense
+    optimizer. Only the measured steps are timed and count toward NE."""
+    B, total = cfg.batch_size, cfg.warmup_steps + cfg.measure_steps
+    pipe = InputPipeline(m.coll, m.batches, cfg.pipeline_depth)
     lossf = torch.nn.BCEWithLogitsLoss(reduction="sum")
     autocast = cfg.dense_precision != "fp32"  # bf16 autocast; fp8 layers run inside it
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     TIMERS.cuda = device.type == "cuda"
-    mem_cap = cfg.mem_cap_mb
-    losses, step_s = [], []
-    bce_sum = torch.zeros(3, dtype=torch.float64)  # sum BCE, sum labels, count over measured steps
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-    first_step_at = time.time()  # wall clock (comparable across processes): a trial's startup ends here
+    log = StepLog(first_step_at=time.time())
     for step in range(total):
         measuring = step >= cfg.warmup_steps
         TIMERS.enabled = measuring
         if sync:
             sync()
         t0 = time.perf_counter()
-        b = batches[step % len(batches)]
+        b = m.batches[step % len(m.batches)]
         kin = pipe.get(step)
-        pooled = coll.forward_overlapped(kin, cfg.comm_overlap)
+        pooled = m.coll.forward_overlapped(kin, cfg.comm_overlap)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = dense(b.dense, pooled)
+            logits = m.dense(b.dense, pooled)
         loss_sum = lossf(logits.float(), b.labels)
         (loss_sum / B).backward()
-        coll.after_backward(step, last=step == total - 1)
+        m.coll.after_backward(step, last=step == total - 1)
         with TIMERS.phase("optim"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            m.opt.step()
+            m.opt.zero_grad(set_to_none=True)
         if sync:
             sync()
         dt = time.perf_counter() - t0
         TIMERS.flush()
-        losses.append(loss_sum.item() / B)
+        log.losses.append(loss_sum.item() / B)
         if measuring:
-            step_s.append(dt)
-            bce_sum += torch.tensor([loss_sum.item(), b.labels.sum().item(), B], dtype=torch.float64)
+            log.step_s.append(dt)
+            log.bce_sum += torch.tensor([loss_sum.item(), b.labels.sum().item(), B], dtype=torch.float64)
         maybe_fault(cfg, rank, step, rss_mb)  # a test hook (harness/faults.py); nothing unless it is set
-        if mem_cap and rss_mb() > mem_cap and device.type == "cpu":
-            raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={mem_cap:.0f}")
+        if cfg.mem_cap_mb and rss_mb() > cfg.mem_cap_mb and device.type == "cpu":
+            raise MemoryError(f"rank {rank} peak RSS {rss_mb():.0f} MB exceeds mem_cap_mb={cfg.mem_cap_mb:.0f}")
     pipe.close()
-    evaluation = evaluate(cfg, coll, dense, rank, groups, device) if cfg.eval_samples else None
+    return log
 
+
+def report(cfg: TrialConfig, m: RankModel, log: StepLog, device: torch.device) -> dict:
+    """The rank's measurements, reduced across ranks where they are the trial's (the loss curve, NE, peak
+    memory, the phase breakdown): what `trial.summarize` reads from rank 0."""
+    W = cfg.world_size
     # Global loss per step (mean of the ranks' means = global mean) and NE over the measured samples.
-    loss_t = torch.tensor(losses, dtype=torch.float64)
+    loss_t = torch.tensor(log.losses, dtype=torch.float64)
+    bce_sum = log.bce_sum
     peak = torch.tensor([rss_mb() if device.type == "cpu" else torch.cuda.max_memory_allocated(device) / 2**20],
                         dtype=torch.float64)
     # the phases, then the communication that ran beside compute (comm_overlap): not a phase of the step
     bd = torch.tensor([TIMERS.totals.get(p, 0.0) for p in (*PHASES, "comm_hidden")], dtype=torch.float64)
     if W > 1:
-        loss_t = _reduce(loss_t, groups.world_pg, device) / W
-        bce_sum = _reduce(bce_sum, groups.world_pg, device)
-        peak = _reduce(peak, groups.world_pg, device, dist.ReduceOp.MAX)
-        bd = _reduce(bd, groups.world_pg, device) / W
+        pg = m.groups.world_pg
+        loss_t = _reduce(loss_t, pg, device) / W
+        bce_sum = _reduce(bce_sum, pg, device)
+        peak = _reduce(peak, pg, device, dist.ReduceOp.MAX)
+        bd = _reduce(bd, pg, device) / W
     bce, pos, n = bce_sum.tolist()
     p = min(max(pos / n, 1e-12), 1 - 1e-12)
     ne = (bce / n) / -(p * math.log(p) + (1 - p) * math.log(1 - p))
-    meas = sum(step_s)
+    meas = sum(log.step_s)
     *bd_s, hidden_s = bd.tolist()
     bd_ms = {k: v * 1e3 / cfg.measure_steps for k, v in zip(PHASES, bd_s, strict=True)}
     # "dense" is what the other phases do not account for: the MLPs fwd+bwd and the interaction.
     bd_ms["dense"] = max(0.0, meas * 1e3 / cfg.measure_steps - sum(v for k, v in bd_ms.items() if k != "dense"))
     out = {
-        "step_s": step_s,
+        "step_s": log.step_s,
         "losses": loss_t.tolist(),
         "ne": ne,
         "peak_mem_mb": float(peak.item()),
-        "start_mem_mb": start_mb,
+        "start_mem_mb": m.start_mb,
         "breakdown_ms": bd_ms,
         "comm_hidden_ms": hidden_s * 1e3 / cfg.measure_steps,
-        "plan_json": plan.to_json(),
-        "first_step_at": first_step_at,
+        "plan_json": m.coll.plan.to_json(),
+        "first_step_at": log.first_step_at,
         "omp_wait_policy": load_time_env("OMP_WAIT_POLICY"),  # as libgomp read it
     }
-    if fp8_report is not None:
-        out["fp8_probe"] = fp8_report
-    if evaluation is not None:
-        out["eval"] = evaluation
-    if coll.replica_sync is not None:
-        out["replica_sync"] = coll.replica_sync.stats.to_dict(cfg.sparse_sync_interval, cfg.measure_steps,
-                                                              TIMERS.totals.get("sync", 0.0))
-    if collect_tables:
-        out["tables"] = {t: w.numpy() for t, w in coll.full_tables().items()}  # by value across processes
+    if m.fp8_report is not None:
+        out["fp8_probe"] = m.fp8_report
+    if m.coll.replica_sync is not None:
+        out["replica_sync"] = m.coll.replica_sync.stats.to_dict(cfg.sparse_sync_interval, cfg.measure_steps,
+                                                                TIMERS.totals.get("sync", 0.0))
     return out
 
 
