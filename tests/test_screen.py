@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from cubic.quality.rules import MORE, NOT_RESOLVED, sequential
-from cubic.quality.screen import ATTR, Screened, decide, single_changes
+from cubic.quality.screen import ATTR, Screened, cell, decide, single_changes
 from cubic.search.samplers import make_sampler
 from cubic.search.samplers.base import Observations, distributions
 from cubic.space.quality_runs import QualityRuns
@@ -83,6 +83,32 @@ def test_one_seed_decides_a_clear_change_and_an_ambiguous_one_takes_the_paired_j
     assert decide(s, base, qr)[0] is False
 
 
+def test_the_summary_shows_each_screened_change_in_one_short_line() -> None:
+    """The summary's screen cell: the verdict, the paired eval NE difference over the runs that decided it, the
+    interval where two seeds ran, and the seeds; a change ruled out with another names it. The gate's full
+    reason (per-seed range, s.e., the baseline's spread) stays in the study and the report."""
+    qr = QualityRuns(seeds=2, tolerance=0.001)
+    base = [0.8000, 0.8100]
+
+    def decided(s: Screened) -> Screened:
+        s.ok, s.reason = decide(s, base, qr)
+        return s
+
+    far = decided(Screened("x", 1, {}, [0.8100], [0.7]))
+    assert cell(far, base, qr) == "ruled out: eval NE +1.250%, 1 seed, over 3x the tolerance"
+    two = decided(Screened("x", 1, {}, [0.8016, 0.8117], [0.7, 0.7]))
+    line = cell(two, base, qr)
+    assert re.fullmatch(r"ruled out: eval NE \+0\.20\d%, 90% CI \+0\.\d\d%\.\.\+0\.\d\d%, 2 seeds", line), line
+    assert "paired s.e." in two.reason and "paired s.e." not in line and len(line) < len(two.reason) / 2
+    near = decided(Screened("x", 1, {}, [0.8004], [0.7]))
+    assert cell(near, base, qr) == "passes: eval NE +0.050%, 1 seed"
+    implied = Screened("global_batch", 8192, {}, [], [], False,
+                       "as global_batch=4096 is, without a run of its own (a larger global batch takes fewer steps)")
+    assert cell(implied, base, qr) == "ruled out: as global_batch=4096 is, without a run of its own"
+    assert cell(decided(Screened("x", 1, {}, [None], [None])), base, qr) == "ruled out: a quality run failed"
+    assert cell(Screened("x", 1, {}, [], []), base, qr) == "not run"
+
+
 @pytest.mark.parametrize("searcher", ["cubic", "random", "grid", "tpe", "ds-xgb"])
 def test_no_searcher_proposes_a_configuration_with_a_change_the_screen_failed(searcher: str) -> None:
     """The verdict lives in the study (what a resumed tune and every searcher read), not in one sampler."""
@@ -117,6 +143,8 @@ def test_the_screen_rules_a_harmful_change_out_before_the_search_spends_a_trial_
                   "--searcher", "grid", "--no-live")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "quality screen: global_batch=512 alone fails" in r.stdout, r.stdout
+    row = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("global_batch=512 "))
+    assert re.search(r"ruled out: eval NE \+\d+\.\d{3}%, 1 seed", row) and "vs baseline" not in row, row
     study = analysis.open_study(tmp_path / "run")
     w = study.user_attrs["winner"]  # (its speed-up over the baseline, whose reason quotes its eval NE)
     assert w["speedup"] is not None and w["baseline_qps"] > 0, w

@@ -158,6 +158,27 @@ def decide(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> tuple[b
     return j.ok, j.reason
 
 
+def cell(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> str:
+    """The summary's one line for a change: its verdict, then the paired eval NE difference over the runs
+    that decided it (`decide`), with the interval where two or more did and the seeds; a change ruled out
+    by another, or whose run failed, says so. The full reason is the report's (`Screened.reason`)."""
+    if s.verdict == NOT_RUN:
+        return NOT_RUN
+    head = s.verdict
+    n = min(len(s.eval_ne), len(base_ne), qr.seeds)
+    if n == 0:  # ruled out with another (`implied_out`): the reason names it, then why
+        return f"{head}: {s.reason.split(' (')[0]}" if s.reason else head
+    d = paired_mean(s.eval_ne[:n], base_ne[:n])
+    if d is None:
+        return f"{head}: a quality run failed"
+    if n < 2:
+        far = f", over {EARLY_REJECT:g}x the tolerance" if d > EARLY_REJECT * qr.tolerance else ""
+        return f"{head}: eval NE {d:+.3%}, 1 seed{far}"
+    j = judge(s.eval_ne[:n], base_ne[:n], qr.tolerance, qr.confidence)  # type: ignore[arg-type]
+    ci = f", {j.confidence:.0%} CI {j.ci[0]:+.2%}..{j.ci[1]:+.2%}" if j.ci else ""
+    return f"{head}: eval NE {d:+.3%}{ci}, {n} seeds"
+
+
 def load(attrs: dict[str, Any]) -> list[Screened]:
     """The screen stored in a study's user attrs (empty if none ran)."""
     return [Screened.from_dict(d) for d in attrs.get(ATTR) or []]

@@ -48,6 +48,7 @@ from cubic.quality.screen import (
     nearer_first,
     single_changes,
 )
+from cubic.quality.screen import cell as screen_cell
 from cubic.quality.screen import load as load_screen
 from cubic.space.numerics import blocking, covered_where
 from cubic.space.quality_runs import ON_DEMAND
@@ -374,7 +375,13 @@ class QualityChecks:
         return self._verdicts[key]
 
     def screen_summary(self) -> list[dict[str, Any]]:
-        return [x.to_dict() | {"change": x.label, "verdict": x.verdict} for x in self.screen]
+        """The summary's screen table: each change, its verdict and its one-line cell (`screen.cell`)."""
+        base = self.ctx.baseline_of(self.ctx.store.records(TrialState.COMPLETE))
+        bne = base.quality_eval_ne if base is not None else []
+        qr = self.ctx.policy.quality_runs
+        return [x.to_dict() | {"change": x.label, "verdict": x.verdict,
+                               "cell": screen_cell(x, bne, qr) if qr is not None else x.verdict}
+                for x in self.screen]
 
 
 def leaders(done: list[TrialRecord], base: TrialRecord) -> list[TrialRecord | None]:

@@ -230,7 +230,8 @@ def print_summary(console: Console, s: Summary) -> None:
         for col in ("change", "verdict"):
             t.add_column(col)
         for x in s.screen:
-            t.add_row(x["change"], x["verdict"] + (f": {x['reason']}" if x["reason"] else ""))
+            # one line each (`screen.cell`); a summary stored before cells, and a carried verdict, in full
+            t.add_row(x["change"], x.get("cell") or (x["verdict"] + (f": {x['reason']}" if x["reason"] else "")))
         console.print(t)
     if s.quality_runs:
         q = s.quality_runs
