@@ -171,12 +171,13 @@ def cell(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> str:
     d = paired_mean(s.eval_ne[:n], base_ne[:n])
     if d is None:
         return f"{head}: a quality run failed"
-    if n < 2:
+    seeds = f"{n} seed{'s' * (n != 1)}"
+    if n < qr.seeds:  # decided before the paired judgement, as `decide` does
         far = f", over {EARLY_REJECT:g}x the tolerance" if d > EARLY_REJECT * qr.tolerance else ""
-        return f"{head}: eval NE {d:+.3%}, 1 seed{far}"
+        return f"{head}: eval NE {d:+.3%}, {seeds}{far}"
     j = judge(s.eval_ne[:n], base_ne[:n], qr.tolerance, qr.confidence)  # type: ignore[arg-type]
     ci = f", {j.confidence:.0%} CI {j.ci[0]:+.2%}..{j.ci[1]:+.2%}" if j.ci else ""
-    return f"{head}: eval NE {d:+.3%}{ci}, {n} seeds"
+    return f"{head}: eval NE {d:+.3%}{ci}, {seeds}"
 
 
 def load(attrs: dict[str, Any]) -> list[Screened]:
