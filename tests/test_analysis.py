@@ -130,8 +130,11 @@ def test_helpers_best_so_far_importance_top_k(df: pd.DataFrame) -> None:
     # ranked by the one speed-up every view shows: paired re-measurements where the confirm re-measured a trial
     top = analysis.top_k(df, k=3)
     ok = analysis.usable(df)
-    assert 1 <= len(top) <= 3 and top["speedup"].is_monotonic_decreasing
-    assert top["number"].iloc[0] == ok.loc[ok["speedup"].idxmax(), "number"]
+    # the order: the winner, then the re-measured, then those measured once, each by speed-up; a trial the
+    # confirm spared after a pair may show a higher figure than the winner's median and still rank below it
+    order = sorted(ok.itertuples(), key=lambda r: (not r.is_winner, math.isnan(r.confirm_qps_median), -r.speedup))
+    assert 1 <= len(top) <= 3 and top["number"].tolist() == [r.number for r in order[:len(top)]]
+    assert top["number"].iloc[0] == df.loc[df["is_winner"], "number"].iloc[0]
     own = ok["confirm_qps_median"].where(ok["speedup_remeasured"], ok["qps"]) / df.attrs["baseline_qps"]
     paired = ok["confirm_paired_speedup"].where(ok["speedup_remeasured"])
     assert ok["speedup"].tolist() == pytest.approx(paired.fillna(own).tolist())
