@@ -47,9 +47,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def kernels_at(ref: str) -> str:
-    """The kernels package at git revision `ref`, importable as `cubic_kernels_<ref>`: its files written to a temp
-    folder with `cubic_kernels` renamed in their imports (numba caches it beside those files)."""
-    name = f"cubic_kernels_{ref.replace('-', '_')}"
+    """The kernels package at git revision `ref`, importable as `cubic_kernels_<commit>`: its files written to a
+    temp folder with `cubic_kernels` renamed in their imports (numba caches it beside those files). Named by the
+    commit, as `HEAD~3` or a branch with `/` is no module name."""
+    sha = subprocess.run(["git", "rev-parse", "--short", f"{ref}^{{commit}}"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    name = f"cubic_kernels_{sha}"
     folder = Path(tempfile.mkdtemp(prefix="cubic-bench-")) / name
     folder.mkdir()
     files = subprocess.run(["git", "ls-tree", "--name-only", ref, "kernels/"], cwd=ROOT, check=True,
@@ -157,6 +160,91 @@ def torchrec_runs(repeats: int, dist: str, console: Console,
     return qps, predicted
 
 
+Variants = dict[str, tuple[object, bool]]  # name -> (kernel, whether it is passed the scores)
+
+
+def kernel_variants(wl: Workload, before: str) -> Variants:
+    """Each kernel unweighted and weighted, loaded with the same tables; `before`: also the unweighted native
+    kernel at that git revision."""
+    rows, dims = [t.rows for t in wl.tables], [t.dim for t in wl.tables]
+    init = [torch.randn(r, d, generator=torch.Generator().manual_seed(t)) * 0.01
+            for t, (r, d) in enumerate(zip(rows, dims, strict=True))]
+    opt = OptimSpec("rowwise_adagrad", lr=0.01)
+    variants: Variants = {}
+    for name in ("native", "fbgemm"):
+        k = make_kernel(name, rows, dims, optim=opt)
+        k.load(init)
+        w = make_kernel(name, rows, dims, optim=opt)
+        w.load(init)
+        variants[f"{name}"], variants[f"{name} weighted"] = (k, False), (w, True)
+    if before:
+        old = importlib.import_module(kernels_at(before))
+        k = old.make_kernel("native", rows, dims, optim=old.OptimSpec("rowwise_adagrad", lr=0.01))
+        k.load(init)
+        variants[f"native at {before}"] = (k, False)
+    return variants
+
+
+def time_variants(variants: Variants, batches: list, grad: torch.Tensor,
+                  repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """(forward ms, backward+optimizer ms) of each variant per repeat, after 3 warm-up rounds."""
+    times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    names = list(variants)
+    for i in range(3 + repeats):
+        b = batches[i % len(batches)]
+        # the order rotates every repeat: the first kernel after a batch change meets its ids cold
+        for v in names[i % len(names):] + names[:i % len(names)]:
+            k, weighted = variants[v]
+            psw = [b.scores] if weighted else []
+            t0 = time.perf_counter()
+            k.forward(b.ids, b.offsets, *psw)
+            t1 = time.perf_counter()
+            k.backward_update(b.ids, b.offsets, grad, *psw)
+            t2 = time.perf_counter()
+            if i >= 3:
+                times[v].append(((t1 - t0) * 1e3, (t2 - t1) * 1e3))
+    return times
+
+
+def add_kernel_rows(table: Table, nt: int, times: dict[str, list[tuple[float, float]]]) -> None:
+    """One row per variant at `nt` threads; a weighted (or older) variant beside its unweighted one."""
+    step = {v: [f + b for f, b in ts] for v, ts in times.items()}
+    med = {v: statistics.median(s) for v, s in step.items()}
+    for v, ts in times.items():
+        base = v.replace(" weighted", "") if v.endswith("weighted") else "native" if " at " in v else ""
+        ratio = f"{med[v] / med[base]:.2f}x" if base else ""
+        fw, bw = [f for f, _ in ts], [b for _, b in ts]
+        table.add_row(str(nt), v, f"{statistics.median(fw):.2f}", f"{statistics.median(bw):.2f}",
+                      f"{med[v]:.2f} ({min(step[v]):.2f}..{max(step[v]):.2f})", ratio,
+                      end_section=v == list(times)[-1])
+
+
+def print_torchrec(console: Console, torchrec: dict[str, list[float]], predicted: dict[str, float],
+                   dist: str, repeats: int, cluster: Path) -> None:
+    """The weighted model's samples/s per variant beside the simulator's prediction."""
+    t = Table(title=f"{RANKS} ranks, 2 plain + 2 weighted tables (200k x 64, {dist}, 20 ids a bag), "
+                    f"batch {BATCH}: samples/s, median (min..max) of {repeats}")
+    for col in ("variant", "samples/s", "over TorchRec fbgemm", "predicted", "unweighted over weighted",
+                "predicted ratio", "weighting adds ms/step", "predicted ms"):
+        t.add_column(col, justify="right")
+    ref = statistics.median(torchrec["TorchRec fbgemm"])
+    samples = RANKS * BATCH  # a step's
+    for k, v in torchrec.items():
+        plain = torchrec.get(f"{k}, unweighted")
+        pw, pu = predicted.get(k), predicted.get(f"{k}, unweighted")
+        ratio = f"{statistics.median(plain) / statistics.median(v):.2f}x" if plain else ""
+        added = f"{samples * 1e3 * (1 / statistics.median(v) - 1 / statistics.median(plain)):.1f}" if plain else ""
+        t.add_row(k, f"{statistics.median(v):,.0f} ({min(v):,.0f}..{max(v):,.0f})",
+                  f"{statistics.median(v) / ref:.2f}x", f"{pw:,.0f}" if pw else "-", ratio,
+                  f"{pu / pw:.2f}x" if pu and pw else "", added,
+                  f"{samples * 1e3 * (1 / pw - 1 / pu):.1f}" if pu and pw else "")
+    console.print(t)
+    console.print(f"predicted: the simulator on {cluster} (TorchRec's framework profile for TorchRec); "
+                  "its weighted_cost and collection_ms are calibrate's micro-measurements, not fitted on these "
+                  "trials. Weighting adds: the weighted step's ms minus the unweighted one's (the ratio also "
+                  "carries the simulator's level error; the added time does not)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="", help="git revision whose unweighted native kernel runs beside")
@@ -174,28 +262,13 @@ def main() -> None:
     wl = Workload.small()
     # every table weighted: the batches carry each id's score (harness/data.py), passed only to the weighted variants
     wl = dataclasses.replace(wl, tables=[dataclasses.replace(t, id_dist=args.dist, weighted=True) for t in wl.tables])
-    rows, dims, B = [t.rows for t in wl.tables], [t.dim for t in wl.tables], 1024
+    B = 1024
     batches = [make_batch(wl, 0, s * B, B) for s in range(4)]
-    grad = torch.randn(B, sum(dims), generator=torch.Generator().manual_seed(1)) * 1e-3
-    init = [torch.randn(r, d, generator=torch.Generator().manual_seed(t)) * 0.01
-            for t, (r, d) in enumerate(zip(rows, dims, strict=True))]
-    opt = OptimSpec("rowwise_adagrad", lr=0.01)
+    grad = torch.randn(B, sum(t.dim for t in wl.tables), generator=torch.Generator().manual_seed(1)) * 1e-3
+    variants = kernel_variants(wl, args.before)
 
-    variants: dict[str, tuple[object, bool]] = {}
-    for name in ("native", "fbgemm"):
-        k = make_kernel(name, rows, dims, optim=opt)
-        k.load(init)
-        w = make_kernel(name, rows, dims, optim=opt)
-        w.load(init)
-        variants[f"{name}"], variants[f"{name} weighted"] = (k, False), (w, True)
-    if args.before:
-        old = importlib.import_module(kernels_at(args.before))
-        k = old.make_kernel("native", rows, dims, optim=old.OptimSpec("rowwise_adagrad", lr=0.01))
-        k.load(init)
-        variants[f"native at {args.before}"] = (k, False)
-
-    console.print(f"{wl.name}, {args.dist} ids: {len(rows)} tables x {rows[0]} x {dims[0]}, batch {B}; load "
-                  f"average {os.getloadavg()[0]:.1f}")
+    console.print(f"{wl.name}, {args.dist} ids: {len(wl.tables)} tables x {wl.tables[0].rows} x "
+                  f"{wl.tables[0].dim}, batch {B}; load average {os.getloadavg()[0]:.1f}")
     table = Table(title=f"ms per step (forward + backward/optimizer): median (min..max), {args.repeats} "
                         "interleaved repeats after 3 warm-up")
     for col in ("threads", "variant", "forward", "backward+opt", "step", "over unweighted"):
@@ -203,58 +276,16 @@ def main() -> None:
     out: dict[str, dict] = {}
     for nt in (int(x) for x in args.threads.split(",")):
         torch.set_num_threads(nt)
-        times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
-        names = list(variants)
-        for i in range(3 + args.repeats):
-            j = i % len(batches)
-            # the order rotates every repeat: the first kernel after a batch change meets its ids cold
-            for v in names[i % len(names):] + names[:i % len(names)]:
-                k, weighted = variants[v]
-                psw = batches[j].scores if weighted else None
-                t0 = time.perf_counter()
-                k.forward(batches[j].ids, batches[j].offsets, *([psw] if weighted else []))
-                t1 = time.perf_counter()
-                k.backward_update(batches[j].ids, batches[j].offsets, grad, *([psw] if weighted else []))
-                t2 = time.perf_counter()
-                if i >= 3:
-                    times[v].append(((t1 - t0) * 1e3, (t2 - t1) * 1e3))
-        step = {v: [f + b for f, b in ts] for v, ts in times.items()}
-        med = {v: statistics.median(s) for v, s in step.items()}
+        times = time_variants(variants, batches, grad, args.repeats)
         out[str(nt)] = {v: {"forward_ms": [f for f, _ in ts], "backward_ms": [b for _, b in ts]}
                         for v, ts in times.items()}
-        for v, ts in times.items():
-            base = v.replace(" weighted", "") if v.endswith("weighted") else "native" if " at " in v else ""
-            ratio = f"{med[v] / med[base]:.2f}x" if base else ""
-            fw, bw = [f for f, _ in ts], [b for _, b in ts]
-            table.add_row(str(nt), v, f"{statistics.median(fw):.2f}", f"{statistics.median(bw):.2f}",
-                          f"{med[v]:.2f} ({min(step[v]):.2f}..{max(step[v]):.2f})", ratio,
-                          end_section=v == list(times)[-1])
+        add_kernel_rows(table, nt, times)
     console.print(table)
     console.print("over unweighted: a weighted variant's median step over its kernel's unweighted one; "
                   "`native at REF` over today's unweighted native (above 1: today's is faster)")
     torchrec, predicted = torchrec_runs(args.torchrec, args.dist, console, args.cluster) if args.torchrec else ({}, {})
     if torchrec:
-        t = Table(title=f"{RANKS} ranks, 2 plain + 2 weighted tables (200k x 64, {args.dist}, 20 ids a bag), "
-                        f"batch {BATCH}: samples/s, median (min..max) of {args.torchrec}")
-        for col in ("variant", "samples/s", "over TorchRec fbgemm", "predicted", "unweighted over weighted",
-                    "predicted ratio", "weighting adds ms/step", "predicted ms"):
-            t.add_column(col, justify="right")
-        ref = statistics.median(torchrec["TorchRec fbgemm"])
-        for k, v in torchrec.items():
-            plain = torchrec.get(f"{k}, unweighted")
-            pw, pu = predicted.get(k), predicted.get(f"{k}, unweighted")
-            ratio = f"{statistics.median(plain) / statistics.median(v):.2f}x" if plain else ""
-            samples = RANKS * BATCH  # a step's
-            added = f"{samples * 1e3 * (1 / statistics.median(v) - 1 / statistics.median(plain)):.1f}" if plain else ""
-            t.add_row(k, f"{statistics.median(v):,.0f} ({min(v):,.0f}..{max(v):,.0f})",
-                      f"{statistics.median(v) / ref:.2f}x", f"{pw:,.0f}" if pw else "-", ratio,
-                      f"{pu / pw:.2f}x" if pu and pw else "", added,
-                      f"{samples * 1e3 * (1 / pw - 1 / pu):.1f}" if pu and pw else "")
-        console.print(t)
-        console.print(f"predicted: the simulator on {args.cluster} (TorchRec's framework profile for TorchRec); "
-                      "its weighted_cost and collection_ms are calibrate's micro-measurements, not fitted on these "
-                      "trials. Weighting adds: the weighted step's ms minus the unweighted one's (the ratio also "
-                      "carries the simulator's level error; the added time does not)")
+        print_torchrec(console, torchrec, predicted, args.dist, args.torchrec, args.cluster)
     console.print(f"load average at end {os.getloadavg()[0]:.1f} (on 2 cores, >1: other work shared them)")
     if args.out:
         Path(args.out).write_text(json.dumps({"workload": wl.name, "dist": args.dist, "batch": B,
