@@ -109,6 +109,18 @@ def test_the_summary_shows_each_screened_change_in_one_short_line() -> None:
     assert cell(Screened("x", 1, {}, [], []), base, qr) == "not run"
 
 
+def test_the_screen_states_its_interval_at_the_spaces_confidence() -> None:
+    """The stored reason and the summary's line give one interval, at the confidence the space sets."""
+    base = [0.8000, 0.8100]
+    s = Screened("x", 1, {}, [0.8016, 0.8117], [0.7, 0.7])
+    for conf in (0.8, 0.99):
+        qr = QualityRuns(seeds=2, tolerance=0.001, confidence=conf)
+        s.ok, s.reason = decide(s, base, qr)
+        ci = re.search(r"\d+% CI [-+]\d\.\d\d%\.\.[-+]\d\.\d\d%", cell(s, base, qr))
+        assert ci and ci.group().startswith(f"{conf:.0%} CI"), cell(s, base, qr)
+        assert f"{conf:.0%}" in s.reason, s.reason
+
+
 @pytest.mark.parametrize("searcher", ["cubic", "random", "grid", "tpe", "ds-xgb"])
 def test_no_searcher_proposes_a_configuration_with_a_change_the_screen_failed(searcher: str) -> None:
     """The verdict lives in the study (what a resumed tune and every searcher read), not in one sampler."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cubic.quality.rules import EARLY_REJECT, judge, paired_mean
+from cubic.quality.rules import EARLY_REJECT, Judgement, judge, paired_mean
 from cubic.space.numerics import MONOTONE, blocking, further_out
 from cubic.space.quality_runs import OFF, QualityRuns
 from cubic.space.search_space import SearchSpace
@@ -133,51 +133,71 @@ def implied_out(screen: list[Screened], space: SearchSpace) -> list[Screened]:
     return found
 
 
-def decide(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> tuple[bool | None, str]:
-    """A change's verdict from its quality runs paired by seed with the baseline's (None: run the next
+@dataclass(frozen=True)
+class Decision:
+    """A change's verdict from its runs so far (`decision`), with the figures it rests on: `diff`, the
+    paired eval NE difference over `seeds` seeds (None: a run failed, or none ran); `judgement`, the
+    gate's paired judgement where all `qr.seeds` ran (None: one seed decided, or none yet)."""
+
+    ok: bool | None
+    reason: str
+    diff: float | None = None
+    seeds: int = 0
+    judgement: Judgement | None = None
+
+
+def decision(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> Decision:
+    """A change's verdict from its quality runs paired by seed with the baseline's (ok None: run the next
     seed). One seed decides where it is clear: within the tolerance the change passes for now (every
     configuration that uses it is still judged by its own runs; on demand, a change the search settles
     on gets its other seeds: `QualityChecks.due_screen`), far past it (EARLY_REJECT x) it fails; in
     between, all seeds and the paired judgement of the gate (`cubic.quality.rules.judge`)."""
-    n = min(len(s.eval_ne), len(base_ne))
+    ran = min(len(s.eval_ne), len(base_ne))
+    n = min(ran, qr.seeds)  # the gate judges the first `qr.seeds`; a failure in any run counts
     if n == 0:
-        return None, ""
-    if None in s.eval_ne[:n]:
-        return False, "its quality run failed"
-    d = paired_mean(s.eval_ne, base_ne)
-    if d is None:  # the baseline's run failed: the tune's gate says so
-        return None, ""
+        return Decision(None, "")
+    if None in s.eval_ne[:ran]:
+        return Decision(False, "its quality run failed", seeds=n)
+    d = paired_mean(s.eval_ne[:n], base_ne[:n])
+    if d is None or paired_mean(s.eval_ne, base_ne) is None:  # a baseline run failed: the gate says so
+        return Decision(None, "", seeds=n)
     if n < qr.seeds:
         if d <= qr.tolerance:
-            return True, f"eval NE {d:+.3%} vs baseline after {n} seed(s), within {qr.tolerance:.2%}"
+            return Decision(True, f"eval NE {d:+.3%} vs baseline after {n} seed(s), within {qr.tolerance:.2%}",
+                            d, n)
         if d > EARLY_REJECT * qr.tolerance:
-            return False, (f"eval NE {d:+.3%} vs baseline after {n} seed(s), over {EARLY_REJECT:g} x the "
-                           f"{qr.tolerance:.2%} tolerance")
-        return None, ""
-    j = judge(s.eval_ne[:qr.seeds], base_ne[:qr.seeds], qr.tolerance)  # type: ignore[arg-type]
-    return j.ok, j.reason
+            return Decision(False, (f"eval NE {d:+.3%} vs baseline after {n} seed(s), over {EARLY_REJECT:g} x "
+                                    f"the {qr.tolerance:.2%} tolerance"), d, n)
+        return Decision(None, "", d, n)
+    j = judge(s.eval_ne[:n], base_ne[:n], qr.tolerance, qr.confidence)  # type: ignore[arg-type]
+    return Decision(j.ok, j.reason, j.diff, n, j)
+
+
+def decide(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> tuple[bool | None, str]:
+    """`decision`'s verdict and reason, as the screen stores them."""
+    r = decision(s, base_ne, qr)
+    return r.ok, r.reason
 
 
 def cell(s: Screened, base_ne: list[float | None], qr: QualityRuns) -> str:
     """The summary's one line for a change: its verdict, then the paired eval NE difference over the runs
-    that decided it (`decide`), with the interval where two or more did and the seeds; a change ruled out
+    that decided it (`decision`), with the interval where the gate judged and the seeds; a change ruled out
     by another, or whose run failed, says so. The full reason is the report's (`Screened.reason`)."""
     if s.verdict == NOT_RUN:
         return NOT_RUN
     head = s.verdict
-    n = min(len(s.eval_ne), len(base_ne), qr.seeds)
-    if n == 0:  # ruled out with another (`implied_out`): the reason names it, then why
+    r = decision(s, base_ne, qr)
+    if r.seeds == 0:  # ruled out with another (`implied_out`): the reason names it, then why
         return f"{head}: {s.reason.split(' (')[0]}" if s.reason else head
-    d = paired_mean(s.eval_ne[:n], base_ne[:n])
-    if d is None:
+    if r.diff is None:
         return f"{head}: a quality run failed"
-    seeds = f"{n} seed{'s' * (n != 1)}"
-    if n < qr.seeds:  # decided before the paired judgement, as `decide` does
-        far = f", over {EARLY_REJECT:g}x the tolerance" if d > EARLY_REJECT * qr.tolerance else ""
-        return f"{head}: eval NE {d:+.3%}, {seeds}{far}"
-    j = judge(s.eval_ne[:n], base_ne[:n], qr.tolerance, qr.confidence)  # type: ignore[arg-type]
+    seeds = f"{r.seeds} seed{'s' * (r.seeds != 1)}"
+    if r.judgement is None:  # one seed decided, before the paired judgement
+        far = f", over {EARLY_REJECT:g}x the tolerance" if r.diff > EARLY_REJECT * qr.tolerance else ""
+        return f"{head}: eval NE {r.diff:+.3%}, {seeds}{far}"
+    j = r.judgement
     ci = f", {j.confidence:.0%} CI {j.ci[0]:+.2%}..{j.ci[1]:+.2%}" if j.ci else ""
-    return f"{head}: eval NE {d:+.3%}{ci}, {seeds}"
+    return f"{head}: eval NE {r.diff:+.3%}{ci}, {seeds}"
 
 
 def load(attrs: dict[str, Any]) -> list[Screened]:

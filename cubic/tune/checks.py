@@ -358,7 +358,7 @@ class QualityChecks:
             return None, ""
         if None in bne:
             return False, f"the baseline's quality runs failed: {base.quality_failed}"
-        j = judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance)
+        j = judge(ne[:qr.seeds], bne[:qr.seeds], qr.tolerance, qr.confidence)
         return j.ok, j.reason
 
     def sequential(self, t: TrialRecord,
