@@ -369,6 +369,11 @@ MEASUREMENT_ENV = ("CUBIC_REPLICA_SYNC", "CUBIC_NATIVE_THREADS", "CUBIC_FP8_QUAN
                    "CUBIC_INJECT_FAULT")
 
 
+# A folder, made and removed by whoever starts the trials' workers (the Ray runner, per tune), where a worker's
+# fork servers put their sockets (harness/trial.py `_sockets_in_scratch`).
+SCRATCH_ENV = "CUBIC_SCRATCH"
+
+
 def env_overrides() -> dict[str, str]:
     return {k: os.environ[k] for k in MEASUREMENT_ENV if k in os.environ}
 

@@ -20,18 +20,26 @@ import platform
 import queue
 import signal
 import statistics
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Iterator
-from multiprocessing import forkserver
+from multiprocessing import forkserver, util
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cubic_harness.config import TrialConfig, TrialResult, env_overrides, host_cores, oversubscribed
+from cubic_harness.config import (
+    SCRATCH_ENV,
+    TrialConfig,
+    TrialResult,
+    env_overrides,
+    host_cores,
+    oversubscribed,
+)
 from cubic_harness.errors import ConfigError, debugging
 
 
@@ -272,6 +280,22 @@ if _SERVERS_OK:
             return p
 
 
+def _sockets_in_scratch() -> None:
+    """Make this process's multiprocessing folder, where its fork servers' sockets go, under
+    SCRATCH_ENV's folder before a server starts: multiprocessing removes its folder when the process
+    exits normally, but a Ray worker ends without running exit handlers. A no-op where the variable is
+    unset or names no folder here (another node), or the folder is already made."""
+    folder = os.environ.get(SCRATCH_ENV, "")
+    get_temp_dir = getattr(util, "get_temp_dir", None)  # Fence: undocumented; its folder is cached
+    if not folder or not os.path.isdir(folder) or get_temp_dir is None:
+        return
+    default, tempfile.tempdir = tempfile.tempdir, folder  # (the documented default for mkdtemp)
+    try:
+        get_temp_dir()
+    finally:
+        tempfile.tempdir = default
+
+
 def _server_for(preload: tuple[str, ...], native: dict[str, str]) -> Any:
     """The context of the server that preloaded `preload` and holds `native` as its load-time
     environment, started now if this process has room for another (None: it has not)."""
@@ -281,6 +305,7 @@ def _server_for(preload: tuple[str, ...], native: dict[str, str]) -> Any:
             mine = _native_view(dict(os.environ))
             if len(_servers) >= MAX_SERVERS or any(k not in native for k in mine):
                 return None  # (a load-time variable this process has and the rank must not: spawned)
+            _sockets_in_scratch()
             server = ForkServer()
             server.set_forkserver_preload(list(preload))
             # the server copies this environment, and its libraries read it; os.environ holds the
@@ -321,6 +346,7 @@ def rank_context(env: dict[str, str], preload: tuple[str, ...] = RANK_PRELOAD) -
     if not _SERVERS_OK:  # the one server multiprocessing keeps, for the first environment asked
         global _server
         if _server is None:
+            _sockets_in_scratch()
             mp.get_context("forkserver").set_forkserver_preload(list(preload))
             forkserver.ensure_running()
             _server = (preload, _native_view(dict(os.environ)))

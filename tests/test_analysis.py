@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +22,9 @@ from tests.helpers import require
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNE_TRIALS = 4
+# What a tune could leave in the temp folder besides Ray's session logs: multiprocessing's folder for a Ray
+# worker's fork servers' sockets, and the Ray runner's folder that holds it
+LEFT_BEHIND = ("pymp-*", "cubic-ray-*")
 
 
 def cubic_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -44,11 +48,18 @@ def tiny_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if failed.exists():  # one failed tune is enough: do not rerun it for every module
             pytest.fail(failed.read_text(), pytrace=False)
         if not done.exists():
-            r = cubic_cli("tune", "--space", "search_spaces/tiny.yaml", "--run-dir", str(run),
-                          "--trials", str(TUNE_TRIALS))
+            # in a temp folder of its own (Ray's session files go there too), to see what it leaves behind
+            tmp = Path(tempfile.mkdtemp(prefix="cubic-t-"))  # short: Ray's socket paths live under it
+            try:
+                r = cubic_cli("tune", "--space", "search_spaces/tiny.yaml", "--run-dir", str(run),
+                              "--trials", str(TUNE_TRIALS), env={"TMPDIR": str(tmp)})
+                left = sorted(p.name for pattern in LEFT_BEHIND for p in tmp.rglob(pattern))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
             if r.returncode != 0:
                 failed.write_text(f"cubic tune failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
                 pytest.fail(failed.read_text(), pytrace=False)
+            run.joinpath(".tmp_left.json").write_text(json.dumps(left))
             done.write_text("ok")
     own = tmp_path_factory.mktemp("tiny_tune")
     shutil.copytree(run, own, dirs_exist_ok=True)
@@ -63,6 +74,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def df(run_dir: Path) -> pd.DataFrame:
     return analysis.load_study(run_dir)
+
+
+def test_a_tune_on_ray_leaves_no_folder_of_its_own_in_the_temp_folder(run_dir: Path) -> None:
+    """A Ray worker ends without running exit handlers, so the folder of its fork servers' sockets (pymp-*)
+    outlived every tune; the runner gives the workers a folder of its own and removes it when the tune ends."""
+    assert json.loads((run_dir / ".tmp_left.json").read_text()) == []
 
 
 # ---------------------------------------------------------------------------------------------- load_study

@@ -21,13 +21,15 @@ a failed status and a one-line reason; the tuner never dies of a trial.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cubic_harness.config import TrialConfig, TrialResult, env_overrides
+from cubic_harness.config import SCRATCH_ENV, TrialConfig, TrialResult, env_overrides
 from cubic_harness.errors import ConfigError
 
 OBJECT_STORE_MB = 200  # results are a few KB; without a cap Ray reserves 30% of RAM
@@ -42,10 +44,11 @@ STARTED = "started"  # the task's first item: it left Ray's queue and runs (the 
 WORKER_NICENESS = {"RAY_worker_niceness": "0"}
 
 
-def worker_env() -> dict[str, Any]:
+def worker_env(scratch: str = "") -> dict[str, Any]:
     """The runtime_env of a trial's Ray workers: the driver's niceness, and each of `MEASUREMENT_ENV` the driver
-    has set, which a worker on another node (or a Ray started before it was set) would not inherit."""
-    return {"env_vars": {**WORKER_NICENESS, **env_overrides()}}
+    has set, which a worker on another node (or a Ray started before it was set) would not inherit; with
+    `scratch`, the folder for the workers' fork servers' sockets (`cubic_harness.trial.SCRATCH_ENV`)."""
+    return {"env_vars": {**WORKER_NICENESS, **env_overrides(), **({SCRATCH_ENV: scratch} if scratch else {})}}
 
 
 def _run(cfg_dict: dict[str, Any], span: dict[str, Any] | None = None, backend: str = "real",
@@ -140,6 +143,7 @@ class RayRunner:
         self._nodes = 0
         self._remote: Any = None
         self._owns = False
+        self._scratch = ""  # the workers' sockets' folder while this runner's Ray runs (`worker_env`)
 
     def check(self) -> RayRunner:
         if self.address:
@@ -174,6 +178,8 @@ class RayRunner:
                 # then refuse the CPU count it was given
                 ray.init(address=self.address or "local", **kwargs)
                 self._owns = True
+                # this job's workers end with it, so the folder can go when `stop` ends the job
+                self._scratch = tempfile.mkdtemp(prefix="cubic-ray-")
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             where = self.address or "local"
             hint = ""
@@ -202,6 +208,9 @@ class RayRunner:
         if self._owns and ray.is_initialized():
             ray.shutdown()
         self._owns = False
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = ""
 
     def cpus_for(self, cfg: TrialConfig) -> float:
         node = self._started()._node_cpus
@@ -239,13 +248,13 @@ class RayRunner:
             node_cpus = self._node_cpus if self.isolation == "node" and cfg.device == "cpu" else None
             bundles = bundles_for(cfg, node_cpus)
             # the coordinating task holds nothing: the ranks' placement group holds the resources
-            ref = self._remote.options(num_cpus=0, num_gpus=0, runtime_env=worker_env()).remote(
+            ref = self._remote.options(num_cpus=0, num_gpus=0, runtime_env=worker_env(self._scratch)).remote(
                 cfg.to_dict(), {"node_cpus": node_cpus})
             return Pending(cfg, ref, sum(b["CPU"] for b in bundles), sum(b.get("GPU", 0.0) for b in bundles), tag,
                            spans=True)
         cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)
         extra = () if self.backend == "real" else (None, self.backend, os.getcwd())  # TorchRec: the driver's folder
-        ref = self._remote.options(num_cpus=cpus, num_gpus=gpus, runtime_env=worker_env()).remote(
+        ref = self._remote.options(num_cpus=cpus, num_gpus=gpus, runtime_env=worker_env(self._scratch)).remote(
             cfg.to_dict(), *extra)
         return Pending(cfg, ref, cpus, gpus, tag)
 
