@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -10,9 +11,15 @@ import pytest
 # A developer's own `cubic calibrate` (~/.config/cubic/local.yaml) must not change what the tests price: the suite,
 # and every rank and Ray worker it starts, reads its configuration from an empty folder of its own. Set on import,
 # before the ranks' fork server copies the environment.
-os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="cubic-tests-config-")
+CONFIG_HOME = tempfile.mkdtemp(prefix="cubic-tests-config-")
+os.environ["XDG_CONFIG_HOME"] = CONFIG_HOME
 
 from cubic_harness.trial import rank_context  # noqa: E402
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The folder goes with the session (each xdist worker, and the controller, made its own)."""
+    shutil.rmtree(CONFIG_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
