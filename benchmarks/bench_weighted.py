@@ -24,10 +24,12 @@ weighted ratio (the validation of `weighted_cost`, which the kernel micro-measur
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import importlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,6 +48,13 @@ from cubic_kernels import OptimSpec, make_kernel
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def scratch() -> Path:
+    """A temp folder that goes when the benchmark exits (its ranks have ended by then)."""
+    folder = Path(tempfile.mkdtemp(prefix="cubic-bench-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def kernels_at(ref: str) -> str:
     """The kernels package at git revision `ref`, importable as `cubic_kernels_<commit>`: its files written to a
     temp folder with `cubic_kernels` renamed in their imports (numba caches it beside those files). Named by the
@@ -53,7 +62,7 @@ def kernels_at(ref: str) -> str:
     sha = subprocess.run(["git", "rev-parse", "--short", f"{ref}^{{commit}}"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()
     name = f"cubic_kernels_{sha}"
-    folder = Path(tempfile.mkdtemp(prefix="cubic-bench-")) / name
+    folder = scratch() / name
     folder.mkdir()
     files = subprocess.run(["git", "ls-tree", "--name-only", ref, "kernels/"], cwd=ROOT, check=True,
                            capture_output=True, text=True).stdout.split()
@@ -128,7 +137,7 @@ def torchrec_runs(repeats: int, dist: str, console: Console,
     from cubic_harness.torchrec_trial import run_torchrec
     from cubic_harness.trial import run_trial
 
-    folder = Path(tempfile.mkdtemp(prefix="cubic-bench-"))
+    folder = scratch()
     (folder / "scoredmodel.py").write_text(MODEL)
     sys.path.insert(0, str(folder))
     wl = import_workload("scoredmodel:scored", dense_features=13)
