@@ -76,3 +76,12 @@ def test_verify_fidelity_table_with_too_few_configurations_prints(capsys: pytest
 def test_a_knob_value_that_cannot_run_is_one_line(knob: str, says: str) -> None:
     code, lines, err = run("trial", "--set", knob)
     assert code == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
+
+
+def test_a_cluster_name_that_is_no_preset_names_the_presets() -> None:
+    """A mistyped preset used to read "clusters/h100.yaml: cluster file not found", a path the user never
+    gave, with no word of what the names are."""
+    code, lines, err = run("trial", "--backend", "sim", "--cluster", "h100")
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: h100: no such cluster file or preset; presets: local, ")
+    assert "h100-8" in lines[0] and "gb200-nvl72" in lines[0]
