@@ -369,8 +369,8 @@ MEASUREMENT_ENV = ("CUBIC_REPLICA_SYNC", "CUBIC_NATIVE_THREADS", "CUBIC_FP8_QUAN
                    "CUBIC_INJECT_FAULT")
 
 
-# A folder, made and removed by whoever starts the trials' workers (the Ray runner, per tune), where a worker's
-# fork servers put their sockets (harness/trial.py `_sockets_in_scratch`).
+# A folder, made and removed by whoever starts the trials' workers (the Ray runner, per tune),
+# where a worker's fork servers put their sockets (harness/trial.py `_sockets_in_scratch`).
 SCRATCH_ENV = "CUBIC_SCRATCH"
 
 

@@ -282,9 +282,9 @@ if _SERVERS_OK:
 
 def _sockets_in_scratch() -> None:
     """Make this process's multiprocessing folder, where its fork servers' sockets go, under
-    SCRATCH_ENV's folder before a server starts: multiprocessing removes its folder when the process
-    exits normally, but a Ray worker ends without running exit handlers. A no-op where the variable is
-    unset or names no folder here (another node), or the folder is already made."""
+    SCRATCH_ENV's folder before a server starts: multiprocessing removes its folder when the
+    process exits normally, but a Ray worker ends without running exit handlers. A no-op where the
+    variable is unset or names no folder here (another node), or the folder is already made."""
     folder = os.environ.get(SCRATCH_ENV, "")
     get_temp_dir = getattr(util, "get_temp_dir", None)  # Fence: undocumented; its folder is cached
     if not folder or not os.path.isdir(folder) or get_temp_dir is None:

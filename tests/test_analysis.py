@@ -22,8 +22,8 @@ from tests.helpers import require
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNE_TRIALS = 4
-# What a tune could leave in the temp folder besides Ray's session logs: multiprocessing's folder for a Ray
-# worker's fork servers' sockets, and the Ray runner's folder that holds it
+# What a tune could leave in the temp folder besides Ray's session logs: multiprocessing's folder
+# for a Ray worker's fork servers' sockets, and the Ray runner's folder that holds it
 LEFT_BEHIND = ("pymp-*", "cubic-ray-*")
 
 
@@ -48,8 +48,9 @@ def tiny_tune(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if failed.exists():  # one failed tune is enough: do not rerun it for every module
             pytest.fail(failed.read_text(), pytrace=False)
         if not done.exists():
-            # in a temp folder of its own (Ray's session files go there too), to see what it leaves behind
-            tmp = Path(tempfile.mkdtemp(prefix="cubic-t-"))  # short: Ray's socket paths live under it
+            # in a temp folder of its own (Ray's session too), to see what it leaves behind; a
+            # short one, as Ray's socket paths live under it
+            tmp = Path(tempfile.mkdtemp(prefix="cubic-t-"))
             try:
                 r = cubic_cli("tune", "--space", "search_spaces/tiny.yaml", "--run-dir", str(run),
                               "--trials", str(TUNE_TRIALS), env={"TMPDIR": str(tmp)})
@@ -77,8 +78,9 @@ def df(run_dir: Path) -> pd.DataFrame:
 
 
 def test_a_tune_on_ray_leaves_no_folder_of_its_own_in_the_temp_folder(run_dir: Path) -> None:
-    """A Ray worker ends without running exit handlers, so the folder of its fork servers' sockets (pymp-*)
-    outlived every tune; the runner gives the workers a folder of its own and removes it when the tune ends."""
+    """A Ray worker ends without running exit handlers, so the folder of its fork servers' sockets
+    (pymp-*) outlived every tune; the runner gives the workers a folder of its own and removes it
+    when the tune ends."""
     assert json.loads((run_dir / ".tmp_left.json").read_text()) == []
 
 

@@ -79,8 +79,8 @@ def test_a_knob_value_that_cannot_run_is_one_line(knob: str, says: str) -> None:
 
 
 def test_a_cluster_name_that_is_no_preset_names_the_presets() -> None:
-    """A mistyped preset used to read "clusters/h100.yaml: cluster file not found", a path the user never
-    gave, with no word of what the names are."""
+    """A mistyped preset used to read "clusters/h100.yaml: cluster file not found", a path the user
+    never gave, with no word of what the names are."""
     code, lines, err = run("trial", "--backend", "sim", "--cluster", "h100")
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("error: h100: no such cluster file or preset; presets: local, ")
@@ -89,8 +89,9 @@ def test_a_cluster_name_that_is_no_preset_names_the_presets() -> None:
 
 @pytest.mark.parametrize("value", ["nope", "row_wise"])
 def test_cubic_plan_refuses_a_sharding_it_would_replace(value: str) -> None:
-    """`cubic plan` plans every table itself: `--set sharding=...` was replaced without a word (even a value
-    that is no sharding type), and the plan printed as if it had been heard."""
-    code, lines, err = run("plan", "--space", "tiny", "--cluster", "h100-8", "--set", f"sharding={value}")
+    """`cubic plan` plans every table itself: `--set sharding=...` was replaced without a word (even
+    a value that is no sharding type), and the plan printed as if it had been heard."""
+    code, lines, err = run("plan", "--space", "tiny", "--cluster", "h100-8",
+                           "--set", f"sharding={value}")
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("error: --set sharding:") and "--vs" in lines[0]

@@ -45,9 +45,9 @@ def plan(
         cfg = load_config_file(config) if config else base_config(space)
         if workload:
             cfg = apply_workload_file(cfg, workload)
-        if any(s.partition("=")[0].strip() == "sharding" for s in set_):  # it would be replaced unseen
-            raise ConfigError("--set sharding: `cubic plan` plans each table itself; to set a sharding type or "
-                              "planner beside its plan, name it with --vs")
+        if any(s.partition("=")[0].strip() == "sharding" for s in set_):  # (replaced unseen below)
+            raise ConfigError("--set sharding: `cubic plan` plans each table itself; to set a "
+                              "sharding type or planner beside its plan, name it with --vs")
         cfg = apply_sets(cfg, set_).replace("--set", sharding="plan")
         sources = [str(p) for p in (space, config, workload) if p] + (["--set"] if set_ else [])
         cfg.validate(" + ".join(sources) or "config")

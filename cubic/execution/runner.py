@@ -45,10 +45,12 @@ WORKER_NICENESS = {"RAY_worker_niceness": "0"}
 
 
 def worker_env(scratch: str = "") -> dict[str, Any]:
-    """The runtime_env of a trial's Ray workers: the driver's niceness, and each of `MEASUREMENT_ENV` the driver
-    has set, which a worker on another node (or a Ray started before it was set) would not inherit; with
-    `scratch`, the folder for the workers' fork servers' sockets (`cubic_harness.trial.SCRATCH_ENV`)."""
-    return {"env_vars": {**WORKER_NICENESS, **env_overrides(), **({SCRATCH_ENV: scratch} if scratch else {})}}
+    """The runtime_env of a trial's Ray workers: the driver's niceness, and each of
+    `MEASUREMENT_ENV` the driver has set, which a worker on another node (or a Ray started before
+    it was set) would not inherit; with `scratch`, the folder for the workers' fork servers'
+    sockets (`SCRATCH_ENV`)."""
+    folder = {SCRATCH_ENV: scratch} if scratch else {}
+    return {"env_vars": {**WORKER_NICENESS, **env_overrides(), **folder}}
 
 
 def _run(cfg_dict: dict[str, Any], span: dict[str, Any] | None = None, backend: str = "real",
@@ -143,7 +145,7 @@ class RayRunner:
         self._nodes = 0
         self._remote: Any = None
         self._owns = False
-        self._scratch = ""  # the workers' sockets' folder while this runner's Ray runs (`worker_env`)
+        self._scratch = ""  # the workers' sockets' folder while its Ray runs (`worker_env`)
 
     def check(self) -> RayRunner:
         if self.address:
@@ -248,14 +250,16 @@ class RayRunner:
             node_cpus = self._node_cpus if self.isolation == "node" and cfg.device == "cpu" else None
             bundles = bundles_for(cfg, node_cpus)
             # the coordinating task holds nothing: the ranks' placement group holds the resources
-            ref = self._remote.options(num_cpus=0, num_gpus=0, runtime_env=worker_env(self._scratch)).remote(
+            ref = self._remote.options(num_cpus=0, num_gpus=0,
+                                       runtime_env=worker_env(self._scratch)).remote(
                 cfg.to_dict(), {"node_cpus": node_cpus})
             return Pending(cfg, ref, sum(b["CPU"] for b in bundles), sum(b.get("GPU", 0.0) for b in bundles), tag,
                            spans=True)
         cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)
         extra = () if self.backend == "real" else (None, self.backend, os.getcwd())  # TorchRec: the driver's folder
-        ref = self._remote.options(num_cpus=cpus, num_gpus=gpus, runtime_env=worker_env(self._scratch)).remote(
-            cfg.to_dict(), *extra)
+        task = self._remote.options(num_cpus=cpus, num_gpus=gpus,
+                                    runtime_env=worker_env(self._scratch))
+        ref = task.remote(cfg.to_dict(), *extra)
         return Pending(cfg, ref, cpus, gpus, tag)
 
     def wait(self, pending: list[Pending], timeout: float = 1.0) -> list[tuple[Pending, TrialResult]]:

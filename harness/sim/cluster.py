@@ -507,8 +507,8 @@ def resolve(name_or_path: str | Path) -> Cluster:
 
 
 def cluster_path(name_or_path: str | Path) -> Path:
-    """The file `resolve` reads for a path or a preset's name; ConfigError for a name that is neither,
-    naming the presets (a path that does not exist is left for the loader to name)."""
+    """The file `resolve` reads for a path or a preset's name; ConfigError for a name that is
+    neither, naming the presets (a path that does not exist is left for the loader to name)."""
     p = Path(name_or_path)
     if not p.exists() and p.suffix == "" and "/" not in str(name_or_path):
         p = local_cluster_path() if name_or_path == "local" else shipped_cluster(f"{name_or_path}.yaml")
