@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
+from cubic.execution.scratch import abandoned
 from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
 
 # Rank 1 crashes / allocates past the cap / hangs / is killed (SIGKILL, as the OOM killer does) at four batch
@@ -79,6 +80,8 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
               for t in load(run, "fast").get_trials() if t.state == TrialState.COMPLETE}
     running = [t for t in load(run, "fast").get_trials() if t.state == TrialState.RUNNING]
     assert len(before) >= 2 and running
+    left = abandoned()  # the killed tuner's workers' folder (cubic/execution/scratch.py), among any others
+    assert left
 
     r = cubic_tune("--space", str(space), "--run-dir", str(run), *searcher)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -98,6 +101,7 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
         # sampler was still choosing them (ask creates the trial first), no configuration existed
         assert after.get("config_key") in keys if t.params else "config_key" not in after
     assert "resumed" in r.stdout
+    assert not [p for p in left if p.exists()]  # the next tune removed what the killed one left
 
 
 

@@ -21,14 +21,13 @@ a failed status and a one-line reason; the tuner never dies of a trial.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cubic.execution.scratch import Scratch
 from cubic_harness.config import SCRATCH_ENV, TrialConfig, TrialResult, env_overrides
 from cubic_harness.errors import ConfigError
 
@@ -145,7 +144,7 @@ class RayRunner:
         self._nodes = 0
         self._remote: Any = None
         self._owns = False
-        self._scratch = ""  # the workers' sockets' folder while its Ray runs (`worker_env`)
+        self._scratch: Scratch | None = None  # the workers' sockets' folder while its Ray runs
 
     def check(self) -> RayRunner:
         if self.address:
@@ -181,7 +180,7 @@ class RayRunner:
                 ray.init(address=self.address or "local", **kwargs)
                 self._owns = True
                 # this job's workers end with it, so the folder can go when `stop` ends the job
-                self._scratch = tempfile.mkdtemp(prefix="cubic-ray-")
+                self._scratch = Scratch()
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             where = self.address or "local"
             hint = ""
@@ -210,9 +209,12 @@ class RayRunner:
         if self._owns and ray.is_initialized():
             ray.shutdown()
         self._owns = False
-        if self._scratch:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = ""
+        if self._scratch is not None:
+            self._scratch.remove()
+            self._scratch = None
+
+    def _worker_env(self) -> dict[str, Any]:
+        return worker_env(self._scratch.path if self._scratch is not None else "")
 
     def cpus_for(self, cfg: TrialConfig) -> float:
         node = self._started()._node_cpus
@@ -251,14 +253,14 @@ class RayRunner:
             bundles = bundles_for(cfg, node_cpus)
             # the coordinating task holds nothing: the ranks' placement group holds the resources
             ref = self._remote.options(num_cpus=0, num_gpus=0,
-                                       runtime_env=worker_env(self._scratch)).remote(
+                                       runtime_env=self._worker_env()).remote(
                 cfg.to_dict(), {"node_cpus": node_cpus})
             return Pending(cfg, ref, sum(b["CPU"] for b in bundles), sum(b.get("GPU", 0.0) for b in bundles), tag,
                            spans=True)
         cpus, gpus = self.cpus_for(cfg), self.gpus_for(cfg)
         extra = () if self.backend == "real" else (None, self.backend, os.getcwd())  # TorchRec: the driver's folder
         task = self._remote.options(num_cpus=cpus, num_gpus=gpus,
-                                    runtime_env=worker_env(self._scratch))
+                                    runtime_env=self._worker_env())
         ref = task.remote(cfg.to_dict(), *extra)
         return Pending(cfg, ref, cpus, gpus, tag)
 
