@@ -9,6 +9,7 @@ seen across PID namespaces that share the temp folder, where a process id would 
 file appears already locked (locked under another name, then renamed), so a sweep never takes a
 folder that is being made.
 """
+
 from __future__ import annotations
 
 import fcntl
