@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+from cubic.execution import scratch
 from cubic.results import analysis, plots
 from cubic_harness.errors import ConfigError
 from tests.helpers import require
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TUNE_TRIALS = 4
 # What a tune could leave in the temp folder besides Ray's session logs: multiprocessing's folder
 # for a Ray worker's fork servers' sockets, and the Ray runner's folder that holds it
-LEFT_BEHIND = ("pymp-*", "cubic-ray-*")
+LEFT_BEHIND = ("pymp-*", f"{scratch.PREFIX}*")
 
 
 def cubic_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -115,7 +115,7 @@ def ray_cluster() -> Iterator[Cluster]:
     the test does not depend on ~/.ray/auth_token: `ray start` turns token auth on when that file exists,
     a driver with an explicit address does not. The temp dir is short: Ray's Unix sockets live in it."""
     gcs, agent = _free_ports(2)
-    temp_dir = Path(tempfile.mkdtemp(prefix="cubic-ray-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    temp_dir = Path(tempfile.mkdtemp(prefix="cubic-t-ray-", dir="/tmp" if os.path.isdir("/tmp") else None))
     base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
     client_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
                   "RAY_USAGE_STATS_ENABLED": "0"}
