@@ -10,11 +10,16 @@ the median wall seconds of each layout with their ratio.
 
     .venv/bin/python benchmarks/bench_quality_layout.py [--seeds 3] [--layout kernel=native]
         -> benchmarks/data/quality_layout.json   (--more: seeds after its own; --show: its tables)
+
+`--against KNOB=VALUE...` sets the layout compared with instead of the baseline's (one layout against
+the next: `--out` keeps it apart from the file above). A knob that is not the space's is set on the
+run's config as the space's quality runs set it (`QualityRuns.config`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -46,13 +51,20 @@ def parse_layout(items: list[str]) -> dict[str, str | int]:
     return out
 
 
+def knobs_of(space, layout: dict[str, str | int]) -> dict[str, str | int]:
+    """The layout's values of the space's knobs (the rest are set on the config)."""
+    return {k: v for k, v in layout.items() if k in space.knobs}
+
+
 def show(data: dict, con: Console) -> None:
     """The layout's cost to each model's eval NE, its seconds saved, and the verdict it leaves
     alone: each model's paired difference from the baseline model, in either layout."""
     rows, layout = data["rows"], data["rows"][0]["layout"]
     seeds = len(rows[0]["paired_diff"])
-    tab = Table(title=f"quality runs in the layout {layout} vs the baseline's ({seeds} seeds)")
-    for col in ("model", "eval NE diff per seed", "max |diff|", "baseline layout", "quality layout",
+    against = rows[0].get("against") or "the baseline's"
+    tab = Table(title=f"quality runs in the layout {layout} vs {against} ({seeds} seeds)")
+    ref = "the layout against" if rows[0].get("against") else "baseline layout"
+    for col in ("model", "eval NE diff per seed", "max |diff|", ref, "quality layout",
                 "x sooner"):
         tab.add_column(col, justify="right")
     for r in rows:
@@ -63,7 +75,7 @@ def show(data: dict, con: Console) -> None:
     con.print(tab)
     verdict = Table(title=f"the gate's paired difference from {rows[0]['model']} "
                           f"(tolerance {data['tolerance']:.2%}), in either layout")
-    for col in ("model", "baseline layout: mean (per seed)", "quality layout: mean (per seed)"):
+    for col in ("model", f"{ref}: mean (per seed)", "quality layout: mean (per seed)"):
         verdict.add_column(col, justify="right")
     for r in rows[1:]:
         cells = []
@@ -82,30 +94,38 @@ def main() -> None:
     ap.add_argument("--show", action="store_true", help=f"only print the tables of {DATA.name}")
     ap.add_argument("--layout", nargs="*", default=None,
                     help="KNOB=VALUE... (default: the space's quality.layout)")
+    ap.add_argument("--against", nargs="*", default=[],
+                    help="KNOB=VALUE... the layout compared with (default: the baseline's)")
+    ap.add_argument("--out", type=Path, default=DATA, help="the data file")
     args = ap.parse_args()
     con = Console(width=140)
+    data_file: Path = args.out
     if args.show:
-        show(json.loads(DATA.read_text()), con)
+        show(json.loads(data_file.read_text()), con)
         return
     space = load_space(SPACE)
     qr = space.quality_runs
     layout = parse_layout(args.layout) if args.layout is not None else dict(qr.layout)
     if not layout:
         sys.exit("the space has no quality.layout; give --layout KNOB=VALUE")
+    against = parse_layout(args.against)
+    bare = dataclasses.replace(qr, layout={})  # each arm's layout is the one it names, no more
     base = space.baseline_params()
-    before = {r["model"]: r for r in json.loads(DATA.read_text())["rows"]} if args.more else {}
+    before = {r["model"]: r for r in json.loads(data_file.read_text())["rows"]} if args.more else {}
     rows = []
     for name, numerics in MODELS.items():
         old = before.get(name)
-        if old is not None and old["layout"] != layout:
-            sys.exit(f"{DATA.name} holds the layout {old['layout']}, not {layout}")
+        if old is not None and (old["layout"], old.get("against", {})) != (layout, against):
+            sys.exit(f"{data_file.name} holds the layout {old['layout']} against "
+                     f"{old.get('against', {})}, not {layout} against {against}")
         runs: dict[str, list[tuple[float, float]]] = {
             k: list(zip(old["eval_ne"][k], old["wall_s"][k], strict=True)) if old else []
             for k in ("baseline layout", "quality layout")}
         first = len(runs["baseline layout"])
         for seed in range(first, first + args.seeds):
-            for label, over in (("baseline layout", {}), ("quality layout", layout)):
-                cfg = qr.config(space.config({**base, **numerics, **over}), seed)
+            for label, over in (("baseline layout", against), ("quality layout", layout)):
+                cfg = bare.config(space.config({**base, **numerics, **knobs_of(space, over)}), seed)
+                cfg = cfg.replace(**{k: v for k, v in over.items() if k not in space.knobs})
                 t0 = time.perf_counter()
                 res = run_trial(cfg)
                 wall = time.perf_counter() - t0
@@ -118,15 +138,15 @@ def main() -> None:
         diffs = [(q[0] - b[0]) / b[0]
                  for b, q in zip(runs["baseline layout"], runs["quality layout"], strict=True)]
         walls = {k: statistics.median(w for _, w in v) for k, v in runs.items()}
-        rows.append({"model": name, "numerics": numerics, "layout": layout,
+        rows.append({"model": name, "numerics": numerics, "layout": layout, "against": against,
                      "eval_ne": {k: [ne for ne, _ in v] for k, v in runs.items()},
                      "wall_s": {k: [w for _, w in v] for k, v in runs.items()},
                      "paired_diff": diffs, "median_wall_s": walls,
                      "speedup": walls["baseline layout"] / walls["quality layout"]})
-    DATA.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "tolerance": qr.tolerance,
-                                "rows": rows}, indent=1))
-    show(json.loads(DATA.read_text()), con)
-    con.print(f"wrote {DATA}")
+    data_file.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "tolerance": qr.tolerance,
+                                     "rows": rows}, indent=1))
+    show(json.loads(data_file.read_text()), con)
+    con.print(f"wrote {data_file}")
 
 
 if __name__ == "__main__":

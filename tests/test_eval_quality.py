@@ -356,16 +356,35 @@ def test_a_quality_layout_trains_every_model_in_its_layout_and_keeps_what_change
     assert (old["kernel"], old["pipeline_depth"], old["sharding"]) == ("fbgemm", 0, b["sharding"])
 
 
+def test_a_quality_layout_sets_a_fixed_setting_that_never_changes_the_model(tmp_path: Path) -> None:
+    """`comm_overlap` is no knob of the default space, and no value of it changes the model
+    (`numerics.ALWAYS_NEUTRAL`; tests/test_sharding.py: bit for bit): a layout naming it runs every
+    quality run with it, the column-wise model's too, while the search keeps the baseline's."""
+    text = _without_layout((ROOT / "search_spaces" / "dlrm_cpu.yaml").read_text())
+    (tmp_path / "s.yaml").write_text(text.replace("  screen: on_demand\n", "  screen: on_demand\n"
+                                                  "  layout: {comm_overlap: forward_backward}\n"))
+    s = load_space(tmp_path / "s.yaml")
+    assert "comm_overlap" not in s.knobs
+    b = s.baseline_params()
+    for params in (b, {**b, "emb_precision": "fp16"}, {**b, "sharding": "column_wise"}):
+        assert s.config(params).comm_overlap == "none"
+        assert s.quality_runs.config(s.config(s.model_params(params)), 1).comm_overlap == "forward_backward"
+
+
 @pytest.mark.parametrize("layout, key, says", [
     ("{emb_precision: fp16}", "quality.layout.emb_precision", "not a model-neutral knob"),
-    ("{comm_overlap: forward}", "quality.layout.comm_overlap", "not a knob of this space"),
+    ("{comm_overlap: sideways}", "quality.layout.comm_overlap", "choose one of ['none', 'forward'"),
     ("{kernel: cuda}", "quality.layout.kernel", "choose one of"),
+    ("{threads_per_rank: 0}", "quality.layout.threads_per_rank", "threads_per_rank"),
+    # TorchRec waits on the all-to-all where the model reads it: a space that targets it cannot overlap
+    ("{comm_overlap: forward}", "quality.layout.comm_overlap", "target torchrec"),
 ])
 def test_a_bad_quality_layout_is_one_line_naming_the_key(tmp_path: Path, layout: str, key: str,
                                                          says: str) -> None:
-    text = _without_layout((ROOT / "search_spaces" / "dlrm_cpu.yaml").read_text())
-    (tmp_path / "s.yaml").write_text(text.replace("  screen: on_demand\n",
-                                                  f"  screen: on_demand\n  layout: {layout}\n"))
+    name = "dlrm_cpu_torchrec" if "torchrec" in says else "dlrm_cpu"
+    text = _without_layout((ROOT / "search_spaces" / f"{name}.yaml").read_text())
+    (tmp_path / "s.yaml").write_text(text.replace("  tolerance: 0.001",
+                                                  f"  layout: {layout}\n  tolerance: 0.001", 1))
     with pytest.raises(ConfigError, match=key) as e:
         load_space(tmp_path / "s.yaml")
     assert says in str(e.value) and "\n" not in str(e.value)

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from cubic.space.numerics import ALWAYS_NEUTRAL
 from cubic_harness.config import TrialConfig
 
 UPFRONT, ON_DEMAND, OFF = "upfront", "on_demand", "off"
@@ -48,8 +49,11 @@ class QualityRuns:
     layout: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def config(self, cfg: TrialConfig, seed: int) -> TrialConfig:
-        """`cfg` as a quality run: the budget's steps on a stream that does not repeat within it, one
-        window (its speed is not the point), held-out evaluation, this seed, and time for all of it."""
+        """`cfg` as a quality run: the layout's settings that never change the model
+        (`numerics.ALWAYS_NEUTRAL`: a fixed setting of the space too), the budget's steps on a stream
+        that does not repeat within it, one window (its speed is not the point), held-out
+        evaluation, this seed, and time for all of it."""
+        cfg = cfg.replace(**{k: v for k, v in self.layout.items() if k in ALWAYS_NEUTRAL})
         wl = cfg.workload
         if wl.sample_cycle < self.samples:
             wl = dataclasses.replace(wl, sample_cycle=1 << max(self.samples - 1, 1).bit_length())

@@ -80,7 +80,7 @@ def _build(ld: Loader, raw: dict[str, Any], f: SpaceFile,
         repeats=(f.trial or TrialSection()).repeats, budget=budget.trials,
         confirm_top_k=budget.confirm_top_k, max_concurrent=budget.max_concurrent,
         isolation=budget.isolation, description=str(raw.get("description", "")), target=f.target,
-        target_dropped=dropped, lr_scaling=lr_scaling, quality_runs=_quality_runs(ld, raw, f, knobs),
+        target_dropped=dropped, lr_scaling=lr_scaling, quality_runs=_quality_runs(ld, raw, f, knobs, baseline),
         codesign=_codesign(ld, f, knobs),
     )
     base = space.baseline_params()
@@ -205,10 +205,12 @@ def _lr_scaling(ld: Loader, raw: dict[str, Any]) -> Any:
         raise ld.err("lr_scaling", str(e).removeprefix("lr_scaling: ")) from None
 
 
-def _quality_runs(ld: Loader, raw: dict[str, Any], f: SpaceFile,
-                  knobs: dict[str, Any]) -> QualityRuns | None:
+def _quality_runs(ld: Loader, raw: dict[str, Any], f: SpaceFile, knobs: dict[str, Any],
+                  baseline: TrialConfig) -> QualityRuns | None:
     """`quality:` as the confirm's quality runs; None (the in-run NE gate) where the file has
-    none. Its `layout` names model-neutral knobs of the space, each at one of its values."""
+    none. Its `layout` names model-neutral knobs of the space, each at one of its values, and
+    settings the space fixes that never change the model (`numerics.ALWAYS_NEUTRAL`), each at a
+    value the baseline (and TorchRec, for `target: torchrec`) runs."""
     if raw.get("quality") is None:
         return None
     given = {k: v for k, v in f.quality.model_dump().items() if v is not None}  # the rest: defaults
@@ -216,11 +218,14 @@ def _quality_runs(ld: Loader, raw: dict[str, Any], f: SpaceFile,
         if k not in numerics.LAYOUT_KNOBS:
             raise ld.err(f"quality.layout.{k}", "not a model-neutral knob; choose from "
                          f"{list(numerics.LAYOUT_KNOBS)}")
-        if k not in knobs:
+        if k in knobs:
+            if v not in knobs[k].choices:
+                raise ld.err(f"quality.layout.{k}", f"{v!r}; choose one of {list(knobs[k].choices)}")
+        elif k not in numerics.ALWAYS_NEUTRAL:
             raise ld.err(f"quality.layout.{k}", "not a knob of this space; a quality run keeps the "
-                         "baseline's value of a fixed setting")
-        if v not in knobs[k].choices:
-            raise ld.err(f"quality.layout.{k}", f"{v!r}; choose one of {list(knobs[k].choices)}")
+                         f"baseline's value of a fixed setting other than {list(numerics.ALWAYS_NEUTRAL)}")
+        else:
+            _fixed_layout_setting(ld, k, v, baseline, f.target)
     if isinstance(given.get("screen"), bool):
         given["screen"] = UPFRONT if given["screen"] else OFF
     seeds = given.get("seeds", QualityRuns.seeds)
@@ -229,6 +234,21 @@ def _quality_runs(ld: Loader, raw: dict[str, Any], f: SpaceFile,
         raise ld.err("quality.max_seeds", f"{quality_runs.max_seeds} must be at least "
                      f"quality.seeds ({quality_runs.seeds})")
     return quality_runs
+
+
+def _fixed_layout_setting(ld: Loader, k: str, v: Any, baseline: TrialConfig, target: str | None) -> None:
+    """A layout's value for a setting the space fixes: one the baseline's config takes, and one
+    TorchRec runs where the space targets it."""
+    try:
+        dataclasses.replace(baseline, **{k: v}).validate("quality layout")
+    except (ConfigError, TypeError) as e:
+        raise ld.err(f"quality.layout.{k}", str(e).removeprefix("quality layout: ")) from None
+    if target == "torchrec":
+        from cubic_harness.torchrec_rules import torchrec_unsupported
+
+        why = torchrec_unsupported(k, v, baseline.device)
+        if why:
+            raise ld.err(f"quality.layout.{k}", f"target torchrec: {v!r} does not run in TorchRec ({why})")
 
 
 def _check_every_choice_is_used(ld: Loader, space: SearchSpace) -> None:
