@@ -44,6 +44,29 @@ def test_eval_metrics() -> None:
     assert eval_metrics(np.array([-3.0, -1.0, 1.0, 3.0]), y)["ne"] < 0.5
 
 
+def test_the_auc_ranks_ties_as_scipy_does_without_importing_it() -> None:
+    """bf16 logits tie often: each tie shares its mean rank, as scipy's `rankdata` gives it, and the
+    metric never imports scipy (a quality run's rank 0 would pay the import)."""
+    import subprocess
+    import sys
+
+    from scipy.stats import rankdata
+
+    from cubic_harness.train import mean_ranks
+
+    rng = np.random.default_rng(0)
+    x = torch.randn(65536).to(torch.bfloat16).double().numpy()  # ~1,000 distinct values
+    assert len(np.unique(x)) < x.size // 10
+    assert np.array_equal(mean_ranks(x), rankdata(x))
+    y = rng.standard_normal(1000)  # no ties
+    assert np.array_equal(mean_ranks(y), rankdata(y))
+    probe = ("import sys, numpy as np\nfrom cubic_harness.train import eval_metrics\n"
+             "eval_metrics(np.array([0.5, 0.5, 1.0]), np.array([0.0, 1.0, 1.0]))\n"
+             "print('scipy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_eval_ne_falls_with_training_and_does_not_depend_on_how_ranks_split_the_batch() -> None:
     """Real learning shows on samples never trained on; the evaluation is the model's, not the layout's."""
     base = tiny_cfg(batch_size=512, world_size=1, warmup_steps=1, measure_steps=39, windows=1, eval_samples=4096)
