@@ -4,7 +4,9 @@ multiprocessing removes the folder of a process's fork server sockets when the p
 normally; a Ray worker ends without running exit handlers, so the Ray runner gives its workers one
 folder per tune and removes it when the tune ends. A tuner that is killed (SIGKILL, the OOM killer)
 cannot: the next tune on the machine removes its folder, which it knows was abandoned because nobody
-holds the folder's lock. A lock dies with the process that held it, whatever killed it, and it is
+holds the folder's lock. A worker on another node, where the runner's folder is not, makes a folder
+of its own the same way (`cubic_harness.trial`): it holds the lock for its life, and the next tune's
+first worker on that node removes the folder. A lock dies with the process that held it, whatever killed it, and it is
 seen across PID namespaces that share the temp folder, where a process id would not be. The lock
 file appears already locked (locked under another name, then renamed), so a sweep never takes a
 folder that is being made.

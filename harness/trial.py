@@ -41,6 +41,7 @@ from cubic_harness.config import (
     oversubscribed,
 )
 from cubic_harness.errors import ConfigError, debugging
+from cubic_harness.scratch import Scratch
 
 
 def _is_oom(msg: str) -> bool:
@@ -280,15 +281,24 @@ if _SERVERS_OK:
             return p
 
 
+_own_scratch: list[Scratch] = []  # a worker's folder where the runner's is on another node
+
+
 def _sockets_in_scratch() -> None:
     """Make this process's multiprocessing folder, where its fork servers' sockets go, under
     SCRATCH_ENV's folder before a server starts: multiprocessing removes its folder when the
-    process exits normally, but a Ray worker ends without running exit handlers. A no-op where the
-    variable is unset or names no folder here (another node), or the folder is already made."""
+    process exits normally, but a Ray worker ends without running exit handlers. Where the variable
+    names no folder here (a worker on another node than the runner's), under a `Scratch` of this
+    process's own, which the next tune's first worker on this node removes once this one is gone. A
+    no-op where the variable is unset or the folder is already made."""
     folder = os.environ.get(SCRATCH_ENV, "")
     get_temp_dir = getattr(util, "get_temp_dir", None)  # Fence: undocumented; its folder is cached
-    if not folder or not os.path.isdir(folder) or get_temp_dir is None:
+    if not folder or get_temp_dir is None:
         return
+    if not os.path.isdir(folder):
+        if not _own_scratch:
+            _own_scratch.append(Scratch())
+        folder = _own_scratch[0].path
     default, tempfile.tempdir = tempfile.tempdir, folder  # (the documented default for mkdtemp)
     try:
         get_temp_dir()

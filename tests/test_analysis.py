@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from cubic.execution import scratch
 from cubic.results import analysis, plots
+from cubic_harness import scratch
 from cubic_harness.errors import ConfigError
 from tests.helpers import require
 

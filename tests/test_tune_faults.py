@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from cubic.execution.scratch import abandoned
+from cubic_harness.scratch import abandoned
 from tests.test_tune import FAST, ROOT, cubic_tune, load, space_file
 
 # Rank 1 crashes / allocates past the cap / hangs / is killed (SIGKILL, as the OOM killer does) at four batch
@@ -80,7 +80,7 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
               for t in load(run, "fast").get_trials() if t.state == TrialState.COMPLETE}
     running = [t for t in load(run, "fast").get_trials() if t.state == TrialState.RUNNING]
     assert len(before) >= 2 and running
-    left = abandoned()  # the killed tuner's workers' folder (cubic/execution/scratch.py), among any others
+    left = abandoned()  # the killed tuner's workers' folder (harness/scratch.py), among any others
     assert left
 
     r = cubic_tune("--space", str(space), "--run-dir", str(run), *searcher)

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cubic.execution.scratch import Scratch
 from cubic_harness.config import SCRATCH_ENV, TrialConfig, TrialResult, env_overrides
 from cubic_harness.errors import ConfigError
+from cubic_harness.scratch import Scratch
 
 OBJECT_STORE_MB = 200  # results are a few KB; without a cap Ray reserves 30% of RAM
 HARD_TIMEOUT_SLACK_S = 60.0  # run_trial enforces timeout_s itself; this only catches a stuck worker
