@@ -11,9 +11,9 @@ the median wall seconds of each layout with their ratio.
     .venv/bin/python benchmarks/bench_quality_layout.py [--seeds 3] [--layout kernel=native]
         -> benchmarks/data/quality_layout.json   (--more: seeds after its own; --show: its tables)
 
-`--against KNOB=VALUE...` sets the layout compared with instead of the baseline's (one layout against
-the next: `--out` keeps it apart from the file above). A knob that is not the space's is set on the
-run's config as the space's quality runs set it (`QualityRuns.config`).
+`--against KNOB=VALUE...` sets the layout compared with instead of the baseline's (one layout
+against the next: `--out` keeps it apart from the file above). A knob that is not the space's is set
+on the run's config as the space's quality runs set it (`QualityRuns.config`).
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ folder per tune and removes it when the tune ends. A tuner that is killed (SIGKI
 cannot: the next tune on the machine removes its folder, which it knows was abandoned because nobody
 holds the folder's lock. A worker on another node, where the runner's folder is not, makes a folder
 of its own the same way (`cubic_harness.trial`): it holds the lock for its life, and the next tune's
-first worker on that node removes the folder. A lock dies with the process that held it, whatever killed it, and it is
-seen across PID namespaces that share the temp folder, where a process id would not be. The lock
-file appears already locked (locked under another name, then renamed), so a sweep never takes a
-folder that is being made.
+first worker on that node removes the folder. A lock dies with the process that held it, whatever
+killed it, and it is seen across PID namespaces that share the temp folder, where a process id would
+not be. The lock file appears already locked (locked under another name, then renamed), so a sweep
+never takes a folder that is being made.
 """
 
 from __future__ import annotations

@@ -297,7 +297,8 @@ def eval_metrics(logits: np.ndarray, labels: np.ndarray) -> dict:
     ne = float(loss / -(q * math.log(q) + (1 - q) * math.log(1 - q)))
     pos = labels > 0.5
     npos, nneg = int(pos.sum()), int((~pos).sum())
-    auc = (float(mean_ranks(logits)[pos].sum()) - npos * (npos + 1) / 2) / (npos * nneg) if npos and nneg else math.nan
+    auc = ((float(mean_ranks(logits)[pos].sum()) - npos * (npos + 1) / 2) / (npos * nneg)
+           if npos and nneg else math.nan)
     return {"ne": ne, "auc": auc, "samples": int(labels.size)}
 
 

@@ -391,7 +391,8 @@ def test_a_quality_layout_sets_a_fixed_setting_that_never_changes_the_model(tmp_
     b = s.baseline_params()
     for params in (b, {**b, "emb_precision": "fp16"}, {**b, "sharding": "column_wise"}):
         assert s.config(params).comm_overlap == "none"
-        assert s.quality_runs.config(s.config(s.model_params(params)), 1).comm_overlap == "forward_backward"
+        run = s.quality_runs.config(s.config(s.model_params(params)), 1)
+        assert run.comm_overlap == "forward_backward"
 
 
 @pytest.mark.parametrize("layout, key, says", [
@@ -399,7 +400,7 @@ def test_a_quality_layout_sets_a_fixed_setting_that_never_changes_the_model(tmp_
     ("{comm_overlap: sideways}", "quality.layout.comm_overlap", "choose one of ['none', 'forward'"),
     ("{kernel: cuda}", "quality.layout.kernel", "choose one of"),
     ("{threads_per_rank: 0}", "quality.layout.threads_per_rank", "threads_per_rank"),
-    # TorchRec waits on the all-to-all where the model reads it: a space that targets it cannot overlap
+    # TorchRec waits on the all-to-all where the model reads it: a space targeting it cannot overlap
     ("{comm_overlap: forward}", "quality.layout.comm_overlap", "target torchrec"),
 ])
 def test_a_bad_quality_layout_is_one_line_naming_the_key(tmp_path: Path, layout: str, key: str,

@@ -1,5 +1,5 @@
-"""The Ray workers' socket folder of a tune (harness/scratch.py): kept while its tuner lives, removed
-when it ends, and, where its tuner was killed, by the next tune."""
+"""The Ray workers' socket folder of a tune (harness/scratch.py): kept while its tuner lives,
+removed when it ends, and, where its tuner was killed, by the next tune."""
 
 from __future__ import annotations
 
@@ -49,12 +49,13 @@ os.kill(os.getpid(), signal.SIGKILL)  # a Ray worker ends without exit handlers
 
 def test_a_worker_on_a_node_without_the_runners_folder_leaves_nothing_past_the_next_tune(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner's folder is on its own node; a worker on another one puts its sockets' folder in a
-    locked folder of its own, which the next tune's first worker there takes once the worker is gone."""
+    """The runner's folder is on its own node; a worker on another one puts its sockets' folder in
+    a locked folder of its own, which the next tune's first worker there takes once it is gone."""
     from cubic_harness.config import SCRATCH_ENV
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    env = {**os.environ, "TMPDIR": str(tmp_path), SCRATCH_ENV: str(tmp_path / "on-the-runners-node")}
+    elsewhere = str(tmp_path / "on-the-runners-node")
+    env = {**os.environ, "TMPDIR": str(tmp_path), SCRATCH_ENV: elsewhere}
     p = subprocess.run([sys.executable, "-c", WORKER_ELSEWHERE], capture_output=True, text=True,
                        timeout=120, env=env)
     sockets = Path(p.stdout.strip())

@@ -197,7 +197,8 @@ def test_target_torchrec_keeps_only_what_torchrec_runs(tmp_path: Path) -> None:
         load_space(tmp_path / "t.yaml")  # TorchRec's 2D merges by averaging only: the baseline must say so
     text = text.replace("sparse_sync: grad_allreduce", "sparse_sync: weight_avg", 1)
     (tmp_path / "t.yaml").write_text(text)
-    with pytest.raises(ConfigError, match=r"quality.layout.comm_overlap: target torchrec: 'forward_backward'"):
+    with pytest.raises(ConfigError,
+                       match=r"quality.layout.comm_overlap: target torchrec: 'forward_backward'"):
         load_space(tmp_path / "t.yaml")  # TorchRec waits on the all-to-all where the model reads it
     text = text.replace(" comm_overlap: forward_backward,", "", 1)
     (tmp_path / "t.yaml").write_text(text)

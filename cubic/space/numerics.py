@@ -57,7 +57,8 @@ NUMERICS: dict[str, Aspect] = {
 #: configuration resets them to the baseline's where the aspects stay equal (`SearchSpace.model_params`).
 MODEL_NEUTRAL = ("pipeline_depth", "comm_overlap", "threads_per_rank", "sharding")
 #: The model-neutral knobs no aspect names: every value of one trains the same model, so a quality
-#: layout sets it in every quality run, whether the space searches it or fixes it (`QualityRuns.config`).
+#: layout sets it in every quality run, whether the space searches it or fixes it
+#: (`QualityRuns.config`).
 ALWAYS_NEUTRAL = tuple(k for k in MODEL_NEUTRAL if k not in NUMERICS)
 #: What a space's `quality.layout` may set for its quality runs instead of the baseline's values: the
 #: model-neutral knobs and the kernel. Every kernel computes FBGEMM's math (kernels/base.py: the same

@@ -50,8 +50,8 @@ class QualityRuns:
 
     def config(self, cfg: TrialConfig, seed: int) -> TrialConfig:
         """`cfg` as a quality run: the layout's settings that never change the model
-        (`numerics.ALWAYS_NEUTRAL`: a fixed setting of the space too), the budget's steps on a stream
-        that does not repeat within it, one window (its speed is not the point), held-out
+        (`numerics.ALWAYS_NEUTRAL`: a fixed setting of the space too), the budget's steps on a
+        stream that does not repeat within it, one window (its speed is not the point), held-out
         evaluation, this seed, and time for all of it."""
         cfg = cfg.replace(**{k: v for k, v in self.layout.items() if k in ALWAYS_NEUTRAL})
         wl = cfg.workload

@@ -80,7 +80,8 @@ def _build(ld: Loader, raw: dict[str, Any], f: SpaceFile,
         repeats=(f.trial or TrialSection()).repeats, budget=budget.trials,
         confirm_top_k=budget.confirm_top_k, max_concurrent=budget.max_concurrent,
         isolation=budget.isolation, description=str(raw.get("description", "")), target=f.target,
-        target_dropped=dropped, lr_scaling=lr_scaling, quality_runs=_quality_runs(ld, raw, f, knobs, baseline),
+        target_dropped=dropped, lr_scaling=lr_scaling,
+        quality_runs=_quality_runs(ld, raw, f, knobs, baseline),
         codesign=_codesign(ld, f, knobs),
     )
     base = space.baseline_params()
@@ -220,10 +221,12 @@ def _quality_runs(ld: Loader, raw: dict[str, Any], f: SpaceFile, knobs: dict[str
                          f"{list(numerics.LAYOUT_KNOBS)}")
         if k in knobs:
             if v not in knobs[k].choices:
-                raise ld.err(f"quality.layout.{k}", f"{v!r}; choose one of {list(knobs[k].choices)}")
+                raise ld.err(f"quality.layout.{k}",
+                             f"{v!r}; choose one of {list(knobs[k].choices)}")
         elif k not in numerics.ALWAYS_NEUTRAL:
             raise ld.err(f"quality.layout.{k}", "not a knob of this space; a quality run keeps the "
-                         f"baseline's value of a fixed setting other than {list(numerics.ALWAYS_NEUTRAL)}")
+                         "baseline's value of a fixed setting other than "
+                         f"{list(numerics.ALWAYS_NEUTRAL)}")
         else:
             _fixed_layout_setting(ld, k, v, baseline, f.target)
     if isinstance(given.get("screen"), bool):
@@ -236,7 +239,8 @@ def _quality_runs(ld: Loader, raw: dict[str, Any], f: SpaceFile, knobs: dict[str
     return quality_runs
 
 
-def _fixed_layout_setting(ld: Loader, k: str, v: Any, baseline: TrialConfig, target: str | None) -> None:
+def _fixed_layout_setting(ld: Loader, k: str, v: Any, baseline: TrialConfig,
+                          target: str | None) -> None:
     """A layout's value for a setting the space fixes: one the baseline's config takes, and one
     TorchRec runs where the space targets it."""
     try:
@@ -248,7 +252,8 @@ def _fixed_layout_setting(ld: Loader, k: str, v: Any, baseline: TrialConfig, tar
 
         why = torchrec_unsupported(k, v, baseline.device)
         if why:
-            raise ld.err(f"quality.layout.{k}", f"target torchrec: {v!r} does not run in TorchRec ({why})")
+            raise ld.err(f"quality.layout.{k}",
+                         f"target torchrec: {v!r} does not run in TorchRec ({why})")
 
 
 def _check_every_choice_is_used(ld: Loader, space: SearchSpace) -> None:
