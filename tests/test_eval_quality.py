@@ -400,6 +400,7 @@ def test_a_quality_layout_sets_a_fixed_setting_that_never_changes_the_model(tmp_
     ("{comm_overlap: sideways}", "quality.layout.comm_overlap", "choose one of ['none', 'forward'"),
     ("{kernel: cuda}", "quality.layout.kernel", "choose one of"),
     ("{threads_per_rank: 0}", "quality.layout.threads_per_rank", "threads_per_rank"),
+    ("{comm_overlap: [forward]}", "quality.layout.comm_overlap", "choose one of"),
     # TorchRec waits on the all-to-all where the model reads it: a space targeting it cannot overlap
     ("{comm_overlap: forward}", "quality.layout.comm_overlap", "target torchrec"),
 ])
@@ -412,6 +413,16 @@ def test_a_bad_quality_layout_is_one_line_naming_the_key(tmp_path: Path, layout:
     with pytest.raises(ConfigError, match=key) as e:
         load_space(tmp_path / "s.yaml")
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_fixed_setting_of_another_type_in_a_layout_is_one_line(tmp_path: Path) -> None:
+    """`threads_per_rank` is no knob of the tiny space: a layout's word for it is refused."""
+    text = (ROOT / "search_spaces" / "tiny.yaml").read_text()
+    (tmp_path / "s.yaml").write_text(text + "quality:\n  layout: {threads_per_rank: two}\n")
+    says = r"quality.layout.threads_per_rank: 'two' is not a value of threads_per_rank \(int\)"
+    with pytest.raises(ConfigError, match=says) as e:
+        load_space(tmp_path / "s.yaml")
+    assert "\n" not in str(e.value)
 
 
 def test_a_candidate_far_past_the_tolerance_is_rejected_before_its_remaining_seeds() -> None:

@@ -245,8 +245,11 @@ def _fixed_layout_setting(ld: Loader, k: str, v: Any, baseline: TrialConfig,
     TorchRec runs where the space targets it."""
     try:
         dataclasses.replace(baseline, **{k: v}).validate("quality layout")
-    except (ConfigError, TypeError) as e:
+    except ConfigError as e:
         raise ld.err(f"quality.layout.{k}", str(e).removeprefix("quality layout: ")) from None
+    except (TypeError, ValueError):  # a value of another type than the setting's
+        raise ld.err(f"quality.layout.{k}", f"{v!r} is not a value of {k} "
+                     f"({type(getattr(baseline, k)).__name__})") from None
     if target == "torchrec":
         from cubic_harness.torchrec_rules import torchrec_unsupported
 
