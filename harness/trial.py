@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import os
 import platform
@@ -281,7 +282,10 @@ if _SERVERS_OK:
             return p
 
 
-_own_scratch: list[Scratch] = []  # a worker's folder where the runner's is on another node
+@functools.cache
+def _own_scratch() -> Scratch:
+    """A worker's folder where the runner's is on another node: one for the process's life."""
+    return Scratch()
 
 
 def _sockets_in_scratch() -> None:
@@ -296,9 +300,7 @@ def _sockets_in_scratch() -> None:
     if not folder or get_temp_dir is None:
         return
     if not os.path.isdir(folder):
-        if not _own_scratch:
-            _own_scratch.append(Scratch())
-        folder = _own_scratch[0].path
+        folder = _own_scratch().path
     default, tempfile.tempdir = tempfile.tempdir, folder  # (the documented default for mkdtemp)
     try:
         get_temp_dir()

@@ -391,7 +391,7 @@ def test_a_quality_layout_sets_a_fixed_setting_that_never_changes_the_model(tmp_
     b = s.baseline_params()
     for params in (b, {**b, "emb_precision": "fp16"}, {**b, "sharding": "column_wise"}):
         assert s.config(params).comm_overlap == "none"
-        run = s.quality_runs.config(s.config(s.model_params(params)), 1)
+        run = s.quality_config(params, 1)
         assert run.comm_overlap == "forward_backward"
 
 

@@ -159,9 +159,7 @@ class CarriedVerdicts:
             return []
         sp, out = self.space, []
         for seed in range(self.qr.max_seeds):
-            res = self.store.get(
-                self.qr.config(sp.config(sp.model_params(params)), seed), self.backend
-            )
+            res = self.store.get(sp.quality_config(params, seed, self.qr), self.backend)
             if res is None:
                 break
             out.append(res.extra.get("eval_ne"))

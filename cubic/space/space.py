@@ -215,6 +215,14 @@ class SearchSpace:
                     continue
         return out
 
+    def quality_config(self, params: dict[str, Any], seed: int,
+                       runs: QualityRuns | None = None) -> TrialConfig:
+        """The quality run of params' model at `seed` (under `runs`, else the space's): the config
+        `model_params` picks for that model, with what `QualityRuns.config` sets for every run, so
+        every configuration that trains the model shares the run (through the quality store)."""
+        runs = runs or self.quality_runs or QualityRuns()
+        return runs.config(self.config(self.model_params(params)), seed)
+
     def differs_in_numerics(self, params: dict[str, Any]) -> list[str]:
         """The quality knobs through which params train differently from the baseline
         (`numerics`)."""

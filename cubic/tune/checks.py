@@ -55,7 +55,7 @@ from cubic.space.quality_runs import ON_DEMAND
 from cubic.study.record import TrialRecord
 from cubic.tune.context import Tuning
 from cubic.tune.work import CheckRun, ScreenRun
-from cubic_harness.config import TrialConfig, TrialResult, json_safe
+from cubic_harness.config import TrialResult, json_safe
 
 SETTLE = 2  # later trials an incumbent must outlast before on-demand held-out runs judge it (`settled`)
 
@@ -152,7 +152,8 @@ class QualityChecks:
         scr = self.due_screen(settled)
         if scr is not None:  # each numerics change alone: before the search, or the incumbent's on demand
             n = len(scr.eval_ne)
-            p = self.ctx.runner.submit(self.quality_config(scr.params, n), tag=ScreenRun(scr, n))
+            run = self.ctx.space.quality_config(scr.params, n)
+            p = self.ctx.runner.submit(run, tag=ScreenRun(scr, n))
             why = (f"({sum(x.ok is not None for x in self.screen) + 1} of {len(self.screen)} changes)"
                    if not on_demand or top is None else f"(a change of the incumbent #{top.number})"
                    if scr.change in (settled or ()) else
@@ -193,15 +194,10 @@ class QualityChecks:
         word of a search that ran out of proposals: the confirm judges it then)."""
         return sum(o.number > t.number for o in done) >= SETTLE
 
-    def quality_config(self, params: dict[str, Any], seed: int) -> TrialConfig:
-        """The quality run of params' model at `seed`: the config `SearchSpace.model_params` picks for that
-        model, so every configuration that trains it shares the run (through the quality store)."""
-        space = self.ctx.space
-        return space.quality_runs.config(space.config(space.model_params(params)), seed)
-
     def _submit_check(self, t: TrialRecord, seed: int, what: str) -> Pending:
         qr = self.ctx.policy.quality_runs
-        p = self.ctx.runner.submit(self.quality_config(t.params, seed), tag=CheckRun(t, seed))
+        run = self.ctx.space.quality_config(t.params, seed)
+        p = self.ctx.runner.submit(run, tag=CheckRun(t, seed))
         self.ctx.view.note(f"quality check while searching: #{t.number} ({what}) seed {seed + 1}/{qr.seeds}, "
                            f"{qr.samples:,} samples, held-out {qr.eval_samples:,}" + reused(p))
         return p

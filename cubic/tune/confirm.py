@@ -160,7 +160,7 @@ class Confirm(Candidates):
             if qjob is not None and not pending:
                 t, sd = qjob
                 qr = self.qr
-                p = ctx.runner.submit(self.checks.quality_config(t.params, sd), tag=GateRun(t, sd))
+                p = ctx.runner.submit(ctx.space.quality_config(t.params, sd), tag=GateRun(t, sd))
                 pending.append(p)
                 view.note(f"quality run: #{t.number} seed {sd + 1} (at least {qr.seeds}, at most "
                           f"{qr.max_seeds}), {qr.samples:,} samples, held-out {qr.eval_samples:,}"
