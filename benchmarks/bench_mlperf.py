@@ -5,18 +5,18 @@ v3.1, v4.0 and v4.1, each at 8, 64 and 128 GPUs: the training rate between two e
 the 10 runs of each system, read from the public logs by `benchmarks/mlperf_logs.py` into
 benchmarks/data/mlperf_dlrm_dcnv2.json (its sources: the training_results_vX.Y snapshots' commits).
 
-Protocol (as the issue asks): per round, ONE parameter is fitted so that the 8-GPU point is predicted
-exactly; the 64- and 128-GPU points are then predicted with nothing else changed. The configuration is
-our knobs' nearest to HugeCTR's submission (`config`), its dense gradients all-reduced in fp16 as
-HugeCTR's mixed precision does. The headline fit scales every device rate by one factor, with the
-framework's fixed cost per step set to HugeCTR's: its published train.py builds the solver with
-`use_cuda_graph=True`, so a step is replayed as CUDA graphs with no per-kernel host cost (our preset's
-2 ms is our eager-mode harness's assumed figure). Three other fits are shown for contrast: fp32 gradients,
-the device rates with the harness's 2 ms kept (the protocol of earlier stops, whose factor of 2.5-3.5x
-is not a physical one), and the fixed cost fitted with the preset's rates. Reported per sharding of our
-harness (HugeCTR runs its own hybrid embedding, which our harness does not have: the simulator models
-our harness); `*` marks the simulator's own pick, the fastest sharding it predicts at 64 and 128 GPUs,
-on which the goals are judged.
+Protocol (as the issue asks): per round, ONE parameter is fitted so that the 8-GPU point is
+predicted exactly; the 64- and 128-GPU points are then predicted with nothing else changed. The
+configuration is our knobs' nearest to HugeCTR's submission (`config`), its dense gradients
+all-reduced in fp16 as HugeCTR's mixed precision does. The headline fit scales every device rate by
+one factor, with the framework's fixed cost per step set to HugeCTR's: its published train.py builds
+the solver with `use_cuda_graph=True`, so a step is replayed as CUDA graphs with no per-kernel host
+cost (our preset's 2 ms is our eager-mode harness's assumed figure). Three other fits are shown for
+contrast: fp32 gradients, the device rates with the harness's 2 ms kept (a factor of 2.5-3.5x, not a
+physical one), and the fixed cost fitted with the preset's rates. Reported per sharding of our
+harness (HugeCTR runs its own hybrid embedding, which our harness does not have: the simulator
+models our harness); `*` marks the simulator's own pick, the fastest sharding it predicts at 64 and
+128 GPUs, on which the goals are judged.
 
 What the simulator gets wrong, and why (HugeCTR's published train.py and config_DGXH100_*.sh): on
 v3.1-v4.1 it under-predicts 128 GPUs by 7-13%: HugeCTR overlaps the embedding all-to-all with the dense

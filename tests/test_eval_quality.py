@@ -297,7 +297,7 @@ def test_the_verdict_adds_paired_seeds_until_its_interval_clears_the_tolerance_o
 
 def test_a_candidate_that_cannot_pass_within_the_seed_budget_stops_early_and_one_that_later_passed_does_not() -> None:
     """From three pairs on, the verdict stops at "not resolved" where the chance to pass within `max_seeds`
-    (conditional power under the current trend) is under 5%. The eval NEs are `make tune`'s (stop 32): #30
+    (conditional power under the current trend) is under 5%. The eval NEs are from one `make tune`: #30
     sat at +0.089% +- 0.044% against 0.10% after three seeds and ended not resolved after six; #16 passed at
     six seeds and never looked futile on the way."""
     from scipy.stats import norm

@@ -189,8 +189,8 @@ def test_the_confirm_backs_off_a_rejected_fastest_configuration_to_its_layout(tm
 
 def back_off_plan_of_three_changes(measured: dict[frozenset, float] | None = None,
                                    ruled_out: frozenset = frozenset()):
-    """The 1.00x `make tune`'s source (stop 29): fp16 tables, bf16 dense and bf16 comm on the default space,
-    rejected as not resolved. The screen measured dense bf16 costliest; dense bf16 also carries the speed."""
+    """A `make tune` whose winner came out at 1.00x: fp16 tables, bf16 dense and bf16 comm on the default
+    space, rejected as not resolved. The screen measured dense bf16 costliest; dense bf16 also carries the speed."""
     from cubic.tune import backoff
 
     space = load_space(ROOT / "search_spaces" / "dlrm_cpu.yaml")
