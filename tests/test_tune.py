@@ -988,7 +988,7 @@ def test_a_candidate_as_fast_whose_verdict_may_come_sooner_gets_its_pairs_and_qu
     assert confirm.focus() is other and confirm.quality_seed(other) == 0
     runs(other, other.confirm_qps, other.confirm_base_qps, [0.83712, 0.83543])
     # both want the baseline's seed 3 now: the likelier pass (+0.006% +- 0.03%) is judged first
-    assert confirm.turn(other)[1] < confirm.turn(stack)[1]
+    assert confirm.turn(other)[0] < confirm.turn(stack)[0]
     assert confirm.focus() is other and confirm.quality_seed(base) == 2
     store.update(base, quality_eval_ne=bne, quality_eval_auc=[0.7] * 3)
     assert confirm.quality_seed(other) == 2 and confirm.quality_seed(stack) is None
@@ -1351,3 +1351,37 @@ def test_the_back_off_from_a_stack_with_a_change_ruled_out_alone_keeps_it_only_b
     assert frozenset({d, c}) in kept and frozenset({e, c}) not in kept and frozenset({c}) not in kept
     note = confirm.ctx.view.console.export_text()
     assert "none keeps comm_precision=bf16, but with dense_precision=bf16" in note, note
+
+
+def test_quality_runs_go_first_to_the_likelier_pass_where_a_stack_costs_its_screened_changes_sum(
+        tmp_path: Path) -> None:
+    """`make tune`'s confirm judged a stack of bf16 dense and fp16 comm (+0.06% and +0.07% alone in
+    the screen, +0.12% summed) before the winner's model beside it, as fast, for its cheaper first
+    seed: three runs to "not resolved". The stack's chance before its own pairs now comes from its
+    screened changes, so the likelier pass per run goes first; with no screen to go by, the cheaper
+    seed still does. (The verdict logic alone.)"""
+    from cubic.quality.screen import Screened
+
+    two_lrs = RACE.replace("  pipeline_depth: [0, 1]",
+                           "  dense_lr: [0.05, 0.01]\n  pipeline_depth: [0, 1]")
+    confirm, store, (base, stack, other) = confirm_over(
+        tmp_path, two_lrs,
+        [({}, 100.0), ({"emb_lr": 0.00011, "dense_lr": 0.01}, 300.0), ({"emb_lr": 0.0001}, 290.0)])
+    store.update(base, confirm_qps=[100.0] * 3, quality_eval_ne=BNE[:2], quality_eval_auc=[0.7] * 2)
+    _set(store, stack, [2.5, 2.6, 2.4], [])
+    _set(store, other, [2.45, 2.55, 2.5], [0.0005, 0.0012])  # straddles 0.2%, likely to pass
+    confirm.screened = [stack, other]
+    assert confirm.phase(stack) is confirm.phase(other) is Phase.JUDGING
+    # no screen to go by: the cheaper seed first
+    assert confirm.focus() is stack and confirm.quality_seed(stack) == 0
+
+    def alone(knob: str, value: float, diffs: list[float]) -> Screened:
+        ne = [b * (1 + d) for b, d in zip(BNE[:2], diffs, strict=True)]
+        return Screened(knob, value, {}, ne, [0.7] * 2)
+
+    confirm.checks.screen = [alone("emb_lr", 0.00011, [0.0011, 0.0013]),
+                             alone("dense_lr", 0.01, [0.0010, 0.0014])]
+    # +0.24% summed: unlikely to pass, at one run or two
+    assert confirm.turn(other) < confirm.turn(stack)
+    assert confirm.focus() is other and confirm.quality_seed(base) == 2
+    assert confirm.quality_seed(stack) is None

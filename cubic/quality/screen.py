@@ -21,11 +21,13 @@ confirm, `cubic.tune`).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cubic.quality.rules import EARLY_REJECT, Judgement, judge, paired_mean
-from cubic.space.numerics import MONOTONE, blocking, further_out
+from cubic.space.numerics import COVERS, MONOTONE, Change, blocking, further_out
 from cubic.space.quality_runs import OFF, QualityRuns
 from cubic.space.search_space import SearchSpace
 
@@ -131,6 +133,26 @@ def implied_out(screen: list[Screened], space: SearchSpace) -> list[Screened]:
             x.ok, x.reason = False, f"as {by.label} is, without a run of its own ({MONOTONE[x.name].why})"
             found.append(x)
     return found
+
+
+def stacked_diffs(made: frozenset[Change], screen: list[Screened],
+                  base_ne: Sequence[float | None]) -> list[float] | None:
+    """Per seed, the sum of the relative eval-NE differences the screen measured for each change in
+    `made` alone: what a configuration making them all would cost, were the costs to add. A change
+    another in `made` may cover (`numerics.COVERS`) adds nothing. None where a change has no runs
+    paired on two seeds or a run failed. Only an expectation, to order work by (which candidate's
+    quality runs come first: `cubic.tune.candidates.Candidates.turn`), never a verdict: a stack is
+    judged by its own runs."""
+    own = [c for c in made if not COVERS.get(c, frozenset()) & made]
+    runs = {x.change: x.eval_ne for x in screen}
+    if not own or any(c not in runs for c in own):
+        return None
+    n = min(len(base_ne), *(len(runs[c]) for c in own))
+    cols = [base_ne[:n], *(runs[c][:n] for c in own)]
+    if n < 2 or any(v is None or not math.isfinite(v) for col in cols for v in col):
+        return None
+    return [sum((runs[c][i] - base_ne[i]) / base_ne[i] for c in own)  # type: ignore[operator]
+            for i in range(n)]
 
 
 @dataclass(frozen=True)

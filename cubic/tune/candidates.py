@@ -24,6 +24,7 @@ from cubic.quality.rules import (
     same_runs,
     within,
 )
+from cubic.quality.screen import stacked_diffs
 from cubic.space.quality_runs import QualityRuns
 from cubic.study.record import TrialRecord
 from cubic.tune.checks import QualityChecks, early_reject, paired_diff
@@ -260,8 +261,8 @@ class Candidates:
         """The open candidate whose quality runs come next (None: none is ready, or a candidate's
         pairs come first: `turns`). One at a time, the fastest by its final speed-up first,
         since a slower one that passed would not spare it, while its pass spares every slower one
-        (`cannot_win`). Of those whose pass would spare the fastest (`spares`), the quickest
-        verdict first (`turn`), which may spare the others. Why not every one the fastest is not
+        (`cannot_win`). Of those whose pass would spare the fastest (`spares`), the likeliest
+        pass per run first (`turn`), which may spare the others. Why not every one the fastest is not
         measurably faster than: a slower one cheaper to start may pass and still leave the fastest
         to be judged, so its runs decide nothing."""
         pick, _ = self.turns()
@@ -293,20 +294,28 @@ class Candidates:
             return None, max(contenders, key=lambda t: statistics.median(self.ratios(t)))
         return pick, None
 
-    def turn(self, t: TrialRecord) -> tuple[int, float]:
-        """What orders candidates as fast as each other for quality runs, the quickest verdict
-        first: the runs t's next seed takes (its own, and the baseline's where that seed is not in),
-        then its chance to pass within the seed budget (`rules.pass_chance`, negated; 0.5 before it
-        has two pairs). Why: a stack whose interval straddles the tolerance may take every seed
-        of the budget to end "not resolved", while one as fast and clearly within it passes in
-        a few runs and spares the other."""
-        assert self.qr is not None
+    def turn(self, t: TrialRecord) -> tuple[float, int]:
+        """What orders candidates as fast as each other for quality runs, the likeliest pass per run
+        first: the runs t's next seed takes (its own, and the baseline's where that seed is not in)
+        over its chance to pass within the seed budget (`rules.pass_chance`), then those runs.
+        The chance rests on t's own pairs; before two, on what its changes cost alone in the
+        screen, summed per seed (`screen.stacked_diffs`); without either, 0.5. Why: a stack whose
+        interval straddles the tolerance may take every seed of the budget to end "not resolved",
+        while one as fast and clearly within it passes in a few runs and spares the other. A stack
+        of two changes that each cost about +0.06% alone sits near a 0.10% tolerance: taken first
+        for its cheaper first seed, it spends three runs to end "not resolved" beside one as fast
+        that then passes."""
+        assert self.qr is not None and self.base is not None
         cost = 1 + (self.qdone(self.base) <= self.qdone(t))
         _, j = self.checks.sequential(t, self.base)
+        diffs = j.diffs if j is not None and len(j.diffs) >= 2 else stacked_diffs(
+            self.ctx.space.numerics_changes(t.params), self.checks.screen,
+            self.base.quality_eval_ne)
         chance = 0.5
-        if j is not None and len(j.diffs) >= 2:
-            chance = pass_chance(j.diffs, self.qr.tolerance, self.qr.confidence, self.qr.max_seeds)
-        return cost, -chance
+        if diffs is not None:
+            diffs = diffs[:self.qr.max_seeds - 1]  # (a chance over the seeds still to come)
+            chance = pass_chance(diffs, self.qr.tolerance, self.qr.confidence, self.qr.max_seeds)
+        return cost / max(chance, MIN_CHANCE), cost
 
     def ratios(self, t: TrialRecord) -> list[float]:
         """t's re-measured speed-ups: paired, else over the baseline's re-measured median, else
@@ -628,6 +637,10 @@ def median_finite(xs: Any) -> float | None:
 # How many times `repeats` an open candidate's pairs may grow to while they tell it faster than the
 # would-be winner (`Candidates.reps_of`)
 CONFIRM_LEAD = 2
+
+# The least chance to pass a candidate's turn divides its runs by (`Candidates.turn`): a stack
+# whose screened changes sum far past the tolerance still orders by its runs among such stacks
+MIN_CHANCE = 1e-3
 
 # How far above the would-be winner's median speed-up the spare rule may still say "cannot win": a
 # candidate beyond it is judged however noisy the pairs. Why: one baseline run caught in a slow spell

@@ -39,12 +39,13 @@ skew the very numbers that pick the winner):
    more pair while the interval straddles the tolerance, up to `max_seeds` or until its chance to
    pass within them is spent), or without quality runs its NE over the baseline's samples. Quality
    runs go to one candidate at a time, the fastest first, and among those whose pass would spare
-   it (`spares`: not measurably slower, within its reach) the one whose verdict may come soonest:
-   its next seed costs fewest runs, then its chance to pass within the seed budget is highest
-   (`Candidates.focus`, `turn`); an open candidate that may be as fast and comes first by that
-   gets its pairs before. Why: a pass spares every slower candidate its quality runs, while
-   judged in rank order the runs go first to a stack near the tolerance that may end "not
-   resolved" beside one as fast that would pass sooner.
+   it (`spares`: not measurably slower, within its reach) the likeliest pass per run: the runs its
+   next seed costs over its chance to pass within the seed budget, from its own pairs or, before
+   two, from what its changes cost alone in the screen, summed per seed (`Candidates.focus`,
+   `turn`); an open candidate that may be as fast and comes first by that gets its pairs before.
+   Why: a pass spares every slower candidate its quality runs, while judged in rank order the
+   runs go first to a stack near the tolerance that may end "not resolved" beside one as fast
+   that would pass sooner.
    A model whose quality already failed (its own runs, or a twin's it inherits) is not re-measured
    at all, and a layout of a model still being judged on a faster twin waits for that verdict (not
    for a twin re-measured slower than its own search run: `Candidates.may_outrun`); one whose
