@@ -288,7 +288,8 @@ class Candidates:
         top = max(speed.values(), key=statistics.median)
         tied = [t for t in ready if spares(speed[t.number], top, self.qr.confidence)]
         pick = min(tied, key=lambda t: (*self.turn(t), -statistics.median(speed[t.number])))
-        contenders = [t for t in judging if not self.final(t) and self.turn(t) < self.turn(pick)
+        its_turn = self.turn(pick)  # (a pass chance each: once, not once per candidate)
+        contenders = [t for t in judging if not self.final(t) and self.turn(t) < its_turn
                       and self.best_so_far(t) >= min(top)]
         if contenders:
             return None, max(contenders, key=lambda t: statistics.median(self.ratios(t)))
