@@ -317,10 +317,70 @@ def all_systems(meas: dict, results: dict) -> list[dict]:
             row.update(preset=preset, pred=r.qps if r.status == "ok" else None,
                        err=r.qps / s["rate"] - 1 if r.status == "ok" else None,
                        why_not="" if r.status == "ok" else r.error)
+            if r.status == "ok":
+                row.update(split_ms(r.breakdown_ms))
             if row["meas_peak"] > THROTTLED * row["meas"] and r.status == "ok":  # runs slow down
                 row["err_peak"] = r.qps / row["meas_peak"] - 1
             rows.append(row)
     return rows
+
+
+def split_ms(breakdown: dict) -> dict[str, float]:
+    """A predicted step as its collectives (`comm_ms`: what they add to the step) and the rest
+    (`compute_ms`: the device's work)."""
+    comm = float(breakdown["comm"])
+    return {"comm_ms": comm, "compute_ms": float(sum(breakdown.values())) - comm}
+
+
+# The benchmarks a server's device is read from: each trains data-parallel a model of at most ~50M
+# parameters (ResNet-50 26M, RetinaNet ~38M, Mask R-CNN ~44M, RNN-T ~49M, 3D U-Net 19M), so its
+# gradient exchange is small beside its step. BERT's 340M are not, nor DLRM's all-to-all.
+DEVICE_BENCHMARKS = ("resnet", "ssd", "maskrcnn", "rnnt", "unet3d")
+
+
+def same_servers(meas: dict, results: dict, rows: list[dict]) -> list[dict]:
+    """Each 8-GPU server beside its round's fitted DGX H100, on MLPerf's other benchmarks and on
+    DLRM-DCNv2 (`mlperf_logs.same_server`): its rate as a share of the DGX H100's, per benchmark in
+    `DEVICE_BENCHMARKS` and their median (`device`), DLRM-DCNv2's measured and predicted, and the
+    predicted step without its collectives (`compute`). `device_err` is how far the preset's
+    compute is from what the server's other benchmarks measure; `comm_implied_ms` is the measured
+    DLRM step less the predicted compute: what the node's links took if the device is right."""
+    out = []
+    for o in rows:
+        rnd, s = o["round"], logs()[o["round"]]["systems"][o["system"]]
+        if rnd not in meas or o.get("pred") is None or s["gpus"] != 8 or s["nodes"] != 1:
+            continue
+        ref = logs()[rnd]["systems"][meas[rnd]["systems"][8]]
+        mine, theirs = s.get("same_server", {}), ref.get("same_server", {})
+        shares = {b: mine[b]["rate"] / theirs[b]["rate"] for b in DEVICE_BENCHMARKS
+                  if b in mine and b in theirs}
+        if not shares:
+            continue
+        ref_ms = split_ms(results[o["fit_round"]]["column_wise"]["breakdown_ms"][8])
+        device = statistics.median(shares.values())
+        compute = ref_ms["compute_ms"] / o["compute_ms"]
+        out.append({"round": rnd, "system": o["system"], "preset": o["preset"], "shares": shares,
+                    "device": device, "dlrm_meas": o["meas"] / ref["rate"],
+                    "dlrm_pred": o["pred"] / ref["rate"], "compute": compute,
+                    "device_err": compute / device - 1, "comm_pred_ms": o["comm_ms"],
+                    "comm_implied_ms": 1e3 * s["global_batch"] / o["meas"] - o["compute_ms"]})
+    return out
+
+
+def print_same_servers(console: Console, rows: list[dict]) -> None:
+    tab = Table(title="each 8-GPU server as a share of its round's DGX H100: MLPerf's other benchmarks "
+                "(the device), DLRM-DCNv2 measured and predicted, the predicted step without its "
+                "collectives (compute), and the collectives the measured step leaves (ms)")
+    for col in ("round", "system", "preset", *DEVICE_BENCHMARKS, "device", "compute (err)",
+                "DLRM meas / pred", "DLRM / device", "comm pred -> implied"):
+        tab.add_column(col, justify="right")
+    for r in rows:
+        tab.add_row(r["round"], r["system"], r["preset"],
+                    *(f"{r['shares'][b]:.3f}" if b in r["shares"] else "-" for b in DEVICE_BENCHMARKS),
+                    f"{r['device']:.3f}", f"{r['compute']:.3f} ({r['device_err']:+.0%})",
+                    f"{r['dlrm_meas']:.3f} / {r['dlrm_pred']:.3f}", f"{r['dlrm_meas'] / r['device']:.2f}",
+                    f"{r['comm_pred_ms']:.1f} -> {r['comm_implied_ms']:.1f}")
+    console.print(tab)
 
 
 def gpu_points(meas: dict, results: dict, rows: list[dict]) -> list[dict]:
@@ -455,6 +515,8 @@ def main() -> None:
         tab.add_row(o["preset"], str(o["gpus"]), str(o["systems"]), f"{o['median_err']:+.1%}",
                     f"{o['worst_err']:+.1%}", nv, ", ".join(f"{n} ({e:+.0%})" for n, e in thr))
     console.print(tab)
+    out["same_servers"] = same_servers(meas, out["results"]["rates"], out["all_systems"])
+    print_same_servers(console, out["same_servers"])
     (DATA / "mlperf_validation.json").write_text(json.dumps(out, indent=1, default=str))
     ttt = time_to_train(meas, out["results"]["rates"], out["all_systems"])
     print_ttt(console, ttt)

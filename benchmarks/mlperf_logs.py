@@ -14,6 +14,11 @@ span of any run: a system whose runs slow down after their first minutes shows i
 `logged`: what HugeCTR printed of every run, where the runs agree (`logged`): the devices by their CUDA
 name, which is what ran where it differs from the system description's accelerator.
 
+`same_server`: the round's other benchmarks (ResNet, BERT, ...) run on the same server as a DLRM-DCNv2
+system (`server`: its org and its description's name, accelerator, nodes, GPUs per node and CPU), each
+as the median over its runs of the run's median `tracked_stats.throughput`: the server's speed on
+workloads without DLRM's all-to-all, to tell its device apart from its links (`bench_mlperf.py`).
+
     git clone --bare https://github.com/mlcommons/training_results_v4.0 training_results_v4.0   # each round
     .venv/bin/python benchmarks/mlperf_logs.py training_results_v3.0 training_results_v3.1 ...
 
@@ -32,6 +37,10 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "data" / "mlperf_dlrm_dcnv2.json"
 RESULT = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/dlrm_dcnv2/result_\d+\.txt$")
+ANY_RESULT = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/(?P<bench>\w+)/result_\d+\.txt$")
+# What makes two system descriptions one server: the fields that name its hardware (the framework differs)
+SERVER = ("system_name", "accelerator_model_name", "number_of_nodes", "accelerators_per_node",
+          "host_processor_model_name")
 # What HugeCTR prints of the run itself, beside the MLLOG stream: the CUDA name of each device it ran on (which
 # may differ from the system description's accelerator), the NUMA node of each GPU, its version, and its
 # planner's embedding placement (model-parallel and data-parallel tables).
@@ -125,7 +134,65 @@ def time_to_train(runs: list[dict]) -> dict:
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, errors="replace",
+                          check=True).stdout
+
+
+def _shown(repo: Path, path: str) -> str:
+    """A file of the snapshot's HEAD, "" where the snapshot lists it but does not hold it (a large file)."""
+    try:
+        return _git(repo, "show", f"HEAD:{path}")
+    except subprocess.CalledProcessError:
+        return ""
+
+
+def tracked_rate(text: str) -> float | None:
+    """A run's median `tracked_stats.throughput` (its implementation's own samples/s; None if it logs none)."""
+    vals = []
+    for line in text.splitlines():
+        if ":::MLLOG" in line and '"tracked_stats"' in line:
+            try:
+                d = json.loads(line.split(":::MLLOG", 1)[1])
+            except ValueError:
+                continue  # a line cut short (a run killed mid-write)
+            if isinstance(d.get("value"), dict) and d["value"].get("throughput"):
+                vals.append(float(d["value"]["throughput"]))
+    return statistics.median(vals) if vals else None
+
+
+def server(repo: Path, org: str, system: str) -> tuple[str, ...] | None:
+    """The server a system ran on: its org and its description's `SERVER` fields (None if unreadable)."""
+    try:
+        desc = json.loads(_git(repo, "show", f"HEAD:{org}/systems/{system}.json"))
+    except (subprocess.CalledProcessError, ValueError):
+        return None
+    return (org, *(str(desc.get(k, "")).strip() for k in SERVER))
+
+
+def same_server(repo: Path, files: list[str], dlrm: list[tuple[str, str]]) -> dict[str, dict]:
+    """{DLRM system: {benchmark: {system, runs, rate, rate_min, rate_max}}}: the round's other benchmarks on
+    each DLRM system's server, the same-named directory first where the server has several."""
+    runs: dict[tuple[str, str, str], list[str]] = {}
+    for f in files:
+        if (m := ANY_RESULT.match(f)) and m["bench"] != "dlrm_dcnv2":
+            runs.setdefault((m["org"], m["system"], m["bench"]), []).append(f)
+    dirs = sorted({(org, system) for org, system, _ in runs})
+    wanted = {server(repo, org, system): (org, system) for org, system in dlrm}
+    by_server: dict[tuple, list[tuple[str, str]]] = {}
+    for org, system in dirs:
+        if org in {o for o, _ in dlrm} and (key := server(repo, org, system)) in wanted:
+            by_server.setdefault(key, []).append((org, system))
+    out: dict[str, dict] = {}
+    for key, (_org, dlrm_system) in wanted.items():
+        mine = sorted(by_server.get(key, []), key=lambda d: d[1] != dlrm_system)
+        for bench in sorted({b for o, s, b in runs if (o, s) in mine}):
+            o, s = next(d for d in mine if (*d, bench) in runs)
+            rates = [r for f in runs[(o, s, bench)] if (r := tracked_rate(_shown(repo, f)))]
+            if rates:
+                out.setdefault(dlrm_system, {})[bench] = {
+                    "system": s, "runs": len(rates), "rate": statistics.median(rates),
+                    "rate_min": min(rates), "rate_max": max(rates)}
+    return out
 
 
 def read_round(repo: Path) -> dict:
@@ -156,6 +223,8 @@ def read_round(repo: Path) -> dict:
                        "tracked": statistics.median(r["tracked"] or 0.0 for r in rs),
                        **time_to_train([r for r in rs if r.get("converged")]),
                        **({"logged": seen} if (seen := as_logged(rs)) else {})}
+    for system, benches in same_server(repo, files, [(v["org"], k) for k, v in out.items()]).items():
+        out[system]["same_server"] = benches
     return out
 
 
