@@ -40,7 +40,9 @@ its GPU's preset with its round's one H100 fit, nothing refitted; per preset its
 smallest (`gpu_points`). The presets' figures cite their sources (clusters/*.yaml; docs/simulator.md,
 "GPU presets against MLPerf"). And time to train, MLPerf's score, per system (`time_to_train`):
 the samples its runs trained to reach AUC 0.80275 over the predicted samples/s, plus its evaluations,
-against the logs' run_start -> run_stop (benchmarks/data/mlperf_time_to_train.json).
+against the logs' run_start -> run_stop (benchmarks/data/mlperf_time_to_train.json). And each 8-GPU
+server beside its round's DGX H100 on MLPerf's other benchmarks (`same_servers`): its device, read
+from workloads without DLRM's all-to-all, apart from its links.
 
     .venv/bin/python benchmarks/bench_mlperf.py
 """

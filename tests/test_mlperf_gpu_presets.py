@@ -87,15 +87,15 @@ def test_a_log_says_what_the_run_ran_on_and_the_runs_must_agree() -> None:
 
 def test_a_system_is_priced_as_its_logs_say_it_ran() -> None:
     """v3.1's xFusion "8x L40S" logs name every device "NVIDIA L40" in all 10 runs: it is priced
-    with the L40's preset (+28% with the L40S's, now +15%). v3.1's L40 server ran v3.0's HugeCTR
-    23.4 with every table model-parallel: it takes v3.0's fit (+27% with v3.1's, now +22%)."""
+    with the L40's preset, not the L40S's. v3.1's L40 server ran v3.0's HugeCTR 23.4 with every
+    table model-parallel: it takes v3.0's fit, not v3.1's. Both within 10%."""
     b, _, _, rows = _run()
     by = {(r["round"], r["system"]): r for r in rows}
     l40s, l40 = by[("v3.1", "G5500V7x8xL40S")], by[("v3.1", "G5500V7x8L40")]
     assert l40s["accelerator"] == "NVIDIA L40S" and l40s["ran_on"] == "NVIDIA L40"
     assert l40s["preset"] == "l40-8" and l40s["fit_round"] == "v3.1"
     assert l40["fit_round"] == "v3.0" and b.software_rounds()["23.4"] == "v3.0"
-    assert 0 < l40s["err"] < 0.20 and 0 < l40["err"] < 0.25, (l40s["err"], l40["err"])
+    assert abs(l40s["err"]) <= 0.10 and abs(l40["err"]) <= 0.10, (l40s["err"], l40["err"])
     sxm = by[("v3.1", "XE9680x8H100-SXM-80GB")]  # "NVIDIA H100 80GB HBM3": no preset by that name
     assert sxm["ran_on"] == sxm["accelerator"] and sxm["preset"] == "h100-8"
 
@@ -119,7 +119,7 @@ def test_every_sxm_gpu_type_is_within_10_percent_at_its_8_gpu_point() -> None:
 
 def test_time_to_train_is_predicted_from_the_rate_and_the_evaluations() -> None:
     """Predicted = samples to AUC 0.80275 over the predicted samples/s + the evaluations (forward
-    only, 3x that rate): every GPU system of the logs, median |error| within 8% (6.2% today) and
+    only, 3x that rate): every GPU system of the logs, median |error| within 8% (5.5% today) and
     the systems that do not throttle within 8% too; the 8-GPU DGX H100 points, whose rate is fitted,
     within 5% (the evaluations are predicted, not read)."""
     b, meas, results, rows = _run()
@@ -178,7 +178,8 @@ def test_the_pcie_servers_miss_is_their_links_not_their_devices() -> None:
     that its other benchmarks measure (ResNet, RetinaNet, Mask R-CNN, RNN-T, 3D U-Net: data-parallel,
     small exchanges) where NVLink joins its GPUs (0.97-1.05x), and at half of it on PCIe (0.51-0.57x).
     The presets' compute is within 15% of those benchmarks on the A40 and the H100 PCIe, so what
-    the simulator misses there is the collectives: 1.4x (H100 PCIe) to 4x (A40) what it prices."""
+    the simulator misses there is the collectives: the A40's step leaves 2.5x what they are priced,
+    the H100 PCIe's 1.4x; the L40's, with its PCIe switches' uplinks priced, within 10%."""
     b, meas, results, rows = _run()
     by = {r["system"]: r for r in b.same_servers(meas, results, rows)}
     pcie = [by[s] for s in ("nf5468m6_hugectr", "G5500V7x8L40", "ESC8000-E11-8xH100-PCIE-80GB")]
@@ -188,4 +189,7 @@ def test_the_pcie_servers_miss_is_their_links_not_their_devices() -> None:
     assert all(r["dlrm_meas"] / r["device"] <= 0.6 for r in pcie), pcie
     assert abs(by["nf5468m6_hugectr"]["device_err"]) <= 0.15
     assert abs(by["ESC8000-E11-8xH100-PCIE-80GB"]["device_err"]) <= 0.15
-    assert all(r["comm_implied_ms"] >= 1.3 * r["comm_pred_ms"] for r in pcie), pcie
+    a40, l40, h100 = pcie
+    assert a40["comm_implied_ms"] >= 2 * a40["comm_pred_ms"], a40
+    assert h100["comm_implied_ms"] >= 1.3 * h100["comm_pred_ms"], h100
+    assert abs(l40["comm_implied_ms"] / l40["comm_pred_ms"] - 1) <= 0.10, l40

@@ -10,6 +10,8 @@ TrialConfig): Calculon's system / model / execution split. One file describes
   width; a fixed framework cost per step; on a GPU, the link to host memory (`host_link_gbs`: tables that
   do not fit live in host memory behind a device-side cache, Neo's hierarchy);
 - `intra_node`: the link between devices of a node (bandwidth per direction, latency per collective);
+  optionally `uplink` (a PCIe server's switches): `devices` behind each switch share one link of
+  `bandwidth_gbs` to the host, which all their bytes to devices behind other switches cross;
 - `network`: each device's own NIC (an all-to-all cannot aggregate NICs), bandwidth and latency;
   optionally `pod_nodes` (nodes per pod, non-blocking inside) and `oversubscription` (above the pod);
 - on either link, `in_network_reduction`: its switches reduce (NVLink SHARP in a node, SHARP on InfiniBand):
@@ -130,6 +132,8 @@ class Link:
     pod_nodes: int = 0  # network only: nodes per pod (a non-blocking fabric inside); 0 = one pod
     oversubscription: float = 1.0  # network only: traffic that leaves a pod shares links this much
     in_network_reduction: bool = False  # the switches reduce: an all-reduce's bytes are not doubled
+    uplink_devices: int = 0  # intra_node only: devices behind one PCIe switch; 0 = no shared uplink
+    uplink_gbs: float = 0.0  # intra_node only: that switch's link to the host, per direction
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,17 @@ class LinkSpec(Strict):
                                        "all-reduce sends and receives each buffer once")
 
 
+class UplinkSpec(Strict):
+    devices: Annotated[int, Field(ge=2)] = Field(description="devices behind one PCIe switch")
+    bandwidth_gbs: Pos = Field(description="the switch's link to the host, per direction, GB/s")
+
+
+class IntraNodeSpec(LinkSpec):
+    uplink: UplinkSpec | None = Field(
+        None, description="a PCIe server's switches: what a switch's devices send to devices behind "
+        "other switches crosses its one link to the host together; absent: each device its own link")
+
+
 class NetworkSpec(LinkSpec):
     pod_nodes: PosInt | None = Field(None, description="nodes per pod (non-blocking inside); absent: one pod")
     oversubscription: Annotated[float, Field(ge=1)] = Field(1.0, description="above the pod; 1 = non-blocking")
@@ -334,7 +349,7 @@ class ClusterFile(Strict):
     nodes: PosInt
     devices_per_node: PosInt
     device: DeviceSpec
-    intra_node: LinkSpec
+    intra_node: IntraNodeSpec
     network: NetworkSpec
     host_memory_gb: Pos
     datacenters: DataCentersSpec | None = Field(None, description="a tier above the pods; absent: one")
@@ -349,6 +364,14 @@ class ClusterFile(Strict):
         "presets carry none")
     about: str = ""
     source: dict[str, Any] = Field({}, description="what measured this file, when")
+
+    @model_validator(mode="after")
+    def _switches_hold_whole_nodes(self) -> ClusterFile:
+        up = self.intra_node.uplink
+        if up and (up.devices >= self.devices_per_node or self.devices_per_node % up.devices):
+            raise ValueError(f"intra_node.uplink.devices={up.devices} must divide devices_per_node="
+                             f"{self.devices_per_node} into two or more switches")
+        return self
 
     @model_validator(mode="after")
     def _datacenters_hold_whole_pods(self) -> ClusterFile:
@@ -385,8 +408,10 @@ def cluster_from_dict(d: Any, where: str = "cluster",
         replica_merge_gbs=dict(dv.replica_merge_gbs), overlap_hidden=dv.overlap_hidden,
         reads_own_ids=dv.reads_own_ids)
     net = f.network
+    up = f.intra_node.uplink
     intra = Link(f.intra_node.bandwidth_gbs, f.intra_node.latency_us,
-                 in_network_reduction=f.intra_node.in_network_reduction)
+                 in_network_reduction=f.intra_node.in_network_reduction,
+                 uplink_devices=up.devices if up else 0, uplink_gbs=up.bandwidth_gbs if up else 0.0)
     dcs = f.datacenters
     return Cluster(f.name, f.nodes, f.devices_per_node, device, intra,
                    Link(net.bandwidth_gbs, net.latency_us, net.pod_nodes or 0, net.oversubscription,

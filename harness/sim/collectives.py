@@ -3,7 +3,11 @@
 A group of ranks is routed by where its members sit: all on one node -> the intra-node link; across
 nodes -> each device's own NIC for the inter-node part (an all-to-all cannot aggregate NICs; its
 intra-node part runs on the node link at the same time); bytes that leave a pod cross links
-oversubscribed `network.oversubscription` times. Bus-bandwidth factors are nccl-tests':
+oversubscribed `network.oversubscription` times. In a PCIe server whose switches each hold g devices
+(`intra_node.uplink`), an all-to-all's bytes between switches cross each switch's one link to the
+host together: g x (m-g)/n of a rank's buffer at the uplink's speed, when that is slower than each
+device's own (m-1)/n; a ring all-reduce crosses it on one edge, as any link of the ring, and is
+not slowed. Bus-bandwidth factors are nccl-tests':
 all-to-all / all-gather (n-1)/n of a rank's buffer, all-reduce 2(n-1)/n (ring), hierarchical across
 nodes (reduce-scatter in the node, all-reduce of 1/m over the NICs, all-gather in the node); where a link's
 switches reduce (`in_network_reduction`: NVLink SHARP, InfiniBand SHARP), each rank sends its buffer once
@@ -95,6 +99,9 @@ def all_to_all(bytes_per_rank: float, s: Span, c: Cluster, mean_bytes: float | N
     hot = bytes_per_rank
     mean = hot if mean_bytes is None else min(mean_bytes, hot)
     intra = _ms(hot * (s.m - 1) / s.n, c.intra_node.bandwidth_gbs)
+    g = c.intra_node.uplink_devices
+    if g and s.m > g:  # a PCIe switch's g ranks send their bytes for the node's other switches at once
+        intra = max(intra, _ms(g * mean * (s.m - g) / s.n, c.intra_node.uplink_gbs))
     if s.k <= 1:
         return intra + _lat(c.intra_node.latency_us, s.n)
     q = s.q or s.n
