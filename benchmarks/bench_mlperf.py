@@ -338,6 +338,7 @@ def split_ms(breakdown: dict) -> dict[str, float]:
 # parameters (ResNet-50 26M, RetinaNet ~38M, Mask R-CNN ~44M, RNN-T ~49M, 3D U-Net 19M), so its
 # gradient exchange is small beside its step. BERT's 340M are not, nor DLRM's all-to-all.
 DEVICE_BENCHMARKS = ("resnet", "ssd", "maskrcnn", "rnnt", "unet3d")
+PCIE_PRESETS = ("a40-8", "l40-8", "l40s-8", "h100-pcie-8", "h200-nvl-4")  # no NVLink across the node
 
 
 def same_servers(meas: dict, results: dict, rows: list[dict]) -> list[dict]:
@@ -567,6 +568,30 @@ def print_ttt(console: Console, rows: list[dict]) -> None:
          "eval_speedup": EVAL_SPEEDUP, "summary": summ, "rows": rows}, indent=1))
 
 
+def plot_same_servers(ax, rows: list[dict]) -> None:  # noqa: ANN001 (a matplotlib Axes)
+    """DLRM-DCNv2's share of the DGX H100 against the share the same server's other benchmarks
+    measure: NVLink servers on the diagonal, PCIe servers at half of it; the prediction beside."""
+    for pcie, color in ((False, "C0"), (True, "C3")):
+        sel = [r for r in rows if (r["preset"] in PCIE_PRESETS) == pcie]
+        label = "PCIe servers" if pcie else "NVLink servers"
+        ax.scatter([r["device"] for r in sel], [r["dlrm_meas"] for r in sel], color=color, s=18,
+                   label=f"{label}: measured")
+        ax.scatter([r["device"] for r in sel], [r["dlrm_pred"] for r in sel], facecolors="none",
+                   edgecolors=color, s=30, label=f"{label}: predicted")
+    for r in rows:
+        if r["preset"] in PCIE_PRESETS:
+            ax.annotate(r["preset"], (r["device"], r["dlrm_meas"]), textcoords="offset points",
+                        xytext=(5, -8), fontsize=7)
+    ax.plot([0.1, 2.0], [0.1, 2.0], color="black", linewidth=0.5)
+    ax.plot([0.1, 2.0], [0.05, 1.0], color="gray", linewidth=0.5, linestyle=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("other MLPerf benchmarks: share of the round's DGX H100 (median)")
+    ax.set_ylabel("DLRM-DCNv2: share of the DGX H100")
+    ax.set_title("8-GPU servers: DLRM vs their other benchmarks (dotted: half)")
+    ax.legend(fontsize=7)
+
+
 def plot(meas: dict, out: dict) -> None:
     """Measured vs predicted samples/s per round (the headline fit, the simulator's pick), and the error."""
     import matplotlib
@@ -574,7 +599,7 @@ def plot(meas: dict, out: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax_err, ax_all) = plt.subplots(1, 3, figsize=(19, 4.8))
+    fig, (ax, ax_err, ax_all, ax_same) = plt.subplots(1, 4, figsize=(25, 4.8))
     for i, (rnd, pts) in enumerate(meas.items()):
         res = out["results"]["rates"][rnd]
         r = res[res["pick"]]
@@ -619,6 +644,7 @@ def plot(meas: dict, out: dict) -> None:
     ax_all.set_ylabel("predicted M samples/s")
     ax_all.set_title("every other MLPerf system, from its preset (no refit)")
     ax_all.legend(fontsize=7)
+    plot_same_servers(ax_same, out.get("same_servers", []))
     fig.tight_layout()
     fig.savefig(DATA / "mlperf_validation.png", dpi=100)
 
