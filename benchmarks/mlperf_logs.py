@@ -177,14 +177,14 @@ def same_server(repo: Path, files: list[str], dlrm: list[tuple[str, str]]) -> di
         if (m := ANY_RESULT.match(f)) and m["bench"] != "dlrm_dcnv2":
             runs.setdefault((m["org"], m["system"], m["bench"]), []).append(f)
     dirs = sorted({(org, system) for org, system, _ in runs})
-    wanted = {server(repo, org, system): (org, system) for org, system in dlrm}
+    wanted = {system: server(repo, org, system) for org, system in dlrm}
     by_server: dict[tuple, list[tuple[str, str]]] = {}
     for org, system in dirs:
-        if org in {o for o, _ in dlrm} and (key := server(repo, org, system)) in wanted:
+        if org in {o for o, _ in dlrm} and (key := server(repo, org, system)) in wanted.values():
             by_server.setdefault(key, []).append((org, system))
     out: dict[str, dict] = {}
-    for key, (_org, dlrm_system) in wanted.items():
-        mine = sorted(by_server.get(key, []), key=lambda d: d[1] != dlrm_system)
+    for dlrm_system, key in wanted.items():
+        mine = sorted(by_server.get(key, []) if key else [], key=lambda d: d[1] != dlrm_system)
         for bench in sorted({b for o, s, b in runs if (o, s) in mine}):
             o, s = next(d for d in mine if (*d, bench) in runs)
             rates = [r for f in runs[(o, s, bench)] if (r := tracked_rate(_shown(repo, f)))]
