@@ -160,31 +160,35 @@ def tracked_rate(text: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def server(repo: Path, org: str, system: str) -> tuple[str, ...] | None:
-    """The server a system ran on: its org and its description's `SERVER` fields (None if unreadable)."""
-    try:
-        desc = json.loads(_git(repo, "show", f"HEAD:{org}/systems/{system}.json"))
-    except (subprocess.CalledProcessError, ValueError):
-        return None
+def server(org: str, desc: dict) -> tuple[str, ...]:
+    """The server a system ran on: its org and its description's `SERVER` fields."""
     return (org, *(str(desc.get(k, "")).strip() for k in SERVER))
 
 
-def same_server(repo: Path, files: list[str], dlrm: list[tuple[str, str]]) -> dict[str, dict]:
+def _described(repo: Path, org: str, system: str) -> dict | None:
+    """A system's description (`<org>/systems/<system>.json`), None where it cannot be read."""
+    try:
+        return json.loads(_git(repo, "show", f"HEAD:{org}/systems/{system}.json"))
+    except (subprocess.CalledProcessError, ValueError):
+        return None
+
+
+def same_server(repo: Path, files: list[str], dlrm: dict[str, tuple[str, ...]]) -> dict[str, dict]:
     """{DLRM system: {benchmark: {system, runs, rate, rate_min, rate_max}}}: the round's other benchmarks on
-    each DLRM system's server, the same-named directory first where the server has several."""
+    each DLRM system's server (`dlrm`: system -> `server`), the same-named directory first where the server
+    has several."""
     runs: dict[tuple[str, str, str], list[str]] = {}
     for f in files:
         if (m := ANY_RESULT.match(f)) and m["bench"] != "dlrm_dcnv2":
             runs.setdefault((m["org"], m["system"], m["bench"]), []).append(f)
-    dirs = sorted({(org, system) for org, system, _ in runs})
-    wanted = {system: server(repo, org, system) for org, system in dlrm}
     by_server: dict[tuple, list[tuple[str, str]]] = {}
-    for org, system in dirs:
-        if org in {o for o, _ in dlrm} and (key := server(repo, org, system)) in wanted.values():
-            by_server.setdefault(key, []).append((org, system))
+    for org, system in sorted({(org, system) for org, system, _ in runs}):
+        if org in {key[0] for key in dlrm.values()} and (desc := _described(repo, org, system)):
+            if (key := server(org, desc)) in dlrm.values():
+                by_server.setdefault(key, []).append((org, system))
     out: dict[str, dict] = {}
-    for dlrm_system, key in wanted.items():
-        mine = sorted(by_server.get(key, []) if key else [], key=lambda d: d[1] != dlrm_system)
+    for dlrm_system, key in dlrm.items():
+        mine = sorted(by_server.get(key, []), key=lambda d: d[1] != dlrm_system)
         for bench in sorted({b for o, s, b in runs if (o, s) in mine}):
             o, s = next(d for d in mine if (*d, bench) in runs)
             rates = [r for f in runs[(o, s, bench)] if (r := tracked_rate(_shown(repo, f)))]
@@ -208,12 +212,12 @@ def read_round(repo: Path) -> dict:
             except (ValueError, subprocess.CalledProcessError):
                 continue  # an incomplete log, or one the snapshot lists but does not hold
             runs.setdefault((m["org"], m["system"]), []).append(run)
-    out = {}
+    out, servers = {}, {}
     for (org, system), rs in sorted(runs.items()):
         try:
-            desc = json.loads(_git(repo, "show", f"HEAD:{org}/systems/{system}.json"))
+            desc = _described(repo, org, system) or {}
             gpus = int(desc["number_of_nodes"]) * int(desc["accelerators_per_node"])
-        except (subprocess.CalledProcessError, KeyError, ValueError):
+        except (KeyError, ValueError):
             continue  # a system without a readable description: its GPU count is unknown
         rates = [r["rate"] for r in rs]
         out[system] = {"org": org, "gpus": gpus, "nodes": int(desc["number_of_nodes"]),
@@ -223,7 +227,8 @@ def read_round(repo: Path) -> dict:
                        "tracked": statistics.median(r["tracked"] or 0.0 for r in rs),
                        **time_to_train([r for r in rs if r.get("converged")]),
                        **({"logged": seen} if (seen := as_logged(rs)) else {})}
-    for system, benches in same_server(repo, files, [(v["org"], k) for k, v in out.items()]).items():
+        servers[system] = server(org, desc)
+    for system, benches in same_server(repo, files, servers).items():
         out[system]["same_server"] = benches
     return out
 

@@ -166,7 +166,8 @@ def test_a_servers_other_benchmarks_are_found_by_its_hardware_not_its_folder(tmp
     git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "results"]):
         subprocess.run([*git, *args], check=True)
-    found = logs.same_server(tmp_path, sorted(files), [("IEI", "a_hugectr")])
+    key = logs.server("IEI", json.loads(files["IEI/systems/a_hugectr.json"]))
+    found = logs.same_server(tmp_path, sorted(files), {"a_hugectr": key})
     assert set(found) == {"a_hugectr"} and set(found["a_hugectr"]) == {"resnet"}, found
     resnet = found["a_hugectr"]["resnet"]
     assert resnet["system"] == "a_mxnet" and resnet["runs"] == 2
