@@ -338,7 +338,8 @@ def split_ms(breakdown: dict) -> dict[str, float]:
 # parameters (ResNet-50 26M, RetinaNet ~38M, Mask R-CNN ~44M, RNN-T ~49M, 3D U-Net 19M), so its
 # gradient exchange is small beside its step. BERT's 340M are not, nor DLRM's all-to-all.
 DEVICE_BENCHMARKS = ("resnet", "ssd", "maskrcnn", "rnnt", "unet3d")
-PCIE_PRESETS = ("a40-8", "l40-8", "l40s-8", "h100-pcie-8", "h200-nvl-4")  # no NVLink across the node
+# no NVLink across the node
+PCIE_PRESETS = ("a40-8", "l40-8", "l40s-8", "h100-pcie-8", "h200-nvl-4")
 
 
 def same_servers(meas: dict, results: dict, rows: list[dict]) -> list[dict]:
@@ -371,17 +372,19 @@ def same_servers(meas: dict, results: dict, rows: list[dict]) -> list[dict]:
 
 
 def print_same_servers(console: Console, rows: list[dict]) -> None:
-    tab = Table(title="each 8-GPU server as a share of its round's DGX H100: MLPerf's other benchmarks "
-                "(the device), DLRM-DCNv2 measured and predicted, the predicted step without its "
-                "collectives (compute), and the collectives the measured step leaves (ms)")
+    tab = Table(title="each 8-GPU server as a share of its round's DGX H100: MLPerf's other "
+                "benchmarks (the device), DLRM-DCNv2 measured and predicted, the predicted step "
+                "without its collectives (compute), and the collectives the measured step leaves "
+                "(ms)")
     for col in ("round", "system", "preset", *DEVICE_BENCHMARKS, "device", "compute (err)",
                 "DLRM meas / pred", "DLRM / device", "comm pred -> implied"):
         tab.add_column(col, justify="right")
     for r in rows:
-        tab.add_row(r["round"], r["system"], r["preset"],
-                    *(f"{r['shares'][b]:.3f}" if b in r["shares"] else "-" for b in DEVICE_BENCHMARKS),
+        shares = (f"{r['shares'][b]:.3f}" if b in r["shares"] else "-" for b in DEVICE_BENCHMARKS)
+        tab.add_row(r["round"], r["system"], r["preset"], *shares,
                     f"{r['device']:.3f}", f"{r['compute']:.3f} ({r['device_err']:+.0%})",
-                    f"{r['dlrm_meas']:.3f} / {r['dlrm_pred']:.3f}", f"{r['dlrm_meas'] / r['device']:.2f}",
+                    f"{r['dlrm_meas']:.3f} / {r['dlrm_pred']:.3f}",
+                    f"{r['dlrm_meas'] / r['device']:.2f}",
                     f"{r['comm_pred_ms']:.1f} -> {r['comm_implied_ms']:.1f}")
     console.print(tab)
 

@@ -14,10 +14,11 @@ span of any run: a system whose runs slow down after their first minutes shows i
 `logged`: what HugeCTR printed of every run, where the runs agree (`logged`): the devices by their CUDA
 name, which is what ran where it differs from the system description's accelerator.
 
-`same_server`: the round's other benchmarks (ResNet, BERT, ...) run on the same server as a DLRM-DCNv2
-system (`server`: its org and its description's name, accelerator, nodes, GPUs per node and CPU), each
-as the median over its runs of the run's median `tracked_stats.throughput`: the server's speed on
-workloads without DLRM's all-to-all, to tell its device apart from its links (`bench_mlperf.py`).
+`same_server`: the round's other benchmarks (ResNet, BERT, ...) run on the same server as a
+DLRM-DCNv2 system (`server`: its org and its description's name, accelerator, nodes, GPUs per node
+and CPU), each as the median over its runs of the run's median `tracked_stats.throughput`: the
+server's speed on workloads without DLRM's all-to-all, to tell its device apart from its links
+(`bench_mlperf.py`).
 
     git clone --bare https://github.com/mlcommons/training_results_v4.0 training_results_v4.0   # each round
     .venv/bin/python benchmarks/mlperf_logs.py training_results_v3.0 training_results_v3.1 ...
@@ -37,8 +38,10 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "data" / "mlperf_dlrm_dcnv2.json"
 RESULT = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/dlrm_dcnv2/result_\d+\.txt$")
-ANY_RESULT = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/(?P<bench>\w+)/result_\d+\.txt$")
-# What makes two system descriptions one server: the fields that name its hardware (the framework differs)
+ANY_RESULT = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/(?P<bench>\w+)/"
+                        r"result_\d+\.txt$")
+# What makes two system descriptions one server: the fields that name its hardware (the framework
+# differs)
 SERVER = ("system_name", "accelerator_model_name", "number_of_nodes", "accelerators_per_node",
           "host_processor_model_name")
 # What HugeCTR prints of the run itself, beside the MLLOG stream: the CUDA name of each device it ran on (which
@@ -134,12 +137,13 @@ def time_to_train(runs: list[dict]) -> dict:
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, errors="replace",
-                          check=True).stdout
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          errors="replace", check=True).stdout
 
 
 def _shown(repo: Path, path: str) -> str:
-    """A file of the snapshot's HEAD, "" where the snapshot lists it but does not hold it (a large file)."""
+    """A file of the snapshot's HEAD; "" where the snapshot lists it but does not hold it (a large
+    file)."""
     try:
         return _git(repo, "show", f"HEAD:{path}")
     except subprocess.CalledProcessError:
@@ -147,7 +151,8 @@ def _shown(repo: Path, path: str) -> str:
 
 
 def tracked_rate(text: str) -> float | None:
-    """A run's median `tracked_stats.throughput` (its implementation's own samples/s; None if it logs none)."""
+    """A run's median `tracked_stats.throughput` (its implementation's own samples/s; None if it
+    logs none)."""
     vals = []
     for line in text.splitlines():
         if ":::MLLOG" in line and '"tracked_stats"' in line:
@@ -174,9 +179,9 @@ def _described(repo: Path, org: str, system: str) -> dict | None:
 
 
 def same_server(repo: Path, files: list[str], dlrm: dict[str, tuple[str, ...]]) -> dict[str, dict]:
-    """{DLRM system: {benchmark: {system, runs, rate, rate_min, rate_max}}}: the round's other benchmarks on
-    each DLRM system's server (`dlrm`: system -> `server`), the same-named directory first where the server
-    has several."""
+    """{DLRM system: {benchmark: {system, runs, rate, rate_min, rate_max}}}: the round's other
+    benchmarks on each DLRM system's server (`dlrm`: system -> `server`), the same-named directory
+    first where the server has several."""
     runs: dict[tuple[str, str, str], list[str]] = {}
     for f in files:
         if (m := ANY_RESULT.match(f)) and m["bench"] != "dlrm_dcnv2":

@@ -136,20 +136,21 @@ def test_time_to_train_is_predicted_from_the_rate_and_the_evaluations() -> None:
     assert statistics.median(r["epochs"] for r in done) == pytest.approx(0.75, abs=0.01)
 
 
-def test_a_servers_other_benchmarks_are_found_by_its_hardware_not_its_folder(tmp_path: Path) -> None:
+def test_a_servers_other_benchmarks_are_found_by_its_hardware_not_its_folder(
+        tmp_path: Path) -> None:
     """IEI's A40 server ran DLRM-DCNv2 as `nf5468m6_hugectr` and ResNet as `nf5468m6_mxnet`: one
     server, found by its description's hardware; another org's system of the same name is not it,
     and a run's median `tracked_stats.throughput` is its rate."""
     logs = _bench("mlperf_logs")
 
     def desc(name: str, accel: str, framework: str) -> str:
-        return json.dumps({"system_name": name, "accelerator_model_name": accel, "number_of_nodes": "1",
-                           "accelerators_per_node": "8", "host_processor_model_name": "Xeon 8380",
-                           "framework": framework})
+        return json.dumps({"system_name": name, "accelerator_model_name": accel,
+                           "number_of_nodes": "1", "accelerators_per_node": "8",
+                           "host_processor_model_name": "Xeon 8380", "framework": framework})
 
     def run(*rates: float) -> str:
-        return "\n".join(":::MLLOG " + json.dumps({"key": "tracked_stats", "value": {"throughput": r}})
-                         for r in rates)
+        lines = ({"key": "tracked_stats", "value": {"throughput": r}} for r in rates)
+        return "\n".join(":::MLLOG " + json.dumps(d) for d in lines)
 
     files = {"IEI/systems/a_hugectr.json": desc("NF5468M6", "NVIDIA A40", "hugectr"),
              "IEI/systems/a_mxnet.json": desc("NF5468M6", "NVIDIA A40", "mxnet"),
@@ -176,8 +177,9 @@ def test_a_servers_other_benchmarks_are_found_by_its_hardware_not_its_folder(tmp
 
 def test_the_pcie_servers_miss_is_their_links_not_their_devices() -> None:
     """Beside each round's fitted DGX H100, every 8-GPU server runs DLRM-DCNv2 at the share of it
-    that its other benchmarks measure (ResNet, RetinaNet, Mask R-CNN, RNN-T, 3D U-Net: data-parallel,
-    small exchanges) where NVLink joins its GPUs (0.97-1.05x), and at half of it on PCIe (0.51-0.57x).
+    that its other benchmarks measure (ResNet, RetinaNet, Mask R-CNN, RNN-T, 3D U-Net:
+    data-parallel, small exchanges) where NVLink joins its GPUs (0.97-1.05x), and at half of it on
+    PCIe (0.51-0.57x).
     The presets' compute is within 15% of those benchmarks on the A40 and the H100 PCIe, so what
     the simulator misses there is the collectives: the A40's step leaves 2.5x what they are priced,
     the H100 PCIe's 1.4x; the L40's, with its PCIe switches' uplinks priced, within 10%."""

@@ -255,8 +255,9 @@ class UplinkSpec(Strict):
 
 class IntraNodeSpec(LinkSpec):
     uplink: UplinkSpec | None = Field(
-        None, description="a PCIe server's switches: what a switch's devices send to devices behind "
-        "other switches crosses its one link to the host together; absent: each device its own link")
+        None, description="a PCIe server's switches: what a switch's devices send to devices "
+        "behind other switches crosses its one link to the host together; absent: each device "
+        "its own link")
 
 
 class NetworkSpec(LinkSpec):

@@ -100,7 +100,7 @@ def all_to_all(bytes_per_rank: float, s: Span, c: Cluster, mean_bytes: float | N
     mean = hot if mean_bytes is None else min(mean_bytes, hot)
     intra = _ms(hot * (s.m - 1) / s.n, c.intra_node.bandwidth_gbs)
     g = c.intra_node.uplink_devices
-    if g and s.m > g:  # a PCIe switch's g ranks send their bytes for the node's other switches at once
+    if g and s.m > g:  # a PCIe switch's g ranks send their bytes for the other switches at once
         intra = max(intra, _ms(g * mean * (s.m - g) / s.n, c.intra_node.uplink_gbs))
     if s.k <= 1:
         return intra + _lat(c.intra_node.latency_us, s.n)
