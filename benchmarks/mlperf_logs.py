@@ -211,11 +211,11 @@ def read_round(repo: Path) -> dict:
     for f in files:
         m = RESULT.match(f)
         if m:
+            text = _shown(repo, f)
             try:
-                text = _git(repo, "show", f"HEAD:{f}")
                 run = parse_log(text) | {"logged": logged(text)}
-            except (ValueError, subprocess.CalledProcessError):
-                continue  # an incomplete log, or one the snapshot lists but does not hold
+            except ValueError:
+                continue  # an incomplete log, or one the snapshot lists but does not hold ("")
             runs.setdefault((m["org"], m["system"]), []).append(run)
     out, servers = {}, {}
     for (org, system), rs in sorted(runs.items()):
