@@ -100,26 +100,26 @@ def test_a_system_is_priced_as_its_logs_say_it_ran() -> None:
     assert sxm["ran_on"] == sxm["accelerator"] and sxm["preset"] == "h100-8"
 
 
-def test_every_sxm_gpu_type_is_within_10_percent_at_its_8_gpu_point() -> None:
+def test_every_gpu_type_is_within_10_percent_at_its_8_gpu_point() -> None:
     """With no refit: B200 (5 systems) and GB200 (8 GPUs in the NVL72) within 10%, NVIDIA's H200
-    and the H200 SXM entries' median within 10%, the 4-GPU H200 NVL within 10%. The PCIe cards are
-    not (docs/simulator.md says why): the 8-GPU H100 PCIe +17% once its all-to-all runs through
-    host memory at 28 GB/s (it was +36% at 40), and QCT's 4-GPU D54U-3U throttles."""
+    and the H200 SXM entries' median within 10%, the 4-GPU H200 NVL within 10%; the PCIe cards,
+    their host sockets priced, too: the A40 (+48% without them), the H100 PCIe (+17% with its
+    all-to-all at an all-reduce's 28 GB/s), the L40. QCT's 4-GPU D54U-3U throttles."""
     b, meas, results, rows = _run()
     pts = {(o["preset"], o["gpus"]): o for o in b.gpu_points(meas, results, rows)}
-    for key in (("b200-8", 8), ("gb200-nvl72", 8), ("h200-nvl-4", 4)):
+    for key in (("b200-8", 8), ("gb200-nvl72", 8), ("h200-nvl-4", 4), ("a40-8", 8),
+                ("h100-pcie-8", 8), ("l40-8", 8)):
         assert abs(pts[key]["worst_err"]) <= 0.10, (key, pts[key])
     h200 = pts[("h200-8", 8)]
     assert abs(h200["nvidia_err"]) <= 0.10 and abs(h200["median_err"]) <= 0.10, h200
     assert abs(pts[("h100-8", 8)]["median_err"]) <= 0.02
-    assert 0.0 < pts[("h100-pcie-8", 8)]["worst_err"] <= 0.25, pts[("h100-pcie-8", 8)]
     pcie4 = pts[("h100-pcie-8", 4)]
     assert pcie4["throttled"] == ["D54U-3U", "D54U-3U"], pcie4  # both rounds' runs slow down
 
 
 def test_time_to_train_is_predicted_from_the_rate_and_the_evaluations() -> None:
     """Predicted = samples to AUC 0.80275 over the predicted samples/s + the evaluations (forward
-    only, 3x that rate): every GPU system of the logs, median |error| within 8% (5.5% today) and
+    only, 3x that rate): every GPU system of the logs, median |error| within 8% (5.4% today) and
     the systems that do not throttle within 8% too; the 8-GPU DGX H100 points, whose rate is fitted,
     within 5% (the evaluations are predicted, not read)."""
     b, meas, results, rows = _run()
@@ -175,14 +175,15 @@ def test_a_servers_other_benchmarks_are_found_by_its_hardware_not_its_folder(
     assert resnet["rate"] == pytest.approx(100.0) and resnet["rate_max"] == pytest.approx(110.0)
 
 
-def test_the_pcie_servers_miss_is_their_links_not_their_devices() -> None:
+def test_the_pcie_servers_miss_was_their_links_not_their_devices() -> None:
     """Beside each round's fitted DGX H100, every 8-GPU server runs DLRM-DCNv2 at the share of it
     that its other benchmarks measure (ResNet, RetinaNet, Mask R-CNN, RNN-T, 3D U-Net:
     data-parallel, small exchanges) where NVLink joins its GPUs (0.97-1.05x), and at half of it on
     PCIe (0.51-0.57x).
-    The presets' compute is within 15% of those benchmarks on the A40 and the H100 PCIe, so what
-    the simulator misses there is the collectives: the A40's step leaves 2.5x what they are priced,
-    the H100 PCIe's 1.4x; the L40's, with its PCIe switches' uplinks priced, within 10%."""
+    The presets' compute is within 15% of those benchmarks on the A40 and the H100 PCIe, so the
+    rest of each measured step is the collectives: priced with the host's sockets (the A40's Ice
+    Lake at NCCL's 10 GB/s) and switches, each server's within 10% of what its step leaves, where
+    the A40's was 2.5x what it was priced without them."""
     b, meas, results, rows = _run()
     by = {r["system"]: r for r in b.same_servers(meas, results, rows)}
     pcie = [by[s] for s in ("nf5468m6_hugectr", "G5500V7x8L40", "ESC8000-E11-8xH100-PCIE-80GB")]
@@ -192,7 +193,5 @@ def test_the_pcie_servers_miss_is_their_links_not_their_devices() -> None:
     assert all(r["dlrm_meas"] / r["device"] <= 0.6 for r in pcie), pcie
     assert abs(by["nf5468m6_hugectr"]["device_err"]) <= 0.15
     assert abs(by["ESC8000-E11-8xH100-PCIE-80GB"]["device_err"]) <= 0.15
-    a40, l40, h100 = pcie
-    assert a40["comm_implied_ms"] >= 2 * a40["comm_pred_ms"], a40
-    assert h100["comm_implied_ms"] >= 1.3 * h100["comm_pred_ms"], h100
-    assert abs(l40["comm_implied_ms"] / l40["comm_pred_ms"] - 1) <= 0.10, l40
+    for r in pcie:
+        assert abs(r["comm_implied_ms"] / r["comm_pred_ms"] - 1) <= 0.10, r

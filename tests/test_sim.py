@@ -650,10 +650,10 @@ def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_r
     B200, GB200: 51 systems) stay within 40% (a 4-GPU H100 system measured 23% below its peers);
     B200 and GB200 are within 10% at 8 GPUs (docs/simulator.md, GPU presets against MLPerf). Of the
     PCIe cards' presets (A40, L40, H100 PCIe, H200 NVL: 7 systems; the "L40S" system's logs name
-    L40s) the two L40 servers are within 10% once their PCIe switches' uplinks are priced; the
-    others over-predict, +10% to +48%, and QCT's 4-GPU H100 PCIe D54U-3U, throttled, by +165% /
-    +222%. Only the CPU-only submission is not predicted, and it says why; none is silently
-    dropped."""
+    L40s) all are within 10% once their host's PCIe switches and sockets are priced, but QCT's
+    4-GPU H100 PCIe D54U-3U, whose runs throttle (+137% / +188%; -1% / +41% against the rate
+    each run opens at). Only the CPU-only submission is not predicted, and it says why; none is
+    silently dropped."""
     b = _bench("bench_mlperf")
     base = load_cluster(shipped_cluster("h100-128.yaml"))
     meas = b.measured()
@@ -672,10 +672,8 @@ def test_every_other_mlperf_system_is_predicted_from_its_gpus_preset_without_a_r
     assert max(abs(r["err"]) for r in done if r["preset"] in sxm) <= 0.45, errs
     cards = [r for r in done if r["preset"] in pcie]
     assert len(cards) == 7, cards
-    assert all(abs(r["err"]) <= 0.10 for r in cards if r["preset"] == "l40-8"), cards
-    over = [(r["system"], r["err"]) for r in cards if r["preset"] != "l40-8"]
-    assert all(err > 0 for _, err in over), over
-    assert all(r["err"] <= 0.75 for r in cards if r["system"] != "D54U-3U"), [(r["system"], r["err"]) for r in cards]
+    steady = [(r["system"], r["err"]) for r in cards if r["system"] != "D54U-3U"]
+    assert len(steady) == 5 and all(abs(err) <= 0.10 for _, err in steady), steady
     assert [r["why_not"] for r in rows if r.get("err") is None] == [
         "a CPU-only submission (no accelerator): the presets are GPUs"]
 
@@ -865,6 +863,50 @@ def test_a_switch_that_does_not_divide_the_node_is_one_line(tmp_path: Path, devi
     msg = str(e.value)
     assert "\n" not in msg and "devices_per_node=8" in msg
     assert f"intra_node.uplink.devices={devices}" in msg
+
+
+def test_a_hosts_sockets_carry_an_all_to_all_between_them_and_set_a_rings_pace() -> None:
+    """The A40 server's two Ice Lake sockets (a40-8: 4 + 4 GPUs, NCCL's 10 GB/s across them): an
+    all-to-all's bytes between sockets, 4 GPUs x 4/8 of a buffer, cross that link together, 2x the
+    buffer at 10 GB/s (2.5x its switches' 25 GB/s uplinks); a ring crosses it once each way, so an
+    all-reduce runs at 10 instead of the node's 20. Four ranks on one socket never cross it, and a
+    node without sockets priced is as before."""
+    import dataclasses
+
+    from cubic_harness.sim import collectives as coll
+
+    c = load_cluster(shipped_cluster("a40-8.yaml"))
+    flat = dataclasses.replace(c, intra_node=dataclasses.replace(c.intra_node, sockets=0))
+    node, half = coll.span(list(range(8)), c), coll.span(list(range(4)), c)
+    mb, lat = 64 * 2**20, 25 * 3 / 1e3
+    assert coll.all_to_all(mb, node, flat) == pytest.approx(4 * mb * 4 / 8 / 25e6 + lat)
+    assert coll.all_to_all(mb, node, c) == pytest.approx(4 * mb * 4 / 8 / 10e6 + lat)
+    assert coll.all_reduce(mb, node, flat) == pytest.approx(2 * mb * 7 / 8 / 20e6 + 2 * lat)
+    assert coll.all_reduce(mb, node, c) == pytest.approx(2 * mb * 7 / 8 / 10e6 + 2 * lat)
+    for f in (coll.all_to_all, coll.all_reduce):
+        assert f(mb, half, c) == f(mb, half, flat)
+    nvlink = load_cluster(shipped_cluster("h100-8.yaml"))
+    assert nvlink.intra_node.sockets == 0
+
+
+@pytest.mark.parametrize(("count", "uplink"), [(3, None), (2, 8), (4, 4)])
+def test_sockets_that_do_not_hold_whole_switches_are_one_line(tmp_path: Path, count: int,
+                                                               uplink: int | None) -> None:
+    """Three sockets cannot split 8 GPUs evenly; four sockets of 2 GPUs cannot hold a switch
+    of 4."""
+    from cubic_harness.errors import ConfigError
+
+    path = tmp_path / "c.yaml"
+    node: dict = {"sockets": {"count": count, "bandwidth_gbs": 10}}
+    if uplink:
+        node["uplink"] = {"devices": uplink, "bandwidth_gbs": 25}
+    path.write_text(yaml.safe_dump({"base": "a40-8", "name": "c", "intra_node": node}))
+    with pytest.raises(ConfigError) as e:
+        load_cluster(path)
+    msg = str(e.value)
+    assert "\n" not in msg and "devices_per_node=8" in msg
+    assert (f"intra_node.uplink.devices={uplink}" if uplink == 8
+            else f"intra_node.sockets.count={count}") in msg
 
 
 def test_a_cluster_file_states_only_how_it_differs_from_its_base_preset(tmp_path: Path) -> None:

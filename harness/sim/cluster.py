@@ -11,7 +11,9 @@ TrialConfig): Calculon's system / model / execution split. One file describes
   do not fit live in host memory behind a device-side cache, Neo's hierarchy);
 - `intra_node`: the link between devices of a node (bandwidth per direction, latency per collective);
   optionally `uplink` (a PCIe server's switches): `devices` behind each switch share one link of
-  `bandwidth_gbs` to the host, which all their bytes to devices behind other switches cross;
+  `bandwidth_gbs` to the host, which all their bytes to devices behind other switches cross; and
+  `sockets` (a PCIe server's host CPUs): the devices split evenly over `count` sockets, and their
+  bytes to devices on another socket cross the link between sockets (UPI, xGMI) at `bandwidth_gbs`;
 - `network`: each device's own NIC (an all-to-all cannot aggregate NICs), bandwidth and latency;
   optionally `pod_nodes` (nodes per pod, non-blocking inside) and `oversubscription` (above the pod);
 - on either link, `in_network_reduction`: its switches reduce (NVLink SHARP in a node, SHARP on InfiniBand):
@@ -134,6 +136,8 @@ class Link:
     in_network_reduction: bool = False  # the switches reduce: an all-reduce's bytes are not doubled
     uplink_devices: int = 0  # intra_node only: devices behind one PCIe switch; 0 = no shared uplink
     uplink_gbs: float = 0.0  # intra_node only: that switch's link to the host, per direction
+    sockets: int = 0  # intra_node only: host sockets the devices split over; 0 = not priced
+    socket_gbs: float = 0.0  # intra_node only: the link between two sockets, per direction
 
 
 @dataclass(frozen=True)
@@ -253,11 +257,21 @@ class UplinkSpec(Strict):
     bandwidth_gbs: Pos = Field(description="the switch's link to the host, per direction, GB/s")
 
 
+class SocketsSpec(Strict):
+    count: Annotated[int, Field(ge=2)] = Field(description="host sockets; the devices split evenly")
+    bandwidth_gbs: Pos = Field(description="the link between two sockets (UPI, xGMI) as GPU "
+                               "traffic through host memory crosses it, per direction, GB/s")
+
+
 class IntraNodeSpec(LinkSpec):
     uplink: UplinkSpec | None = Field(
         None, description="a PCIe server's switches: what a switch's devices send to devices "
         "behind other switches crosses its one link to the host together; absent: each device "
         "its own link")
+    sockets: SocketsSpec | None = Field(
+        None, description="a PCIe server's host CPUs: what a socket's devices send to devices on "
+        "other sockets crosses the link between them together; absent: not priced (an NVLink "
+        "node's traffic never crosses it)")
 
 
 class NetworkSpec(LinkSpec):
@@ -375,6 +389,14 @@ class ClusterFile(Strict):
         return self
 
     @model_validator(mode="after")
+    def _sockets_hold_whole_switches(self) -> ClusterFile:
+        so, up, n = self.intra_node.sockets, self.intra_node.uplink, self.devices_per_node
+        if so and (n % so.count or (up and (n // so.count) % up.devices)):
+            raise ValueError(f"intra_node.sockets.count={so.count} must divide devices_per_node={n}"
+                             + (f" into sockets of whole switches of {up.devices}" if up else ""))
+        return self
+
+    @model_validator(mode="after")
     def _datacenters_hold_whole_pods(self) -> ClusterFile:
         dc = self.datacenters
         if dc is None:
@@ -409,10 +431,11 @@ def cluster_from_dict(d: Any, where: str = "cluster",
         replica_merge_gbs=dict(dv.replica_merge_gbs), overlap_hidden=dv.overlap_hidden,
         reads_own_ids=dv.reads_own_ids)
     net = f.network
-    up = f.intra_node.uplink
+    up, so = f.intra_node.uplink, f.intra_node.sockets
     intra = Link(f.intra_node.bandwidth_gbs, f.intra_node.latency_us,
                  in_network_reduction=f.intra_node.in_network_reduction,
-                 uplink_devices=up.devices if up else 0, uplink_gbs=up.bandwidth_gbs if up else 0.0)
+                 uplink_devices=up.devices if up else 0, uplink_gbs=up.bandwidth_gbs if up else 0.0,
+                 sockets=so.count if so else 0, socket_gbs=so.bandwidth_gbs if so else 0.0)
     dcs = f.datacenters
     return Cluster(f.name, f.nodes, f.devices_per_node, device, intra,
                    Link(net.bandwidth_gbs, net.latency_us, net.pod_nodes or 0, net.oversubscription,

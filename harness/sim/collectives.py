@@ -7,7 +7,10 @@ oversubscribed `network.oversubscription` times. In a PCIe server whose switches
 (`intra_node.uplink`), an all-to-all's bytes between switches cross each switch's one link to the
 host together: g x (m-g)/n of a rank's buffer at the uplink's speed, when that is slower than each
 device's own (m-1)/n; a ring all-reduce crosses it on one edge, as any link of the ring, and is
-not slowed. Bus-bandwidth factors are nccl-tests':
+not slowed. Where the node's devices split over host sockets (`intra_node.sockets`), the bytes
+between sockets cross the link between them together in the same way (NCCL routes GPU traffic
+there through host memory, its SHM transport), and a ring crosses it once each way, so the ring
+runs no faster than that link. Bus-bandwidth factors are nccl-tests':
 all-to-all / all-gather (n-1)/n of a rank's buffer, all-reduce 2(n-1)/n (ring), hierarchical across
 nodes (reduce-scatter in the node, all-reduce of 1/m over the NICs, all-gather in the node); where a link's
 switches reduce (`in_network_reduction`: NVLink SHARP, InfiniBand SHARP), each rank sends its buffer once
@@ -87,6 +90,29 @@ def _dci_ms(nbytes: float, flows: float, c: Cluster) -> float:
     return _ms(nbytes, dc.bandwidth_gbs) * share
 
 
+def _shared_links(s: Span, c: Cluster) -> list[tuple[int, float]]:
+    """The links a node's group of m ranks shares, each as (ranks behind one end, its GB/s per
+    direction): a PCIe switch's uplink and the link between host sockets, where the group spans
+    more than one. A group that fits behind one is placed there. With more than two sockets, all
+    a socket's bytes for the others are priced on one link (pessimistic: each pair may have its
+    own)."""
+    node, out = c.intra_node, []
+    if node.uplink_devices and s.m > node.uplink_devices:
+        out.append((node.uplink_devices, node.uplink_gbs))
+    if node.sockets and s.m > (per := c.devices_per_node // node.sockets):
+        out.append((per, node.socket_gbs))
+    return out
+
+
+def _ring_gbs(s: Span, c: Cluster) -> float:
+    """A ring's rate inside a node: its link's, or the link between host sockets where the ring
+    crosses it (once each way: every byte of the ring passes it)."""
+    node = c.intra_node
+    if node.sockets and s.m > c.devices_per_node // node.sockets:
+        return min(node.bandwidth_gbs, node.socket_gbs)
+    return node.bandwidth_gbs
+
+
 def all_to_all(bytes_per_rank: float, s: Span, c: Cluster, mean_bytes: float | None = None) -> float:
     """Each rank sends (n-1)/n of its buffer: (m-1)/n to its node's ranks, (n-m)/n through its own NIC, of
     which (n-r)/n also crosses to other data centers. `bytes_per_rank` is the busiest rank's buffer, which its
@@ -99,9 +125,8 @@ def all_to_all(bytes_per_rank: float, s: Span, c: Cluster, mean_bytes: float | N
     hot = bytes_per_rank
     mean = hot if mean_bytes is None else min(mean_bytes, hot)
     intra = _ms(hot * (s.m - 1) / s.n, c.intra_node.bandwidth_gbs)
-    g = c.intra_node.uplink_devices
-    if g and s.m > g:  # a PCIe switch's g ranks send their bytes for the other switches at once
-        intra = max(intra, _ms(g * mean * (s.m - g) / s.n, c.intra_node.uplink_gbs))
+    for g, gbs in _shared_links(s, c):  # g ranks send their bytes for the others at once
+        intra = max(intra, _ms(g * mean * (s.m - g) / s.n, gbs))
     if s.k <= 1:
         return intra + _lat(c.intra_node.latency_us, s.n)
     q = s.q or s.n
@@ -136,14 +161,14 @@ def all_reduce(nbytes: float, s: Span, c: Cluster, concurrent: int = 1) -> float
         inside = all_reduce(nbytes, Span(s.r, s.m, -(-s.k // s.d), s.q, -(-s.p // s.d), s.r, 1), c, concurrent)
         wire = 2 * nbytes / s.r * (s.d - 1) / s.d
         return inside + _dci_ms(wire, concurrent * s.r, c) + 2 * _lat(dc.latency_us, s.d)
-    node, net = c.intra_node, c.network
+    node, net, ring = c.intra_node, c.network, _ring_gbs(s, c)
     if s.k <= 1:
         if node.in_network_reduction:
             return _ms(nbytes, node.bandwidth_gbs) + _lat(node.latency_us, s.n)
-        return _ms(2 * nbytes * (s.n - 1) / s.n, node.bandwidth_gbs) + 2 * _lat(node.latency_us, s.n)
+        return _ms(2 * nbytes * (s.n - 1) / s.n, ring) + 2 * _lat(node.latency_us, s.n)
     t = 0.0
     if s.m > 1:
-        t = _ms(nbytes if node.in_network_reduction else 2 * nbytes * (s.m - 1) / s.m, node.bandwidth_gbs)
+        t = _ms(nbytes if node.in_network_reduction else 2 * nbytes * (s.m - 1) / s.m, ring)
     # the NICs' part, 1/m of the buffer each: the switches' sum sent and received once, or a ring's twice
     wire = nbytes / s.m if net.in_network_reduction else 2 * nbytes / s.m * (s.k - 1) / s.k
     t += _ms(wire, net.bandwidth_gbs) * (_uplink_share(concurrent * s.m, c) if s.p > 1 else 1.0)
