@@ -90,6 +90,11 @@ def _dci_ms(nbytes: float, flows: float, c: Cluster) -> float:
     return _ms(nbytes, dc.bandwidth_gbs) * share
 
 
+def _socket_size(c: Cluster) -> int:
+    """Devices per host socket; 0 where the node's sockets are not priced."""
+    return c.devices_per_node // c.intra_node.sockets if c.intra_node.sockets else 0
+
+
 def _shared_links(s: Span, c: Cluster) -> list[tuple[int, float]]:
     """The links a node's group of m ranks shares, each as (ranks behind one end, its GB/s per
     direction): a PCIe switch's uplink and the link between host sockets, where the group spans
@@ -99,7 +104,7 @@ def _shared_links(s: Span, c: Cluster) -> list[tuple[int, float]]:
     node, out = c.intra_node, []
     if node.uplink_devices and s.m > node.uplink_devices:
         out.append((node.uplink_devices, node.uplink_gbs))
-    if node.sockets and s.m > (per := c.devices_per_node // node.sockets):
+    if (per := _socket_size(c)) and s.m > per:
         out.append((per, node.socket_gbs))
     return out
 
@@ -107,10 +112,8 @@ def _shared_links(s: Span, c: Cluster) -> list[tuple[int, float]]:
 def _ring_gbs(s: Span, c: Cluster) -> float:
     """A ring's rate inside a node: its link's, or the link between host sockets where the ring
     crosses it (once each way: every byte of the ring passes it)."""
-    node = c.intra_node
-    if node.sockets and s.m > c.devices_per_node // node.sockets:
-        return min(node.bandwidth_gbs, node.socket_gbs)
-    return node.bandwidth_gbs
+    node, per = c.intra_node, _socket_size(c)
+    return min(node.bandwidth_gbs, node.socket_gbs) if per and s.m > per else node.bandwidth_gbs
 
 
 def all_to_all(bytes_per_rank: float, s: Span, c: Cluster, mean_bytes: float | None = None) -> float:
