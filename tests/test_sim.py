@@ -835,7 +835,8 @@ def test_a_pcie_switchs_gpus_share_its_uplink_in_an_all_to_all_not_in_a_ring() -
     """An 8-GPU PCIe server with a switch of 4 GPUs per socket (l40-8): an all-to-all's bytes to
     the other switch, 4 GPUs x 4/8 of a buffer, cross one 25 GB/s uplink together: 2x the buffer
     at 25 GB/s, slower than each GPU's own 7/8 at 20. A ring all-reduce crosses the uplink as one
-    edge of the ring: unchanged. Four ranks behind one switch never cross it."""
+    edge of the ring, at 25 above the node's 20: unchanged. Four ranks behind one switch never
+    cross it."""
     import dataclasses
 
     from cubic_harness.sim import collectives as coll

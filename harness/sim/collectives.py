@@ -6,11 +6,11 @@ intra-node part runs on the node link at the same time); bytes that leave a pod 
 oversubscribed `network.oversubscription` times. In a PCIe server whose switches each hold g devices
 (`intra_node.uplink`), an all-to-all's bytes between switches cross each switch's one link to the
 host together: g x (m-g)/n of a rank's buffer at the uplink's speed, when that is slower than each
-device's own (m-1)/n; a ring all-reduce crosses it on one edge, as any link of the ring, and is
-not slowed. Where the node's devices split over host sockets (`intra_node.sockets`), the bytes
-between sockets cross the link between them together in the same way (NCCL routes GPU traffic
-there through host memory, its SHM transport), and a ring crosses it once each way, so the ring
-runs no faster than that link. Bus-bandwidth factors are nccl-tests':
+device's own (m-1)/n. Where the node's devices split over host sockets (`intra_node.sockets`), the
+bytes between sockets cross the link between them together in the same way (NCCL routes GPU
+traffic there through host memory, its SHM transport). A ring all-reduce crosses each such link
+once each way, as one edge of the ring, so it runs no faster than the slowest: an uplink faster
+than the node's link does not slow it. Bus-bandwidth factors are nccl-tests':
 all-to-all / all-gather (n-1)/n of a rank's buffer, all-reduce 2(n-1)/n (ring), hierarchical across
 nodes (reduce-scatter in the node, all-reduce of 1/m over the NICs, all-gather in the node); where a link's
 switches reduce (`in_network_reduction`: NVLink SHARP, InfiniBand SHARP), each rank sends its buffer once
@@ -90,11 +90,6 @@ def _dci_ms(nbytes: float, flows: float, c: Cluster) -> float:
     return _ms(nbytes, dc.bandwidth_gbs) * share
 
 
-def _socket_size(c: Cluster) -> int:
-    """Devices per host socket; 0 where the node's sockets are not priced."""
-    return c.devices_per_node // c.intra_node.sockets if c.intra_node.sockets else 0
-
-
 def _shared_links(s: Span, c: Cluster) -> list[tuple[int, float]]:
     """The links a node's group of m ranks shares, each as (ranks behind one end, its GB/s per
     direction): a PCIe switch's uplink and the link between host sockets, where the group spans
@@ -104,16 +99,15 @@ def _shared_links(s: Span, c: Cluster) -> list[tuple[int, float]]:
     node, out = c.intra_node, []
     if node.uplink_devices and s.m > node.uplink_devices:
         out.append((node.uplink_devices, node.uplink_gbs))
-    if (per := _socket_size(c)) and s.m > per:
+    if node.sockets and s.m > (per := c.devices_per_node // node.sockets):
         out.append((per, node.socket_gbs))
     return out
 
 
 def _ring_gbs(s: Span, c: Cluster) -> float:
-    """A ring's rate inside a node: its link's, or the link between host sockets where the ring
-    crosses it (once each way: every byte of the ring passes it)."""
-    node, per = c.intra_node, _socket_size(c)
-    return min(node.bandwidth_gbs, node.socket_gbs) if per and s.m > per else node.bandwidth_gbs
+    """A ring's rate inside a node: its link's, and no faster than a shared link it crosses (once
+    each way, as one edge of the ring: every byte of the ring passes it)."""
+    return min([c.intra_node.bandwidth_gbs, *(gbs for _, gbs in _shared_links(s, c))])
 
 
 def all_to_all(bytes_per_rank: float, s: Span, c: Cluster, mean_bytes: float | None = None) -> float:
